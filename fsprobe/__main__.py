@@ -1,0 +1,3 @@
+from fsprobe.cli import main
+
+main()

@@ -1,0 +1,44 @@
+"""The `fsprobe` command: one click group, one module per subcommand."""
+
+from __future__ import annotations
+
+import click
+
+from fsprobe import __version__
+
+#: Exit status for a usage error (sysexits EX_USAGE), distinct from the health exit codes 0-3.
+EXIT_USAGE = 64
+
+
+class _Group(click.Group):
+    """A click group whose usage errors exit with 64, leaving 0-3 to the health statuses."""
+
+    def main(self, *args, **kwargs):  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            raise SystemExit(130) from None
+        except click.UsageError as error:
+            error.show()
+            raise SystemExit(EXIT_USAGE) from None
+        except click.ClickException as error:
+            error.show()
+            raise SystemExit(error.exit_code) from None
+        raise SystemExit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fsprobe")
+def main() -> None:
+    """Watch the filesystem under your checkpoints, and keep the training alive when it falters."""
+
+
+def _register() -> None:
+    from fsprobe.cli import check
+
+    main.add_command(check.check)
+
+
+_register()

@@ -1,0 +1,67 @@
+"""Errno names and what they mean for a checkpoint write.
+
+Every failure in fsprobe is reported as a name, never a number: the errno name (``EIO``,
+``EDQUOT``), ``TIMEOUT`` when a probe overran its deadline, or ``PARSE`` when a tool printed
+something fsprobe cannot read. Names are stable across platforms and read well in a metric label.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno as errno_module
+
+#: The name a probe reports when a tool's output could not be parsed.
+PARSE = "PARSE"
+
+
+class ErrorClass(str, enum.Enum):
+    """How a failed write should be handled (DESIGN §7)."""
+
+    TRANSIENT = "transient"  # back off and retry
+    CAPACITY = "capacity"  # re-check headroom: redirect, or retry (a soft-quota bounce passes)
+    PERMANENT = "permanent"  # retrying cannot help: redirect or give up at once
+
+
+CAPACITY_ERRNOS = frozenset({"ENOSPC", "EDQUOT"})
+PERMANENT_ERRNOS = frozenset(
+    {"EACCES", "EPERM", "EROFS", "ENAMETOOLONG", "EISDIR", "ENOTDIR", "ENOENT", "ELOOP"}
+)
+
+
+def errno_name(code: int | None) -> str:
+    """``5`` → ``"EIO"``; unknown or missing codes get a stable placeholder."""
+    if code is None:
+        return "EUNKNOWN"
+    return errno_module.errorcode.get(code, f"E{code}")
+
+
+def errno_code(name: str) -> int | None:
+    """``"EIO"`` → ``5``; ``None`` for names that are not errnos (``TIMEOUT``, ``PARSE``)."""
+    return getattr(errno_module, name, None) if name.startswith("E") else None
+
+
+def name_of(exc: BaseException) -> str:
+    """The errno name carried by an exception, ``EUNKNOWN`` if it carries none."""
+    return errno_name(getattr(exc, "errno", None))
+
+
+def classify(name: str | None) -> ErrorClass:
+    """Transient unless the errno says the target cannot take the write (full or forbidden).
+
+    An unknown error (``None``, as in torch's errno-less "file write failed") is treated as
+    transient: a retry costs seconds, giving up costs the job.
+    """
+    if name in CAPACITY_ERRNOS:
+        return ErrorClass.CAPACITY
+    if name in PERMANENT_ERRNOS:
+        return ErrorClass.PERMANENT
+    return ErrorClass.TRANSIENT
+
+
+class ProbeFailure(Exception):
+    """A probe failed for a reason that is not an `OSError` (a tool's exit status, bad output)."""
+
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message

@@ -1,0 +1,200 @@
+"""What the probes observe: plain, immutable values that every other part of fsprobe shares.
+
+Nothing here knows how a value was obtained (statvfs, `lfs`, a test write) or where it goes
+(Prometheus, the state file, the terminal). The probes produce these values, the health policy
+judges them, the exporters and the CLI render them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+#: The probe kinds, in the order in which they are shown and exported.
+PROBE_KINDS = ("statvfs", "quota", "lfs_df", "write", "tmpdir")
+
+#: The error name a probe reports when it overran its deadline (an errno name otherwise).
+TIMEOUT = "TIMEOUT"
+
+
+class Status(enum.IntEnum):
+    """Health of a target; the values are the exit codes of `fsprobe check` (monitoring plugins)."""
+
+    OK = 0
+    DEGRADED = 1
+    UNHEALTHY = 2
+    UNKNOWN = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class ProbeResult(Generic[T]):
+    """One run of one probe: when, how long, and either a value or an error.
+
+    `error` is an errno name (``"EIO"``) or ``"TIMEOUT"``; `stuck` means the run overran its
+    deadline and its worker is still blocked in the kernel (a hung mount).
+    """
+
+    probe: str
+    started_at: float
+    duration: float
+    value: T | None = None
+    error: str | None = None
+    message: str = ""
+    stuck: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.stuck
+
+    @property
+    def finished_at(self) -> float:
+        return self.started_at + self.duration
+
+
+@dataclass(frozen=True)
+class FilesystemInfo:
+    """statvfs of the target (or its nearest existing ancestor) and the mount it lives on."""
+
+    probed_path: str
+    mountpoint: str
+    fstype: str
+    device: str
+    size_bytes: int
+    avail_bytes: int
+    files: int
+    files_free: int
+    readonly: bool
+    st_dev: int
+
+
+QUOTA_TYPES = ("user", "group", "project")
+
+
+class QuotaState(str, enum.Enum):
+    """Where usage stands against the limits, as the quota server sees it."""
+
+    OK = "ok"
+    SOFT_EXCEEDED = "soft_exceeded"
+    GRACE_EXPIRED = "grace_expired"
+    HARD_REACHED = "hard_reached"
+
+
+@dataclass(frozen=True)
+class QuotaUsage:
+    """Usage and limits for one resource (bytes or inodes); ``None`` means "no limit"."""
+
+    used: int
+    soft: int | None = None
+    hard: int | None = None
+    grace_expires_at: float | None = None
+    state: QuotaState = QuotaState.OK
+    inaccurate: bool = False
+
+    def remaining(self) -> int | None:
+        """What a new file can still take under the limit enforced now; ``None`` if unlimited.
+
+        The hard limit is always enforced; the soft limit only once its grace has expired, at
+        which point nothing remains.
+        """
+        if self.state is QuotaState.GRACE_EXPIRED:
+            return 0
+        if self.hard is None:
+            return None
+        return max(0, self.hard - self.used)
+
+
+@dataclass(frozen=True)
+class QuotaEntry:
+    """The quota of one ID that a new file in the target is charged to."""
+
+    type: str  # user | group | project
+    id: int
+    name: str | None
+    bytes: QuotaUsage
+    inodes: QuotaUsage
+
+
+@dataclass(frozen=True)
+class QuotaReport:
+    """Every quota that applies to the target, from one provider (``lfs`` for Lustre)."""
+
+    provider: str
+    entries: tuple[QuotaEntry, ...]
+    inaccurate: bool = False
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LustreTarget:
+    """One MDT or OST as `lfs df` shows it; ``name`` is without ``_UUID``."""
+
+    name: str
+    kind: str  # MDT | OST
+    index: int
+    size_bytes: int | None
+    avail_bytes: int | None
+    files: int | None
+    files_free: int | None
+    active: bool = True
+    flags: str = ""
+
+
+WRITE_STEPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink")
+
+
+@dataclass(frozen=True)
+class WriteProbeResult:
+    """The atomic-save rehearsal: every step timed, the failing step and errno if any."""
+
+    ok: bool
+    bytes: int
+    latency_seconds: Mapping[str, float]
+    step: str | None = None
+    errno: str | None = None
+    message: str = ""
+
+    @property
+    def total_seconds(self) -> float:
+        return self.latency_seconds.get("total", 0.0)
+
+
+@dataclass(frozen=True)
+class TmpdirInfo:
+    """Whether a framework staging a checkpoint in $TMPDIR can rename it into the target."""
+
+    path: str
+    same_device: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The latest result of every probe of one target, and the recent write-probe errors.
+
+    ``recent_write_errors`` holds the errno names of the last few write probes, newest last
+    (``None`` for a success), because one transient error in the last three probes still counts.
+    """
+
+    target: str
+    results: Mapping[str, ProbeResult] = field(default_factory=dict)
+    recent_write_errors: tuple[str | None, ...] = ()
+
+    def get(self, probe: str) -> ProbeResult | None:
+        return self.results.get(probe)
+
+    def value(self, probe: str):
+        """The value of the latest run of `probe`, or ``None`` when it failed or never ran."""
+        result = self.results.get(probe)
+        return result.value if result is not None and result.ok else None
+
+    @property
+    def probed_at(self) -> float | None:
+        finished = [r.finished_at for r in self.results.values()]
+        return max(finished) if finished else None

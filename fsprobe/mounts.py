@@ -1,0 +1,96 @@
+"""Which mount a path lives on, read from the kernel's mount table.
+
+`/proc/self/mountinfo` is used rather than `/proc/mounts` because it names the device as
+``major:minor`` (so a bind mount or an overlay is matched to what `stat` reports) and because it
+is the table of this process's mount namespace (a container sees its own mounts). Mount points
+are octal-escaped there (``\\040`` for a space); they are unescaped before comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of the mount table."""
+
+    mountpoint: str
+    fstype: str
+    source: str
+    device: str  # "major:minor"
+    readonly: bool
+
+
+def unescape(field: str) -> str:
+    """Undo the kernel's octal escaping of spaces, tabs, newlines and backslashes."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Parse the text of a mountinfo file; malformed lines are skipped, not fatal."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        try:
+            separator = fields.index("-", 6)
+            device, mountpoint, options = fields[2], fields[4], fields[5]
+            fstype, source = fields[separator + 1], fields[separator + 2]
+        except (ValueError, IndexError):
+            continue
+        mounts.append(
+            Mount(
+                mountpoint=unescape(mountpoint),
+                fstype=unescape(fstype),
+                source=unescape(source),
+                device=device,
+                readonly="ro" in options.split(","),
+            )
+        )
+    return mounts
+
+
+def read_mounts(path: str = MOUNTINFO) -> list[Mount]:
+    with open(path, encoding="utf-8", errors="surrogateescape") as table:
+        return parse_mountinfo(table.read())
+
+
+def _is_under(path: str, mountpoint: str) -> bool:
+    return mountpoint == "/" or path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")
+
+
+def find_mount(real_path: str, mounts: Iterable[Mount] | None = None) -> Mount | None:
+    """The mount that holds `real_path` (already resolved): longest prefix, last mounted wins.
+
+    When several mounts are stacked on the same mount point, the one listed last is the one
+    visible, which is why ties go to the later entry.
+    """
+    best: Mount | None = None
+    for mount in read_mounts() if mounts is None else mounts:
+        if _is_under(real_path, mount.mountpoint) and (
+            best is None or len(mount.mountpoint) >= len(best.mountpoint)
+        ):
+            best = mount
+    return best
+
+
+def nearest_existing(path: str) -> str:
+    """`path` made absolute and resolved, or its nearest ancestor that exists.
+
+    A checkpoint directory often does not exist before the first save; the directory that will
+    hold it has the same filesystem and (almost always) the same quota as its parent.
+    """
+    candidate = os.path.abspath(path)
+    while not os.path.exists(candidate):
+        parent = os.path.dirname(candidate)
+        if parent == candidate:
+            break
+        candidate = parent
+    return os.path.realpath(candidate)

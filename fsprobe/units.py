@@ -1,0 +1,75 @@
+"""Sizes and durations as people write and read them: ``50G``, ``1.5TiB``, ``3 days 4 hours``."""
+
+from __future__ import annotations
+
+import re
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtpe]?)(i?b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def parse_size(text: str) -> int:
+    """``"20G"``, ``"1.5TiB"``, ``"512M"``, ``"4096"`` → bytes. Multiples are binary (1024).
+
+    Raises `ValueError` with the offending text, so a CLI can show it as a usage error.
+    """
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (try 512M, 20G or 1.5TiB)")
+    number, prefix, _suffix = match.groups()
+    return int(float(number) * 1024 ** _POWERS[prefix.lower()])
+
+
+def format_bytes(value: float) -> str:
+    """Bytes for a person: ``1536`` → ``"1.5 KiB"``, three significant digits at most."""
+    if value < 0:
+        return "-" + format_bytes(-value)
+    if value < 1024:
+        return f"{int(value)} B"
+    exponent, scaled = 0, float(value)
+    while scaled >= 1024 and exponent < len(_UNITS) - 1:
+        exponent, scaled = exponent + 1, scaled / 1024
+    if scaled >= 1000:  # 1023.5 MiB reads better as 1.00 GiB
+        exponent, scaled = exponent + 1, scaled / 1024
+    digits = 0 if scaled >= 100 else 1 if scaled >= 10 else 2
+    return f"{scaled:.{digits}f} {_UNITS[exponent]}".replace(".00 ", " ")
+
+
+def format_count(value: float) -> str:
+    """Counts of inodes for a person: ``1234567`` → ``"1.23M"``."""
+    for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= divisor:
+            return f"{value / divisor:.3g}{suffix}"
+    return str(int(value))
+
+
+def format_percent(ratio: float) -> str:
+    """``0.0712`` → ``"7.1 %"``; keeps one decimal below 10 % where it matters."""
+    percent = ratio * 100
+    return f"{percent:.1f} %" if percent < 10 else f"{percent:.0f} %"
+
+
+_DURATION_UNITS = (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+
+
+def format_duration(seconds: float, parts: int = 2) -> str:
+    """``93784`` → ``"1 day 2 hours"``: the largest `parts` units, for humans, not parsers."""
+    remaining = round(abs(seconds))
+    if remaining == 0:
+        return "0 seconds"
+    words = []
+    for name, size in _DURATION_UNITS:
+        count, remaining = divmod(remaining, size)
+        if count and len(words) < parts:
+            words.append(f"{count} {name}{'s' if count != 1 else ''}")
+    return " ".join(words)
+
+
+def format_seconds(seconds: float) -> str:
+    """A latency for a person: ``0.0042`` → ``"4.2 ms"``, ``12.5`` → ``"12.5 s"``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.1f} s"
