@@ -59,9 +59,14 @@ def classify(name: str | None) -> ErrorClass:
 
 
 class ProbeFailure(Exception):
-    """A probe failed for a reason that is not an `OSError` (a tool's exit status, bad output)."""
+    """A probe failed for a reason that is not a plain `OSError` (a tool's exit status, bad output).
 
-    def __init__(self, error: str, message: str) -> None:
+    `value` is what the probe still observed on the way, e.g. the write probe's timings up to the
+    step that failed, so that a failure is reported with its details rather than instead of them.
+    """
+
+    def __init__(self, error: str, message: str, value: object = None) -> None:
         super().__init__(message)
         self.error = error
         self.message = message
+        self.value = value

@@ -1,0 +1,113 @@
+"""The write probe: rehearse an atomic checkpoint save in the target directory, step by step.
+
+statvfs cannot see a full OST, an exhausted quota, a read-only remount or a server that takes
+20 s per fsync; a real write sees all of them. The probe performs the same sequence as
+`fsprobe.save` (create exclusively, write incompressible data, fsync, rename in the directory,
+fsync the directory) and then removes its file, timing every step. Nothing is left behind: the
+probe deletes only the names it created itself, and it never creates a directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+
+from fsprobe.atomic import fsync_directory, open_exclusive, temp_name
+from fsprobe.errors import ProbeFailure, name_of
+from fsprobe.model import WriteProbeResult
+from fsprobe.mounts import nearest_existing
+
+DEFAULT_WRITE_BYTES = 1024 * 1024
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class _Rehearsal:
+    """One run of the sequence: remembers what exists, so that cleanup removes exactly that."""
+
+    def __init__(self, directory: str, data: bytes) -> None:
+        self.directory = directory
+        self.data = data
+        self.latency: dict[str, float] = {}
+        self.fd: int | None = None
+        self.created: str | None = None  # the path of our file, wherever it is now
+
+    def timed(self, step: str, action: Callable[[], object]) -> object:
+        start = time.monotonic()
+        try:
+            return action()
+        finally:
+            self.latency[step] = time.monotonic() - start
+
+    def run(self) -> None:
+        first = os.path.join(self.directory, temp_name("write-probe"))
+        renamed = os.path.join(self.directory, temp_name("write-probe-renamed"))
+
+        self.fd = self.timed("create", lambda: open_exclusive(first))
+        self.created = first
+        self.timed("write", lambda: _write_all(self.fd, self.data))
+        self.timed("fsync", self.fsync_and_close)
+        self.timed("rename", lambda: os.rename(first, renamed))
+        self.created = renamed
+        self.timed("fsync_dir", lambda: fsync_directory(self.directory))
+        self.timed("unlink", lambda: os.unlink(renamed))
+        self.created = None
+
+    def fsync_and_close(self) -> None:
+        """fsync, then close: on NFS a deferred write error may only surface at close."""
+        fd, self.fd = self.fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def clean_up(self) -> str:
+        """Close and remove what this run created; returns a note if that failed too."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError):  # a failed close leaves nothing to remove
+                os.close(self.fd)
+        if self.created is None:
+            return ""
+        try:
+            os.unlink(self.created)
+        except OSError as error:
+            return f"; removing the probe file {self.created} failed too: {error}"
+        return ""
+
+
+def probe_write(target: str, size: int = DEFAULT_WRITE_BYTES) -> WriteProbeResult:
+    """Rehearse an atomic save of `size` bytes in `target` (or its nearest existing ancestor).
+
+    When the target does not exist yet, its nearest existing ancestor is where the first save
+    will have to create it, so that is where writing is tested.
+    """
+    directory = nearest_existing(target)
+    # Incompressible data, made before the clock starts: no filesystem can shortcut the write.
+    rehearsal = _Rehearsal(directory, os.urandom(size))
+    start = time.monotonic()
+    try:
+        rehearsal.run()
+    except OSError as error:
+        step = list(rehearsal.latency)[-1] if rehearsal.latency else "create"
+        note = rehearsal.clean_up()
+        rehearsal.latency["total"] = time.monotonic() - start
+        errno = name_of(error)
+        message = f"test write failed at {step}: {error.strerror or error} ({errno}){note}"
+        result = WriteProbeResult(
+            ok=False,
+            bytes=size,
+            latency_seconds=rehearsal.latency,
+            step=step,
+            errno=errno,
+            message=message,
+        )
+        raise ProbeFailure(errno, message, value=result) from error
+    rehearsal.latency["total"] = time.monotonic() - start
+    return WriteProbeResult(ok=True, bytes=size, latency_seconds=rehearsal.latency)

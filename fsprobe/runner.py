@@ -1,0 +1,153 @@
+"""Running probes so that a hung mount blocks a worker, never the caller.
+
+A `statfs` on a hung Lustre or NFS mount can block in the kernel for minutes or forever, and no
+signal gets the thread back. So every probe runs in a daemon thread of its own, and the caller
+waits only until the probe's deadline; after that it gets a *stuck* result and goes on. The
+thread is abandoned, not killed (nothing can kill it), and its eventual answer is still delivered.
+
+The bound on threads comes from a rule: while any probe of a target is stuck past its deadline, no
+new probe of that target starts (it would only hang beside the first one). A hung mount costs one
+blocked thread per target, not one per interval.
+
+Plain daemon threads are used, not a `ThreadPoolExecutor`: the executor's workers are joined at
+interpreter exit, so one thread stuck in `statfs` would keep `fsprobe check` from ever exiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from fsprobe.errors import ProbeFailure, name_of
+from fsprobe.model import TIMEOUT, ProbeResult
+
+log = logging.getLogger(__name__)
+
+
+def timed_call(probe: str, function: Callable[[], object]) -> ProbeResult:
+    """Run `function` and turn its outcome, whatever it is, into a `ProbeResult`."""
+    started_at = time.time()
+    start = time.monotonic()
+
+    def result(**outcome) -> ProbeResult:
+        return ProbeResult(probe, started_at, time.monotonic() - start, **outcome)
+
+    try:
+        return result(value=function())
+    except ProbeFailure as failure:
+        return result(value=failure.value, error=failure.error, message=failure.message)
+    except OSError as error:
+        return result(error=name_of(error), message=str(error))
+    except Exception as error:  # a bug in a probe must not take the daemon down with it
+        log.exception("probe %s raised unexpectedly", probe)
+        return result(error="EUNKNOWN", message=f"{type(error).__name__}: {error}")
+
+
+@dataclass
+class Run:
+    """One probe run in flight or done; `result()` never waits past the deadline."""
+
+    target: str
+    probe: str
+    deadline: float
+    started_at: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    future: Future = field(default_factory=Future)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_monotonic
+
+    def overdue(self) -> bool:
+        return not self.future.done() and self.elapsed() > self.deadline
+
+    def stuck_result(self) -> ProbeResult:
+        elapsed = max(self.elapsed(), self.deadline)
+        return ProbeResult(
+            self.probe,
+            self.started_at,
+            elapsed,
+            error=TIMEOUT,
+            message=(
+                f"{self.probe} probe has not returned after {elapsed:.1f} s "
+                f"(deadline {self.deadline:g} s): the mount looks hung"
+            ),
+            stuck=True,
+        )
+
+    def result(self) -> ProbeResult:
+        """The probe's result, or a stuck result once its deadline has passed."""
+        try:
+            return self.future.result(timeout=max(0.0, self.deadline - self.elapsed()))
+        except FutureTimeout:
+            return self.stuck_result()
+
+
+class ProbeRunner:
+    """Starts probes in abandonable threads, at most one per (target, probe) at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_flight: dict[tuple[str, str], Run] = {}
+
+    def submit(
+        self, target: str, probe: str, function: Callable[[], object], deadline: float
+    ) -> Run:
+        """Start `function` as the `probe` of `target`, unless the target is blocked.
+
+        Returns the run already in flight for the same probe, or, when another probe of the target
+        is stuck, a run that is already finished with a stuck result naming the blocker.
+        """
+        with self._lock:
+            running = self._in_flight.get((target, probe))
+            if running is not None:
+                return running
+            blocker = next(
+                (r for (t, _), r in self._in_flight.items() if t == target and r.overdue()), None
+            )
+            if blocker is not None:
+                return self._blocked_run(target, probe, deadline, blocker)
+            run = Run(target, probe, deadline)
+            self._in_flight[(target, probe)] = run
+        thread = threading.Thread(
+            target=self._work, args=(run, function), name=f"fsprobe-{probe}", daemon=True
+        )
+        thread.start()
+        return run
+
+    def _work(self, run: Run, function: Callable[[], object]) -> None:
+        outcome = timed_call(run.probe, function)
+        with self._lock:
+            self._in_flight.pop((run.target, run.probe), None)
+        run.future.set_result(outcome)
+
+    @staticmethod
+    def _blocked_run(target: str, probe: str, deadline: float, blocker: Run) -> Run:
+        run = Run(target, probe, deadline)
+        run.future.set_result(
+            ProbeResult(
+                probe,
+                run.started_at,
+                0.0,
+                error=TIMEOUT,
+                message=(
+                    f"not started: the {blocker.probe} probe of this target has been blocked "
+                    f"for {blocker.elapsed():.0f} s (hung mount)"
+                ),
+                stuck=True,
+            )
+        )
+        return run
+
+    def overdue(self) -> list[Run]:
+        """Runs past their deadline and still blocked: what a watchdog reports as stuck."""
+        with self._lock:
+            return [run for run in self._in_flight.values() if run.overdue()]
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
