@@ -1,0 +1,51 @@
+"""`fsprobe.check()`: probe a directory once and judge it, as `fsprobe check` does."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from fsprobe.plan import ProbeSettings, probe_once
+from fsprobe.policy import evaluate
+from fsprobe.report import Report
+
+
+def check(
+    path: str,
+    need_bytes: int | None = None,
+    need_inodes: int | None = None,
+    *,
+    timeout: float | None = None,
+    write_probe: bool = True,
+    quota_provider: str = "auto",
+    lfs: str | None = None,
+    user: int | None = None,
+    group: int | None = None,
+    project: int | None = None,
+    settings: ProbeSettings | None = None,
+) -> Report:
+    """Probe `path` now (statvfs, quota, `lfs df`, a test write, $TMPDIR) and judge it.
+
+    Every probe runs in parallel and is bounded by its deadline; `timeout` caps all of them, so
+    on a hung mount this returns after about `timeout` seconds with a `mount_stuck` reason.
+    `settings`, when given, is the base that the keyword arguments refine.
+    """
+    base = settings or ProbeSettings()
+    quota = dataclasses.replace(
+        base.quota,
+        provider=quota_provider if quota_provider != "auto" else base.quota.provider,
+        lfs=lfs or base.quota.lfs,
+        user=user if user is not None else base.quota.user,
+        group=group if group is not None else base.quota.group,
+        project=project if project is not None else base.quota.project,
+        timeout=min(base.quota.timeout, timeout) if timeout else base.quota.timeout,
+    )
+    effective = dataclasses.replace(
+        base,
+        deadline=min(base.deadline, timeout) if timeout else base.deadline,
+        write_probe=base.write_probe and write_probe,
+        quota=quota,
+    )
+    snapshot = probe_once(path, effective)
+    verdict = evaluate(snapshot, effective.thresholds, time.time(), need_bytes, need_inodes)
+    return Report(path, snapshot, verdict, need_bytes, need_inodes)

@@ -1,0 +1,70 @@
+"""`fsprobe check PATH`: will my checkpoint fit, and is the filesystem healthy right now?"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from fsprobe.check import check as run_check
+from fsprobe.cli.options import SIZE, quota_options
+from fsprobe.render import render_report
+
+
+@click.command()
+@click.argument("path", type=click.Path(file_okay=False, path_type=str))
+@click.option("--need", type=SIZE, metavar="SIZE", help="Space the checkpoint needs, e.g. 50G.")
+@click.option("--need-inodes", type=click.IntRange(min=0), metavar="N", help="Inodes it needs.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object for scripts.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="Deadline for every probe (default 10 s, quota 30 s); a hung mount answers by then.",
+)
+@click.option("--no-write-probe", is_flag=True, help="Skip the test write (read-only check).")
+@click.option("--no-quota", is_flag=True, help="Skip lfs quota and lfs df.")
+@quota_options
+def check(
+    path: str,
+    need: int | None,
+    need_inodes: int | None,
+    as_json: bool,
+    timeout: float | None,
+    no_write_probe: bool,
+    no_quota: bool,
+    quota_provider: str,
+    lfs: str | None,
+    user: int | None,
+    group: int | None,
+    project: int | None,
+) -> int:
+    """Probe PATH once and say whether a checkpoint can be written there now.
+
+    Runs statvfs, lfs quota and lfs df (on Lustre), a real 1 MiB atomic test save and a
+    $TMPDIR check, each bounded by a deadline. PATH may not exist yet: its nearest existing
+    parent is probed. Exit status: 0 ok, 1 degraded, 2 unhealthy, 3 unknown, 64 usage error.
+
+    \b
+    Examples:
+      fsprobe check /lustre/proj/ckpt --need 50G
+      fsprobe check "$CKPT_DIR" --need 120G --json | jq .headroom
+    """
+    report = run_check(
+        path,
+        need_bytes=need,
+        need_inodes=need_inodes if need_inodes is not None else (1 if need else None),
+        timeout=timeout,
+        write_probe=not no_write_probe,
+        quota_provider="none" if no_quota else quota_provider,
+        lfs=lfs,
+        user=user,
+        group=group,
+        project=project,
+    )
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(render_report(report.to_dict(), time.time()))
+    return int(report.status)

@@ -1,0 +1,75 @@
+"""Which probes run on a target, with what deadline: shared by `fsprobe check` and the daemon."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fsprobe.model import Snapshot
+from fsprobe.policy import Thresholds
+from fsprobe.probes.lfs_df import probe_lfs_df
+from fsprobe.probes.quota import probe_quota
+from fsprobe.probes.statvfs import probe_statvfs
+from fsprobe.probes.tmpdir import probe_tmpdir
+from fsprobe.probes.write import DEFAULT_WRITE_BYTES, probe_write
+from fsprobe.quota import QuotaSettings
+from fsprobe.runner import ProbeRunner
+
+#: Time the quota probes get beyond `lfs`'s own deadline, so that the process-group kill and
+#: its clean TIMEOUT report happen before the caller gives up on the worker.
+LFS_KILL_SLACK = 2.0
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How one target is probed and judged (DESIGN §4-§5); every field is configurable."""
+
+    deadline: float = 10.0
+    write_probe: bool = True
+    write_bytes: int = DEFAULT_WRITE_BYTES
+    quota: QuotaSettings = field(default_factory=QuotaSettings)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True)
+class PlannedProbe:
+    function: Callable[[], object]
+    deadline: float
+
+
+def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
+    """The probes of `target` by kind. Quota and `lfs df` decide themselves whether they apply."""
+    probes = {
+        "statvfs": PlannedProbe(functools.partial(probe_statvfs, target), settings.deadline),
+        "tmpdir": PlannedProbe(functools.partial(probe_tmpdir, target), settings.deadline),
+    }
+    if settings.write_probe:
+        probes["write"] = PlannedProbe(
+            functools.partial(probe_write, target, settings.write_bytes), settings.deadline
+        )
+    if settings.quota.provider != "none":
+        lfs_deadline = settings.quota.timeout + LFS_KILL_SLACK
+        probes["quota"] = PlannedProbe(
+            functools.partial(probe_quota, target, settings.quota), lfs_deadline
+        )
+        probes["lfs_df"] = PlannedProbe(
+            functools.partial(probe_lfs_df, target, settings.quota), lfs_deadline
+        )
+    return probes
+
+
+def probe_once(target: str, settings: ProbeSettings, runner: ProbeRunner | None = None) -> Snapshot:
+    """Run every planned probe of `target` at once, each bounded by its deadline."""
+    runner = runner or ProbeRunner()
+    runs = {
+        kind: runner.submit(target, kind, planned.function, planned.deadline)
+        for kind, planned in plan(target, settings).items()
+    }
+    results = {kind: run.result() for kind, run in runs.items()}
+    write = results.get("write")
+    return Snapshot(
+        target=target,
+        results=results,
+        recent_write_errors=(write.error,) if write is not None else (),
+    )

@@ -1,0 +1,143 @@
+"""Human output: a target's report as a short block a person can read at a glance.
+
+Works on the JSON form of a report (`Report.to_dict()`), so that `fsprobe check` (fresh probes)
+and `fsprobe status` (the daemon's state file) show exactly the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from fsprobe.units import (
+    format_bytes,
+    format_count,
+    format_duration,
+    format_percent,
+    format_seconds,
+)
+
+STATUS_COLORS = {"ok": "green", "degraded": "yellow", "unhealthy": "red", "unknown": "magenta"}
+_LABEL_WIDTH = 8
+
+
+def status_badge(status: str) -> str:
+    return click.style(f" {status.upper()} ", fg="black", bg=STATUS_COLORS.get(status, "white"))
+
+
+def _line(label: str, text: str) -> str:
+    return f"  {label:<{_LABEL_WIDTH}}  {text}"
+
+
+def _limit_note(limited_by: str | None) -> str:
+    if not limited_by or limited_by == "filesystem":
+        return ""
+    return click.style(f"  (the {limited_by.split(':', 1)[1]} quota binds)", fg="cyan")
+
+
+def _headroom_lines(report: Mapping[str, Any]) -> list[str]:
+    fs, headroom = report.get("filesystem"), report["headroom"]
+    lines = []
+    if headroom.get("bytes") is not None:
+        text = f"{format_bytes(headroom['bytes'])} free"
+        if fs and headroom.get("bytes_limited_by") == "filesystem":
+            text += f" of {format_bytes(fs['size_bytes'])}"
+        text += f"  ({format_percent(headroom['bytes_ratio'])} left)"
+        lines.append(_line("space", text + _limit_note(headroom.get("bytes_limited_by"))))
+    if headroom.get("inodes") is not None:
+        text = f"{format_count(headroom['inodes'])} inodes free"
+        if fs and headroom.get("inodes_limited_by") == "filesystem":
+            text += f" of {format_count(fs['files'])}"
+        text += f"  ({format_percent(headroom['inodes_ratio'])} left)"
+        lines.append(_line("inodes", text + _limit_note(headroom.get("inodes_limited_by"))))
+    return lines
+
+
+def _usage_text(usage: Mapping[str, Any], fmt, now: float) -> str:
+    limit = usage.get("hard") or usage.get("soft")
+    text = fmt(usage["used"])
+    if usage.get("soft") is not None:
+        text += f" / soft {fmt(usage['soft'])}"
+    if usage.get("hard") is not None:
+        text += f" / hard {fmt(usage['hard'])}"
+    if limit:
+        text += f" ({format_percent(usage['used'] / limit)})"
+    if usage.get("state") == "grace_expired":
+        text += click.style(" grace expired", fg="red")
+    elif usage.get("state") == "hard_reached":
+        text += click.style(" hard limit reached", fg="red")
+    elif usage.get("grace_expires_at"):
+        left = format_duration(usage["grace_expires_at"] - now)
+        text += click.style(f" grace ends in {left}", fg="yellow")
+    return text
+
+
+def quota_lines(entries: list[Mapping[str, Any]], now: float) -> list[str]:
+    """One line per quota ID: bytes, then inodes, with limits and grace in words."""
+    lines = []
+    for index, entry in enumerate(entries):
+        who = f"{entry['type']} {entry.get('name') or entry['id']}"
+        text = (
+            f"{who:<16} {_usage_text(entry['bytes'], format_bytes, now)}; "
+            f"inodes {_usage_text(entry['inodes'], format_count, now)}"
+        )
+        lines.append(_line("quota" if index == 0 else "", text))
+    return lines
+
+
+def _write_line(write: Mapping[str, Any] | None) -> list[str]:
+    if write is None:
+        return []
+    latency = write.get("latency_seconds") or {}
+    steps = sorted(
+        ((step, seconds) for step, seconds in latency.items() if step != "total"),
+        key=lambda item: -item[1],
+    )
+    detail = ", ".join(f"{step} {format_seconds(seconds)}" for step, seconds in steps[:3])
+    if write.get("ok"):
+        text = f"{format_bytes(write['bytes'])} atomic save in {format_seconds(latency['total'])}"
+        return [_line("write", f"{text}  ({detail})")]
+    return [_line("write", click.style(write.get("message") or "failed", fg="red"))]
+
+
+def _need_line(report: Mapping[str, Any]) -> list[str]:
+    need = report.get("need") or {}
+    if need.get("bytes") is None and need.get("inodes") is None:
+        return []
+    parts = []
+    if need.get("bytes") is not None:
+        parts.append(format_bytes(need["bytes"]))
+    if need.get("inodes") is not None:
+        parts.append(f"{format_count(need['inodes'])} inodes")
+    fits = report.get("fits")
+    answer = {True: click.style("fits", fg="green"), False: click.style("does NOT fit", fg="red")}
+    return [_line("need", f"{' + '.join(parts)}: {answer.get(fits, 'cannot tell')}")]
+
+
+def render_report(report: Mapping[str, Any], now: float) -> str:
+    """The full block for one target, status first, reasons last."""
+    fs = report.get("filesystem")
+    where = f"{fs['fstype']} on {fs['mountpoint']}" if fs else "filesystem not readable"
+    lines = [
+        f"{status_badge(report['status'])} {click.style(report['path'], bold=True)}  ({where})"
+    ]
+    lines += _headroom_lines(report)
+    if report.get("quota"):
+        lines += quota_lines(report["quota"], now)
+    lines += _write_line(report.get("write_probe"))
+    tmpdir = report.get("tmpdir")
+    if tmpdir is not None:
+        same = "same filesystem" if tmpdir["same_device"] else "another filesystem"
+        lines.append(_line("tmpdir", f"{tmpdir['path']}: {same}"))
+    lines += _need_line(report)
+    if report["reasons"]:
+        lines.append("")
+        width = max(len(reason["code"]) for reason in report["reasons"])
+        for reason in report["reasons"]:
+            severity = click.style(
+                f"{reason['severity']:<9}", fg=STATUS_COLORS.get(reason["severity"])
+            )
+            lines.append(f"  {severity} {reason['code']:<{width}}  {reason['message']}")
+    return "\n".join(lines)

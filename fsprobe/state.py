@@ -1,0 +1,172 @@
+"""The state file: how the daemon tells the save hook in the trainer what it last saw.
+
+The daemon (often a sidecar, another process) writes ``<state-dir>/state.json`` atomically after
+every probe; the hook reads it before every save. Reading must cost microseconds, so the parse
+is cached and reused while the file's identity (inode, size, mtime) is unchanged: one `lstat`.
+
+The hook acts on what the file says (delay a save, move it elsewhere), so it trusts the file only
+when the file and its directory belong to the reader or to root and nobody else can write them.
+Redirect destinations never come from this file; they are always the caller's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA = 1
+STATE_FILE = "state.json"
+
+
+class StateFileError(Exception):
+    """The state file cannot be used; the message says why and what to do."""
+
+
+class UntrustedStateFile(StateFileError):
+    """The state file or its directory could have been written by someone else."""
+
+
+class CorruptStateFile(StateFileError):
+    """The state file is not valid JSON of a known schema (truncated, edited, another version)."""
+
+
+def default_state_dir(environ: Mapping[str, str] = os.environ) -> str:
+    """`FSPROBE_STATE_DIR`, else ``$XDG_RUNTIME_DIR/fsprobe``, else ``/tmp/fsprobe-<uid>``."""
+    if environ.get("FSPROBE_STATE_DIR"):
+        return environ["FSPROBE_STATE_DIR"]
+    if environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(environ["XDG_RUNTIME_DIR"], "fsprobe")
+    return os.path.join(tempfile.gettempdir(), f"fsprobe-{os.getuid()}")
+
+
+def ensure_state_dir(state_dir: str) -> None:
+    """Create the state dir (writable by its owner only), or check that an existing one is.
+
+    In a shared /tmp another user could create ``/tmp/fsprobe-<uid>`` first; writing into it
+    would hand them our state, so that is refused rather than worked around.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(state_dir, 0o755)
+    _check_trusted(os.lstat(state_dir), state_dir, "state directory", directory=True)
+
+
+def _check_trusted(info: os.stat_result, path: str, what: str, directory: bool) -> None:
+    expected = stat.S_ISDIR if directory else stat.S_ISREG
+    if not expected(info.st_mode):
+        raise UntrustedStateFile(f"{what} {path} is not a {'directory' if directory else 'file'}")
+    if info.st_uid not in (os.getuid(), 0):
+        raise UntrustedStateFile(
+            f"{what} {path} belongs to uid {info.st_uid}, not to you ({os.getuid()}) or root"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UntrustedStateFile(
+            f"{what} {path} is writable by group or others (mode {stat.filemode(info.st_mode)})"
+        )
+
+
+def write_state(state_dir: str, document: Mapping[str, Any]) -> str:
+    """Replace the state file atomically: a reader sees the old file or the new, never half."""
+    ensure_state_dir(state_dir)
+    path = os.path.join(state_dir, STATE_FILE)
+    fd, temporary = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=state_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            os.fchmod(stream.fileno(), 0o644)  # a node daemon running as root serves every user
+            json.dump({"schema": SCHEMA, **document}, stream, separators=(",", ":"))
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return path
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """A parsed, trusted state file."""
+
+    path: str
+    document: Mapping[str, Any]
+
+    @property
+    def generated_at(self) -> float:
+        return float(self.document.get("generated_at", 0.0))
+
+    @property
+    def targets(self) -> Mapping[str, Mapping[str, Any]]:
+        return self.document.get("targets", {})
+
+    def target_for(self, path: str) -> tuple[str, Mapping[str, Any]] | None:
+        """The watched target that is `path` or its closest ancestor, with its report.
+
+        A save into ``ckpt/epoch-5/`` is judged by the daemon's view of ``ckpt/``: same
+        filesystem, same quota.
+        """
+        path = os.path.abspath(path)
+        best = None
+        for target in self.targets:
+            if (path == target or path.startswith(target.rstrip("/") + "/")) and (
+                best is None or len(target) > len(best)
+            ):
+                best = target
+        return (best, self.targets[best]) if best is not None else None
+
+
+class StateReader:
+    """Reads the state file with the trust checks, re-parsing only when the file changed."""
+
+    def __init__(self, state_dir: str | None = None) -> None:
+        self.state_dir = state_dir or default_state_dir()
+        self.path = os.path.join(self.state_dir, STATE_FILE)
+        self._lock = threading.Lock()
+        self._identity: tuple[int, ...] | None = None
+        self._cached: StateFile | None = None
+
+    def read(self) -> StateFile | None:
+        """The trusted state, or None when there is no state file (no daemon running).
+
+        Raises `UntrustedStateFile` or `CorruptStateFile` with a message that says why.
+        """
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            return None
+        identity = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_uid, info.st_mode)
+        with self._lock:
+            if identity == self._identity and self._cached is not None:
+                return self._cached
+        _check_trusted(os.lstat(self.state_dir), self.state_dir, "state directory", True)
+        state = self._parse()
+        with self._lock:
+            self._identity, self._cached = identity, state
+        return state
+
+    def _parse(self) -> StateFile:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as error:
+            raise UntrustedStateFile(f"cannot open state file {self.path}: {error}") from error
+        with os.fdopen(fd, "rb") as stream:
+            _check_trusted(os.fstat(stream.fileno()), self.path, "state file", directory=False)
+            raw = stream.read()
+        try:
+            document = json.loads(raw)
+        except ValueError as error:
+            raise CorruptStateFile(
+                f"state file {self.path} is not valid JSON ({error}); it is rewritten by "
+                "`fsprobe run` after every probe"
+            ) from error
+        if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+            schema = document.get("schema") if isinstance(document, dict) else None
+            raise CorruptStateFile(
+                f"state file {self.path} has schema {schema!r}, this fsprobe reads {SCHEMA}"
+            )
+        if not isinstance(document.get("targets", {}), dict):
+            raise CorruptStateFile(f"state file {self.path}: 'targets' is not an object")
+        return StateFile(self.path, document)
