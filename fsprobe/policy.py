@@ -193,7 +193,7 @@ def _headroom_reasons(headroom: Headroom, thresholds: Thresholds) -> list[Reason
     return reasons
 
 
-def _fit(
+def fit(
     headroom: Headroom, need_bytes: int | None, need_inodes: int | None
 ) -> tuple[bool | None, list[Reason]]:
     """Whether a save of the given size fits; a save that does not fit is unhealthy."""
@@ -418,7 +418,7 @@ def evaluate(
 
     headroom = compute_headroom(fs, quota)
     reasons += _headroom_reasons(headroom, thresholds)
-    fits, fit_reasons = _fit(headroom, need_bytes, need_inodes)
+    fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
     reasons += fit_reasons
 
     if quota is not None:
