@@ -98,13 +98,23 @@ class QuotaUsage:
     state: QuotaState = QuotaState.OK
     inaccurate: bool = False
 
-    def remaining(self) -> int | None:
-        """What a new file can still take under the limit enforced now; ``None`` if unlimited.
+    def state_at(self, now: float) -> QuotaState:
+        """The state at time `now`: a grace timer read a while ago may have run out since."""
+        if (
+            self.state is QuotaState.SOFT_EXCEEDED
+            and self.grace_expires_at is not None
+            and self.grace_expires_at <= now
+        ):
+            return QuotaState.GRACE_EXPIRED
+        return self.state
+
+    def remaining(self, now: float) -> int | None:
+        """What a new file can still take under the limit enforced at `now`; None if unlimited.
 
         The hard limit is always enforced; the soft limit only once its grace has expired, at
         which point nothing remains.
         """
-        if self.state is QuotaState.GRACE_EXPIRED:
+        if self.state_at(now) is QuotaState.GRACE_EXPIRED:
             return 0
         if self.hard is None:
             return None

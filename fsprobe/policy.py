@@ -112,11 +112,11 @@ class _Limit:
     capacity: int
 
 
-def _quota_limits(entries: Iterable[QuotaEntry], resource: str) -> list[_Limit]:
+def _quota_limits(entries: Iterable[QuotaEntry], resource: str, now: float) -> list[_Limit]:
     limits = []
     for entry in entries:
         usage: QuotaUsage = getattr(entry, resource)
-        remaining = usage.remaining()
+        remaining = usage.remaining(now)
         capacity = usage.hard if usage.hard is not None else usage.soft
         if remaining is not None and capacity:
             limits.append(_Limit(f"quota:{entry.type}", remaining, capacity))
@@ -128,10 +128,10 @@ def _tightest(limits: list[_Limit]) -> _Limit | None:
     return min(limits, key=lambda limit: limit.remaining) if limits else None
 
 
-def compute_headroom(fs: FilesystemInfo | None, quota: QuotaReport | None) -> Headroom:
+def compute_headroom(fs: FilesystemInfo | None, quota: QuotaReport | None, now: float) -> Headroom:
     entries = quota.entries if quota is not None else ()
-    byte_limits = _quota_limits(entries, "bytes")
-    inode_limits = _quota_limits(entries, "inodes")
+    byte_limits = _quota_limits(entries, "bytes", now)
+    inode_limits = _quota_limits(entries, "inodes", now)
     if fs is not None:
         byte_limits.insert(0, _Limit("filesystem", fs.avail_bytes, fs.size_bytes))
         if fs.files > 0:  # some filesystems (FUSE, vfat) have no inode count at all
@@ -237,23 +237,12 @@ _QUOTA_STATE_REASONS = {
 }
 
 
-def _effective_state(usage: QuotaUsage, now: float) -> QuotaState:
-    """The state now: a grace timer read a while ago may have run out since."""
-    if (
-        usage.state is QuotaState.SOFT_EXCEEDED
-        and usage.grace_expires_at is not None
-        and usage.grace_expires_at <= now
-    ):
-        return QuotaState.GRACE_EXPIRED
-    return usage.state
-
-
 def _quota_reasons(quota: QuotaReport, thresholds: Thresholds, now: float) -> list[Reason]:
     reasons = []
     for entry in quota.entries:
         for resource, fmt in (("bytes", format_bytes), ("inodes", format_count)):
             usage: QuotaUsage = getattr(entry, resource)
-            state = _effective_state(usage, now)
+            state = usage.state_at(now)
             if state is QuotaState.OK:
                 continue
             code, severity = _QUOTA_STATE_REASONS[state]
@@ -416,7 +405,7 @@ def evaluate(
             Reason("readonly", Status.UNHEALTHY, f"{fs.mountpoint} is mounted read-only")
         )
 
-    headroom = compute_headroom(fs, quota)
+    headroom = compute_headroom(fs, quota, now)
     reasons += _headroom_reasons(headroom, thresholds)
     fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
     reasons += fit_reasons

@@ -1,0 +1,332 @@
+"""The health policy as a pure function: every rule of DESIGN §5 with plain values."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsprobe.model import (
+    TIMEOUT,
+    FilesystemInfo,
+    LustreTarget,
+    ProbeResult,
+    QuotaEntry,
+    QuotaReport,
+    QuotaState,
+    QuotaUsage,
+    Snapshot,
+    Status,
+    TmpdirInfo,
+    WriteProbeResult,
+)
+from fsprobe.policy import Thresholds, evaluate
+
+NOW = 1_800_000_000.0
+GiB = 1024**3
+TiB = 1024**4
+
+
+def fs(avail=500 * GiB, size=1000 * GiB, files=1_000_000, files_free=900_000, readonly=False):
+    return FilesystemInfo(
+        probed_path="/ckpt",
+        mountpoint="/lustre",
+        fstype="lustre",
+        device="mgs@tcp:/proj",
+        size_bytes=size,
+        avail_bytes=avail,
+        files=files,
+        files_free=files_free,
+        readonly=readonly,
+        st_dev=42,
+    )
+
+
+def result(probe, value=None, error=None, age=1.0, stuck=False, message=""):
+    return ProbeResult(probe, NOW - age, 0.01, value, error, message, stuck)
+
+
+def write_ok(total=0.01):
+    return WriteProbeResult(
+        True, 1 << 20, {"create": total / 2, "fsync": total / 2, "total": total}
+    )
+
+
+def write_failed(errno, step="write"):
+    return WriteProbeResult(
+        False, 1 << 20, {"create": 0.001, "total": 0.002}, step, errno, f"failed: {errno}"
+    )
+
+
+def snapshot(*results, recent=()):
+    return Snapshot("/ckpt", {r.probe: r for r in results}, tuple(recent))
+
+
+def quota(*entries, inaccurate=False, errors=()):
+    return QuotaReport("lfs", tuple(entries), inaccurate, tuple(errors))
+
+
+def entry(kind="project", bytes_=None, inodes=None, ident=1234):
+    return QuotaEntry(kind, ident, None, bytes_ or QuotaUsage(0), inodes or QuotaUsage(0))
+
+
+def codes(verdict):
+    return {(reason.code, reason.severity) for reason in verdict.reasons}
+
+
+def judge(*results, recent=(), thresholds=None, **need):
+    return evaluate(snapshot(*results, recent=recent), thresholds or Thresholds(), NOW, **need)
+
+
+def test_healthy_filesystem_is_ok_with_headroom_from_statvfs():
+    verdict = judge(result("statvfs", fs()), result("write", write_ok()))
+    assert verdict.status is Status.OK
+    assert verdict.reasons == ()
+    assert verdict.headroom.bytes == 500 * GiB
+    assert verdict.headroom.inodes == 900_000
+    assert verdict.headroom.bytes_ratio == pytest.approx(0.5)
+    assert verdict.headroom.inodes_ratio == pytest.approx(0.9)
+    assert verdict.headroom.limited_by == "filesystem"
+
+
+def test_nothing_probed_is_unknown():
+    assert judge().status is Status.UNKNOWN
+
+
+def test_every_probe_failed_is_unknown_with_the_reason():
+    verdict = judge(result("statvfs", error="EACCES", message="Permission denied"))
+    assert verdict.status is Status.UNKNOWN
+    assert ("probe_failed", Status.DEGRADED) in codes(verdict)
+    assert "EACCES" in verdict.reasons[0].message
+
+
+@pytest.mark.parametrize(
+    ("files_free", "expected"),
+    [(110_000, Status.OK), (95_000, Status.DEGRADED), (29_000, Status.UNHEALTHY)],
+)
+def test_inode_headroom_thresholds(files_free, expected):
+    verdict = judge(result("statvfs", fs(files_free=files_free)))
+    assert verdict.status is expected
+    if expected is not Status.OK:
+        assert ("inode_headroom_low", expected) in codes(verdict)
+
+
+@pytest.mark.parametrize(
+    ("avail", "expected"),
+    [(101 * GiB, Status.OK), (99 * GiB, Status.DEGRADED), (29 * GiB, Status.UNHEALTHY)],
+)
+def test_space_headroom_thresholds(avail, expected):
+    verdict = judge(result("statvfs", fs(avail=avail)))
+    assert verdict.status is expected
+
+
+def test_project_inode_quota_at_93_percent_binds_and_degrades():
+    """The field case of DESIGN §1: 79 % of the space quota, 93 % of the inode quota."""
+    project = entry(
+        bytes_=QuotaUsage(used=79 * TiB // 100, hard=TiB),
+        inodes=QuotaUsage(used=930_000, hard=1_000_000),
+    )
+    verdict = judge(
+        result("statvfs", fs(avail=500 * TiB, size=1000 * TiB, files=10**9, files_free=9 * 10**8)),
+        result("quota", quota(project)),
+    )
+    assert verdict.status is Status.DEGRADED
+    assert verdict.headroom.inodes == 70_000
+    assert verdict.headroom.inodes_limited_by == "quota:project"
+    assert verdict.headroom.bytes_limited_by == "quota:project"
+    assert verdict.headroom.limited_by == "quota:project"
+    (reason,) = verdict.reasons
+    assert reason.code == "inode_headroom_low"
+    assert reason.message == "inodes: 93 % used under the project quota, only 70k (7.0 %) left"
+
+
+def test_headroom_ratio_is_against_the_binding_capacity():
+    # 5 GiB left of a 10 GiB user quota on a huge filesystem: 50 %, not 0.0005 %.
+    user = entry("user", bytes_=QuotaUsage(used=5 * GiB, hard=10 * GiB))
+    verdict = judge(
+        result("statvfs", fs(avail=900 * TiB, size=1000 * TiB)), result("quota", quota(user))
+    )
+    assert verdict.headroom.bytes == 5 * GiB
+    assert verdict.headroom.bytes_ratio == pytest.approx(0.5)
+    assert verdict.headroom.bytes_limited_by == "quota:user"
+    assert verdict.status is Status.OK
+
+
+def test_soft_limit_without_hard_limit_does_not_bind_until_grace_expires():
+    running = entry(
+        bytes_=QuotaUsage(
+            used=11 * GiB,
+            soft=10 * GiB,
+            state=QuotaState.SOFT_EXCEEDED,
+            grace_expires_at=NOW + 5 * 86400,
+        )
+    )
+    verdict = judge(result("statvfs", fs()), result("quota", quota(running)))
+    assert verdict.headroom.bytes_limited_by == "filesystem"
+    assert codes(verdict) == {("quota_soft_exceeded", Status.DEGRADED)}
+    assert "grace period ends in 5 days" in verdict.reasons[0].message
+
+
+def test_grace_expiring_within_a_day_is_named():
+    running = entry(
+        inodes=QuotaUsage(
+            used=1100,
+            soft=1000,
+            hard=2000,
+            state=QuotaState.SOFT_EXCEEDED,
+            grace_expires_at=NOW + 3 * 3600 + 60,
+        )
+    )
+    verdict = judge(result("statvfs", fs()), result("quota", quota(running)))
+    assert codes(verdict) == {
+        ("quota_soft_exceeded", Status.DEGRADED),
+        ("quota_grace_expiring", Status.DEGRADED),
+    }
+    assert any("3 hours 1 minute" in reason.message for reason in verdict.reasons)
+
+
+def test_grace_that_ran_out_since_the_quota_was_read_counts_as_expired():
+    stale_timer = entry(
+        bytes_=QuotaUsage(
+            used=11 * GiB,
+            soft=10 * GiB,
+            hard=20 * GiB,
+            state=QuotaState.SOFT_EXCEEDED,
+            grace_expires_at=NOW - 1,
+        )
+    )
+    verdict = judge(result("statvfs", fs()), result("quota", quota(stale_timer)))
+    assert verdict.status is Status.UNHEALTHY
+    assert ("quota_grace_expired", Status.UNHEALTHY) in codes(verdict)
+    assert verdict.headroom.bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [
+        (QuotaState.HARD_REACHED, "quota_hard_reached"),
+        (QuotaState.GRACE_EXPIRED, "quota_grace_expired"),
+    ],
+)
+def test_quota_that_refuses_writes_is_unhealthy(state, code):
+    full = entry(bytes_=QuotaUsage(used=20 * GiB, soft=10 * GiB, hard=20 * GiB, state=state))
+    verdict = judge(result("statvfs", fs()), result("quota", quota(full)))
+    assert verdict.status is Status.UNHEALTHY
+    assert (code, Status.UNHEALTHY) in codes(verdict)
+    assert verdict.headroom.bytes == 0
+
+
+def test_quota_that_could_not_be_read_degrades():
+    verdict = judge(
+        result("statvfs", fs()), result("quota", error=TIMEOUT, message="lfs killed after 30 s")
+    )
+    assert verdict.status is Status.DEGRADED
+    assert codes(verdict) == {("quota_unavailable", Status.DEGRADED)}
+    assert "lfs killed after 30 s" in verdict.reasons[0].message
+
+
+def test_inaccurate_quota_degrades():
+    verdict = judge(result("statvfs", fs()), result("quota", quota(entry(), inaccurate=True)))
+    assert codes(verdict) == {("quota_unavailable", Status.DEGRADED)}
+
+
+def test_one_full_ost_degrades_while_the_total_looks_fine():
+    targets = (
+        LustreTarget("proj-MDT0000", "MDT", 0, 100 * GiB, 90 * GiB, 10**6, 9 * 10**5),
+        LustreTarget("proj-OST0000", "OST", 0, 100 * TiB, 50 * TiB, None, None),
+        LustreTarget("proj-OST0001", "OST", 1, 100 * TiB, 2 * TiB, None, None),
+        LustreTarget("proj-OST0002", "OST", 2, 100 * TiB, 0, None, None, active=False),
+    )
+    verdict = judge(result("statvfs", fs()), result("lfs_df", targets))
+    assert codes(verdict) == {("lustre_target_full", Status.DEGRADED)}
+    assert "proj-OST0001" in verdict.reasons[0].message
+    assert "2.0 %" in verdict.reasons[0].message
+
+
+@pytest.mark.parametrize(
+    ("errno", "expected"),
+    [
+        ("ENOSPC", Status.UNHEALTHY),
+        ("EDQUOT", Status.UNHEALTHY),
+        ("EROFS", Status.UNHEALTHY),
+        ("EACCES", Status.UNHEALTHY),
+        ("EIO", Status.DEGRADED),
+        ("ESTALE", Status.DEGRADED),
+    ],
+)
+def test_failed_write_probe_by_errno(errno, expected):
+    verdict = judge(
+        result("statvfs", fs()),
+        result("write", write_failed(errno), error=errno, message=f"failed: {errno}"),
+    )
+    assert verdict.status is expected
+    assert ("write_failed", expected) in codes(verdict)
+
+
+def test_a_transient_error_in_the_last_three_writes_still_degrades():
+    verdict = judge(
+        result("statvfs", fs()), result("write", write_ok()), recent=("EIO", None, None)
+    )
+    assert codes(verdict) == {("write_failed", Status.DEGRADED)}
+    assert "1 of the last 3" in verdict.reasons[0].message
+    older = judge(
+        result("statvfs", fs()), result("write", write_ok()), recent=("EIO", None, None, None)
+    )
+    assert older.status is Status.OK
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"), [(4.0, Status.OK), (6.0, Status.DEGRADED), (31.0, Status.UNHEALTHY)]
+)
+def test_slow_write_probe(seconds, expected):
+    verdict = judge(result("statvfs", fs()), result("write", write_ok(seconds)))
+    assert verdict.status is expected
+
+
+def test_stuck_probe_is_unhealthy_mount_stuck():
+    verdict = judge(
+        result("statvfs", error=TIMEOUT, stuck=True, message="statvfs has not returned after 10 s")
+    )
+    assert verdict.status is Status.UNHEALTHY
+    assert codes(verdict) == {("mount_stuck", Status.UNHEALTHY)}
+    assert "not returned after 10 s" in verdict.reasons[0].message
+
+
+def test_readonly_mount_is_unhealthy():
+    verdict = judge(result("statvfs", fs(readonly=True)))
+    assert codes(verdict) == {("readonly", Status.UNHEALTHY)}
+
+
+def test_tmpdir_on_another_device_degrades_unless_disabled():
+    results = (result("statvfs", fs()), result("tmpdir", TmpdirInfo("/tmp", False)))
+    assert codes(judge(*results)) == {("tmpdir_cross_device", Status.DEGRADED)}
+    assert judge(*results, thresholds=Thresholds(check_tmpdir=False)).status is Status.OK
+
+
+def test_stale_results_are_not_used_and_say_so():
+    stale = result("statvfs", fs(files_free=1000), age=46.0)
+    verdict = judge(stale)
+    assert verdict.status is Status.UNKNOWN
+    assert codes(verdict) == {("probe_stale", Status.DEGRADED)}
+    assert verdict.headroom.inodes is None
+    fresh_enough = judge(result("statvfs", fs(), age=44.0))
+    assert fresh_enough.status is Status.OK
+
+
+def test_need_that_does_not_fit_is_unhealthy_and_named():
+    verdict = judge(result("statvfs", fs(avail=400 * GiB)), need_bytes=500 * GiB, need_inodes=1)
+    assert verdict.fits is False
+    assert verdict.status is Status.UNHEALTHY
+    assert "needs 500 GiB but only 400 GiB is left on the filesystem" in verdict.reasons[0].message
+    fits = judge(result("statvfs", fs(avail=400 * GiB)), need_bytes=300 * GiB)
+    assert fits.fits is True and fits.status is Status.OK
+
+
+def test_need_with_unknown_headroom_cannot_tell():
+    verdict = judge(result("write", write_ok()), need_bytes=GiB)
+    assert verdict.fits is None
+
+
+def test_reasons_are_ordered_worst_first():
+    verdict = judge(
+        result("statvfs", fs(readonly=True)), result("tmpdir", TmpdirInfo("/tmp", False))
+    )
+    assert [reason.severity for reason in verdict.reasons] == [Status.UNHEALTHY, Status.DEGRADED]
