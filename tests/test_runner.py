@@ -1,0 +1,75 @@
+"""Probes run in abandonable workers: the caller gets an answer by the deadline, always."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+from fsprobe.errors import ProbeFailure
+from fsprobe.model import TIMEOUT
+from fsprobe.runner import ProbeRunner, timed_call
+
+
+def test_timed_call_turns_outcomes_into_results():
+    assert timed_call("statvfs", lambda: 42).value == 42
+
+    def fails():
+        raise OSError(errno.ESTALE, "Stale file handle")
+
+    stale = timed_call("statvfs", fails)
+    assert (stale.ok, stale.error, stale.message) == (
+        False,
+        "ESTALE",
+        "[Errno 116] Stale file handle",
+    )
+
+    def parse_error():
+        raise ProbeFailure("PARSE", "line 3: ???", value="partial")
+
+    parsed = timed_call("quota", parse_error)
+    assert (parsed.error, parsed.value, parsed.message) == ("PARSE", "partial", "line 3: ???")
+
+    def bug():
+        raise KeyError("oops")
+
+    assert timed_call("write", bug).error == "EUNKNOWN"
+
+
+def test_a_blocked_probe_returns_stuck_at_its_deadline_and_blocks_its_target():
+    release = threading.Event()
+    runner = ProbeRunner()
+    start = time.monotonic()
+    run = runner.submit("/hung", "statvfs", release.wait, deadline=0.3)
+    stuck = run.result()
+    waited = time.monotonic() - start
+    assert stuck.stuck and stuck.error == TIMEOUT
+    assert "has not returned" in stuck.message
+    assert 0.25 < waited < 2.0
+
+    # No second worker on a target that is blocked: the write probe is refused at once.
+    refused = runner.submit("/hung", "write", lambda: "never runs", deadline=5).result()
+    assert refused.stuck and "statvfs probe of this target has been blocked" in refused.message
+    # The same probe is not started twice either: the run in flight is returned.
+    assert runner.submit("/hung", "statvfs", lambda: "never runs", deadline=5) is run
+    # Other targets are not affected.
+    assert runner.submit("/fine", "statvfs", lambda: "ok", deadline=5).result().value == "ok"
+    assert runner.in_flight() == 1
+    assert [r.probe for r in runner.overdue()] == ["statvfs"]
+
+    release.set()
+    assert run.future.result(timeout=5).value is True  # the late answer is still delivered
+    assert runner.in_flight() == 0
+    recovered = runner.submit("/hung", "write", lambda: "written", deadline=5).result()
+    assert recovered.value == "written"
+
+
+def test_threads_stay_bounded_while_a_target_is_hung():
+    release = threading.Event()
+    runner = ProbeRunner()
+    before = threading.active_count()
+    for _ in range(50):
+        for probe in ("statvfs", "write", "tmpdir"):
+            runner.submit("/hung", probe, release.wait, deadline=0.01).result()
+    assert threading.active_count() - before <= 3
+    release.set()

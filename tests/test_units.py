@@ -1,0 +1,61 @@
+"""Sizes and durations as people write and read them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fsprobe.units import format_bytes, format_duration, format_seconds, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("20G", 20 * 1024**3),
+        ("1.5TiB", int(1.5 * 1024**4)),
+        ("512M", 512 * 1024**2),
+        ("512m", 512 * 1024**2),
+        ("4096", 4096),
+        ("1k", 1024),
+        ("2 GB", 2 * 1024**3),
+        (".5G", 512 * 1024**2),
+    ],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "G", "5X", "-1G", "1.2.3G", "10 apples"])
+def test_parse_size_rejects_with_the_text(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.50 KiB"), (50 * 1024**3, "50.0 GiB")],
+)
+def test_format_bytes(value, expected):
+    assert format_bytes(value) == expected
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_format_bytes_round_trips_within_its_precision(value):
+    text = format_bytes(value)
+    number, unit = text.split(" ")
+    back = parse_size(number + unit[0]) if unit != "B" else int(number)
+    assert abs(back - value) <= max(1, value * 0.006)
+
+
+def test_format_duration_words():
+    assert format_duration(93784) == "1 day 2 hours"
+    assert format_duration(60) == "1 minute"
+    assert format_duration(0) == "0 seconds"
+    assert format_duration(8 * 86400) == "1 week 1 day"
+
+
+def test_format_seconds():
+    assert format_seconds(0.0000042) == "4 µs"
+    assert format_seconds(0.0042) == "4.2 ms"
+    assert format_seconds(12.5) == "12.5 s"
