@@ -22,7 +22,7 @@ def parse_size(text: str) -> int:
 
 
 def format_bytes(value: float) -> str:
-    """Bytes for a person: ``1536`` → ``"1.5 KiB"``, three significant digits at most."""
+    """Bytes for a person: ``1536`` → ``"1.50 KiB"``, three significant digits."""
     if value < 0:
         return "-" + format_bytes(-value)
     if value < 1024:
@@ -30,7 +30,7 @@ def format_bytes(value: float) -> str:
     exponent, scaled = 0, float(value)
     while scaled >= 1024 and exponent < len(_UNITS) - 1:
         exponent, scaled = exponent + 1, scaled / 1024
-    if scaled >= 1000:  # 1023.5 MiB reads better as 1.00 GiB
+    if scaled >= 1023.5 and exponent < len(_UNITS) - 1:  # not "1024 MiB" but "1 GiB"
         exponent, scaled = exponent + 1, scaled / 1024
     digits = 0 if scaled >= 100 else 1 if scaled >= 10 else 2
     return f"{scaled:.{digits}f} {_UNITS[exponent]}".replace(".00 ", " ")

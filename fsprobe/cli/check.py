@@ -44,7 +44,10 @@ def check(
 
     Runs statvfs, lfs quota and lfs df (on Lustre), a real 1 MiB atomic test save and a
     $TMPDIR check, each bounded by a deadline. PATH may not exist yet: its nearest existing
-    parent is probed. Exit status: 0 ok, 1 degraded, 2 unhealthy, 3 unknown, 64 usage error.
+    parent is probed.
+
+    \b
+    Exit status: 0 ok, 1 degraded, 2 unhealthy, 3 unknown, 64 usage error.
 
     \b
     Examples:

@@ -1,0 +1,126 @@
+"""`fsprobe check` on ordinary directories: the JSON contract, exit codes and usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from fsprobe.cli import main
+
+CHECK_KEYS = {
+    "path",
+    "status",
+    "reasons",
+    "filesystem",
+    "quota",
+    "lustre_targets",
+    "headroom",
+    "write_probe",
+    "tmpdir",
+    "fits",
+    "probed_at",
+}
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(main, ["check", *args], env=env)
+
+
+@pytest.fixture
+def same_fs_tmpdir(tmp_path, monkeypatch):
+    """$TMPDIR on the target's filesystem, so the verdict is not degraded for that alone."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return tmp_path
+
+
+def test_json_has_every_documented_key(same_fs_tmpdir):
+    result = run(str(same_fs_tmpdir), "--json", "--need", "1M")
+    report = json.loads(result.output)
+    assert set(report) >= CHECK_KEYS
+    assert report["status"] == "ok" and result.exit_code == 0
+    statvfs = os.statvfs(same_fs_tmpdir)
+    assert report["filesystem"]["files"] == statvfs.f_files
+    assert set(report["filesystem"]) >= {
+        "mountpoint",
+        "fstype",
+        "size_bytes",
+        "avail_bytes",
+        "files",
+        "files_free",
+        "readonly",
+    }
+    assert report["headroom"]["limited_by"] == "filesystem"
+    assert report["fits"] is True
+    assert report["quota"] is None and report["lustre_targets"] is None
+    assert report["write_probe"]["ok"] is True
+    assert set(report["write_probe"]["latency_seconds"]) >= {"create", "write", "fsync", "total"}
+    assert report["tmpdir"] == {"path": str(same_fs_tmpdir), "same_device": True}
+
+
+def test_need_that_cannot_fit_exits_unhealthy(same_fs_tmpdir):
+    result = run(str(same_fs_tmpdir), "--need", "1000PiB", "--json")
+    report = json.loads(result.output)
+    assert result.exit_code == 2
+    assert report["fits"] is False
+    assert report["reasons"][0]["code"] == "space_headroom_low"
+    assert "needs 1000 PiB" in report["reasons"][0]["message"]
+
+
+def test_human_output_is_short_and_says_the_status_first(same_fs_tmpdir):
+    result = run(str(same_fs_tmpdir), "--need", "1M")
+    lines = result.output.splitlines()
+    assert "OK" in lines[0] and str(same_fs_tmpdir) in lines[0]
+    assert any(line.strip().startswith("space") for line in lines)
+    assert any("atomic save in" in line for line in lines)
+    assert any("fits" in line for line in lines)
+    assert len(lines) < 12
+
+
+def test_no_write_probe_writes_nothing(same_fs_tmpdir):
+    report = json.loads(run(str(same_fs_tmpdir), "--json", "--no-write-probe").output)
+    assert report["write_probe"] is None
+    assert os.listdir(same_fs_tmpdir) == []
+
+
+def test_tmpdir_elsewhere_is_degraded_with_exit_1(tmp_path, monkeypatch):
+    if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem as the temp dir here")
+    monkeypatch.setenv("TMPDIR", "/dev/shm")
+    result = run(str(tmp_path), "--json")
+    assert result.exit_code == 1
+    assert [r["code"] for r in json.loads(result.output)["reasons"]] == ["tmpdir_cross_device"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--need", "12 apples"], ["--timeout", "-1"], ["--quota-provider", "gpfs"], ["--bogus"], []],
+)
+def test_usage_errors_exit_64(args, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "check", *([str(tmp_path)] if args else []), *args],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 64, result.stderr
+    assert "Error" in result.stderr
+
+
+def test_a_path_that_is_a_file_is_a_usage_error(tmp_path):
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    result = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "check", str(regular)], capture_output=True, text=True
+    )
+    assert result.returncode == 64
+    assert "is a file" in result.stderr
+
+
+def test_help_explains_exit_codes():
+    result = CliRunner().invoke(main, ["check", "--help"])
+    assert result.exit_code == 0
+    assert "0 ok, 1 degraded, 2 unhealthy, 3 unknown" in result.output
