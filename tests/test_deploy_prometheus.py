@@ -1,0 +1,179 @@
+"""The shipped Prometheus rules: promtool accepts them, their unit tests pass, and they keep the
+promises of DESIGN §6 (every alert, its labels and annotations, only metrics the exporter emits,
+a runbook section behind every runbook_url)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import deploy_metrics
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RULES = REPO / "deploy" / "prometheus" / "fsprobe.rules.yml"
+RULE_TESTS = sorted((REPO / "deploy" / "prometheus" / "tests").glob("*.test.yml"))
+RUNBOOK = REPO / "docs" / "runbook.md"
+RUNBOOK_URL = "https://github.com/fsprobe/fsprobe/blob/main/docs/runbook.md#"
+
+#: DESIGN §6, "Alert names".
+DESIGN_ALERTS = {
+    "FsprobeSpaceHeadroomLow",
+    "FsprobeInodeHeadroomLow",
+    "FsprobeSpaceFillingUp",
+    "FsprobeInodesFillingUp",
+    "FsprobeQuotaSoftLimitExceeded",
+    "FsprobeQuotaGraceExpiring",
+    "FsprobeLustreTargetAlmostFull",
+    "FsprobeWriteProbeFailing",
+    "FsprobeWriteLatencyHigh",
+    "FsprobeMountStuck",
+    "FsprobeProbeStale",
+    "FsprobeTmpdirCrossDevice",
+    "FsprobeRedirectedCheckpointsPending",
+}
+
+promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool not installed (Debian package 'prometheus')",
+)
+
+
+def _alert_rules() -> list[dict]:
+    groups = deploy_metrics.load_rule_groups(RULES)
+    return [rule for rule in deploy_metrics.iter_rules(groups) if "alert" in rule]
+
+
+def _run_promtool(*args: str, cwd: Path) -> None:
+    result = subprocess.run(
+        ["promtool", *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.mark.prometheus
+@promtool
+def test_promtool_check_rules_accepts_the_rule_file() -> None:
+    _run_promtool("check", "rules", str(RULES), cwd=REPO)
+
+
+@pytest.mark.prometheus
+@promtool
+@pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda path: path.name)
+def test_promtool_unit_tests_pass(test_file: Path) -> None:
+    _run_promtool("test", "rules", test_file.name, cwd=test_file.parent)
+
+
+def test_the_unit_tests_load_the_shipped_rule_file() -> None:
+    assert RULE_TESTS, "no promtool unit tests found"
+    for test_file in RULE_TESTS:
+        document = yaml.safe_load(test_file.read_text(encoding="utf-8"))
+        loaded = {(test_file.parent / name).resolve() for name in document["rule_files"]}
+        assert loaded == {RULES.resolve()}, test_file.name
+
+
+def test_every_design_alert_exists_and_nothing_else() -> None:
+    assert {rule["alert"] for rule in _alert_rules()} == DESIGN_ALERTS
+
+
+@pytest.mark.parametrize("rule", _alert_rules(), ids=lambda rule: rule["alert"])
+def test_alert_has_severity_summary_description_and_runbook(rule: dict) -> None:
+    assert rule["labels"]["severity"] in ("warning", "critical")
+    annotations = rule["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url"}
+    description = annotations["description"]
+    for needed in ("$labels.path", "$labels.instance"):
+        assert needed in description, f"{rule['alert']}: description lacks {needed}"
+    # The value, through a formatting function, or (for a 0/1 condition) a stated duration.
+    formatted = re.search(r"\$value \| humanize\w*|printf \"%[^\"]*\" \$value", description)
+    assert formatted or rule.get("for"), f"{rule['alert']}: description shows no value"
+    assert annotations["runbook_url"] == RUNBOOK_URL + rule["alert"].lower()
+
+
+def test_critical_and_warning_variants_are_distinct() -> None:
+    seen = set()
+    for rule in _alert_rules():
+        key = (rule["alert"], tuple(sorted(rule["labels"].items())))
+        assert key not in seen, f"duplicate alert rule {key}"
+        seen.add(key)
+
+
+def test_headroom_pairs_use_ten_and_three_percent() -> None:
+    for name in ("FsprobeSpaceHeadroomLow", "FsprobeInodeHeadroomLow"):
+        by_severity = {
+            r["labels"]["severity"]: r["expr"] for r in _alert_rules() if r["alert"] == name
+        }
+        assert by_severity["warning"].rstrip().endswith("< 0.10"), by_severity
+        assert by_severity["critical"].rstrip().endswith("< 0.03"), by_severity
+
+
+def _github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading (lower case, punctuation dropped)."""
+    anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return anchor.replace(" ", "-")
+
+
+def test_every_runbook_url_has_a_runbook_section() -> None:
+    headings = re.findall(r"^#{2,3} (.+)$", RUNBOOK.read_text(encoding="utf-8"), re.MULTILINE)
+    anchors = {_github_anchor(heading) for heading in headings}
+    for rule in _alert_rules():
+        anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
+        assert anchor in anchors, f"{rule['alert']}: docs/runbook.md has no section #{anchor}"
+
+
+def test_runbook_sections_say_what_it_means_and_what_to_do() -> None:
+    text = RUNBOOK.read_text(encoding="utf-8")
+    for alert in DESIGN_ALERTS:
+        section = text.split(f"## {alert}\n", 1)[1].split("\n## ", 1)[0]
+        for part in ("**What it means.**", "**What the user should do.**", "**What the admin"):
+            assert part in section, f"runbook section {alert} lacks {part}"
+
+
+def test_every_alert_is_unit_tested_firing_and_not_firing() -> None:
+    """Each alert (each severity) must be expected to fire somewhere, and each alert expected
+    to stay quiet somewhere (an empty exp_alerts)."""
+    firing: set[tuple[str, str]] = set()
+    quiet: set[str] = set()
+    for test_file in RULE_TESTS:
+        document = yaml.safe_load(test_file.read_text(encoding="utf-8"))
+        for test in document["tests"]:
+            for case in test.get("alert_rule_test") or []:
+                expected = case.get("exp_alerts") or []
+                if not expected:
+                    quiet.add(case["alertname"])
+                for alert in expected:
+                    firing.add((case["alertname"], alert["exp_labels"]["severity"]))
+    variants = {(rule["alert"], rule["labels"]["severity"]) for rule in _alert_rules()}
+    assert variants - firing == set(), "never expected to fire"
+    assert DESIGN_ALERTS - quiet == set(), "never expected to stay quiet"
+
+
+def test_every_recording_rule_is_unit_tested() -> None:
+    tested = set()
+    for test_file in RULE_TESTS:
+        document = yaml.safe_load(test_file.read_text(encoding="utf-8"))
+        for test in document["tests"]:
+            for case in test.get("promql_expr_test") or []:
+                tested |= deploy_metrics.metric_names(case["expr"])
+    recorded = set(deploy_metrics.recording_rules(deploy_metrics.load_rule_groups(RULES)))
+    assert recorded - tested == set()
+
+
+def test_rules_use_only_metrics_of_the_exporter_contract() -> None:
+    used = deploy_metrics.rules_metrics([RULES])
+    assert used, "no metric found in the rules: the extraction is broken"
+    assert used - deploy_metrics.CONTRACT_METRICS == set()
+
+
+def test_every_recording_rule_is_used_by_an_alert_or_the_dashboard() -> None:
+    groups = deploy_metrics.load_rule_groups(RULES)
+    used: set[str] = set()
+    for rule in deploy_metrics.iter_rules(groups):
+        if "alert" in rule:
+            used |= deploy_metrics.metric_names(rule["expr"])
+    dashboard = (REPO / "deploy" / "grafana" / "fsprobe.json").read_text(encoding="utf-8")
+    for name in deploy_metrics.recording_rules(groups):
+        assert name in used or name in dashboard, f"recording rule {name} is used nowhere"
