@@ -36,9 +36,10 @@ def main() -> None:
 
 
 def _register() -> None:
-    from fsprobe.cli import check
+    from fsprobe.cli import check, quota
 
     main.add_command(check.check)
+    main.add_command(quota.quota)
 
 
 _register()

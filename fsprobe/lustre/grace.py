@@ -1,0 +1,62 @@
+"""Grace periods as `lfs quota` prints them: ``1w6d23h59m59s``, ``-``, ``none``, ``expired``.
+
+The compact countdown uses the units w, d, h, m, s, largest first, and leaves out the zero ones.
+It is computed when lfs prints, so it is the time *left*; the caller turns it into an absolute
+expiry by adding it to the time it ran lfs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UNITS = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+_COUNTDOWN = re.compile(r"^(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
+
+#: What an expired timer prints: "none" up to 2.15, "expired" from 2.16.
+EXPIRED_WORDS = ("none", "expired")
+
+
+@dataclass(frozen=True)
+class Grace:
+    """A grace cell: no timer (``-``), a running timer with `remaining` seconds, or expired."""
+
+    remaining: int | None = None
+    expired: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.remaining is not None
+
+
+NO_TIMER = Grace()
+
+
+def format_countdown(seconds: int) -> str:
+    """``93784`` → ``"1d2h3m4s"``; zero is ``"0s"``, as `lfs quota -t` prints a zero period."""
+    if seconds <= 0:
+        return "0s"
+    parts = []
+    for unit, size in _UNITS:
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+def parse_countdown(text: str) -> int | None:
+    """``"2d4h"`` → ``187200``; None for anything that is not a countdown."""
+    match = _COUNTDOWN.match(text)
+    if not text or not match:
+        return None
+    return sum(int(count) * size for count, (_, size) in zip(match.groups(), _UNITS) if count)
+
+
+def parse_grace(text: str) -> Grace | None:
+    """A grace cell of a data row; None when the text is not one."""
+    if text == "-":
+        return NO_TIMER
+    if text in EXPIRED_WORDS:
+        return Grace(expired=True)
+    remaining = parse_countdown(text)
+    return None if remaining is None else Grace(remaining=remaining)

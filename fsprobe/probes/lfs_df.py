@@ -1,0 +1,75 @@
+"""The `lfs df` probe: free space and inodes of every MDT and OST of the target's filesystem.
+
+`statvfs` sums the whole filesystem; one full OST still fails the writes striped onto it, and
+only `lfs df` shows it. Two runs, ``lfs df -v`` and ``lfs df -i -v`` (``-v`` lists inactive
+targets too), share one deadline and are merged per target. The result is shared by every
+target on the same filesystem for `settings.cache_seconds`.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from fsprobe.errors import ProbeFailure
+from fsprobe.lustre.df_parser import parse_df
+from fsprobe.lustre.df_targets import merge_targets, pick_block
+from fsprobe.lustre.runner import lfs_binary, run_lfs
+from fsprobe.model import TIMEOUT, LustreTarget
+from fsprobe.mounts import Mount
+from fsprobe.probes.quota import locate
+from fsprobe.quota.cache import SingleFlight
+from fsprobe.quota.provider import Deadline, Failure
+from fsprobe.quota.settings import QuotaSettings
+
+DF_CACHE: SingleFlight[tuple[LustreTarget, ...] | Failure] = SingleFlight()
+
+
+def lfs_df_applies(settings: QuotaSettings, mount: Mount | None) -> bool:
+    """On Lustre with provider auto, or anywhere when `lfs` is forced (provider lfs)."""
+    if settings.provider == "lfs":
+        return True
+    return settings.provider == "auto" and mount is not None and mount.fstype == "lustre"
+
+
+def read_targets(
+    directory: str, mountpoint: str | None, binary: str, deadline: Deadline
+) -> tuple[LustreTarget, ...] | Failure:
+    """Run both `lfs df` and merge them; failures are returned (they are cached and shared)."""
+    blocks = []
+    try:
+        for args in (("df", "-v", directory), ("df", "-i", "-v", directory)):
+            run = run_lfs(args, binary=binary, timeout=deadline.remaining())
+            output = parse_df(run.stdout, run.stderr, run.status)
+            command = shlex.join(("lfs", *args))
+            blocks.append(pick_block(output, mountpoint, command, directory))
+        return merge_targets(blocks[0], blocks[1])
+    except (OSError, ProbeFailure) as error:
+        return Failure.of(error)
+
+
+def probe_lfs_df(target: str, settings: QuotaSettings) -> tuple[LustreTarget, ...] | None:
+    """Every MDT and OST of the target's filesystem; None when `lfs df` does not apply.
+
+    Raises OSError (`lfs` missing) or ProbeFailure (errno name of the exit status, TIMEOUT,
+    PARSE) when the tables cannot be read. Targets that lfs could not ask are included with
+    unknown sizes; inactive ones with ``active=False``.
+    """
+    directory, mount = locate(target)
+    if not lfs_df_applies(settings, mount):
+        return None
+    deadline = Deadline.after(settings.timeout)
+    binary = lfs_binary(settings.lfs)
+    mountpoint = mount.mountpoint if mount is not None else None
+    key = ((mount.device, mount.mountpoint) if mount else directory, binary)
+    try:
+        result = DF_CACHE.get(
+            key,
+            lambda: read_targets(directory, mountpoint, binary, deadline),
+            ttl=settings.cache_seconds,
+            wait=deadline.remaining(),
+        )
+    except TimeoutError:
+        raise ProbeFailure(TIMEOUT, "lfs df: another probe's call was still running") from None
+    if isinstance(result, Failure):
+        raise result.exception()
+    return result

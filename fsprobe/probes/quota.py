@@ -1,0 +1,70 @@
+"""The quota probe: the quota of every ID a new file in the target is charged to (DESIGN §4).
+
+The target may not exist yet: its nearest existing ancestor stands in, for the filesystem, the
+set-group-ID bit and the project ID alike. The provider is chosen by --quota-provider (auto:
+Lustre's `lfs` on Lustre, nothing elsewhere). All `lfs` calls of one probe share one deadline,
+`settings.timeout`, so a hung filesystem costs at most that long.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from fsprobe.model import QuotaReport
+from fsprobe.mounts import Mount, find_mount, nearest_existing
+from fsprobe.quota.ids import resolve_ids
+from fsprobe.quota.provider import Deadline, QuotaRequest, assemble
+from fsprobe.quota.registry import select_provider
+from fsprobe.quota.settings import QuotaSettings
+
+
+@dataclass(frozen=True)
+class QuotaLookup:
+    """A quota probe with its context, as `fsprobe quota` shows it.
+
+    `provider` and `report` are None when no provider applies (not Lustre, or provider none).
+    """
+
+    path: str
+    directory: str
+    mount: Mount | None
+    provider: str | None
+    report: QuotaReport | None
+
+
+def locate(target: str) -> tuple[str, Mount | None]:
+    """The existing directory that stands in for `target`, and the mount it is on."""
+    directory = nearest_existing(target)
+    if not os.path.isdir(directory):
+        directory = os.path.dirname(directory)
+    return directory, find_mount(directory)
+
+
+def lookup_quota(target: str, settings: QuotaSettings) -> QuotaLookup:
+    """Read the quota of `target`; raises OSError or ProbeFailure when nothing could be read."""
+    directory, mount = locate(target)
+    provider = select_provider(settings, mount)
+    if provider is None:
+        return QuotaLookup(target, directory, mount, None, None)
+    deadline = Deadline.after(settings.timeout)
+    ids = resolve_ids(
+        directory,
+        user=settings.user,
+        group=settings.group,
+        project=settings.project,
+        project_fallback=lambda path: provider.project_id(path, settings, deadline),
+    )
+    outcomes = provider.read(QuotaRequest(directory, mount, ids.queries(), settings, deadline))
+    report = assemble(provider.name, outcomes, ids.notes)
+    return QuotaLookup(target, directory, mount, provider.name, report)
+
+
+def probe_quota(target: str, settings: QuotaSettings) -> QuotaReport | None:
+    """The quota report of `target`; None when no provider applies.
+
+    Raises OSError (`lfs` missing: the message says how to name it) or ProbeFailure (the errno
+    name of lfs's exit status, TIMEOUT or PARSE) when no ID could be read; a partial result is
+    returned with `errors` (and `inaccurate`) set.
+    """
+    return lookup_quota(target, settings).report

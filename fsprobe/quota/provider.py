@@ -1,0 +1,131 @@
+"""The quota provider interface: what the probe needs from any filesystem's quota tool.
+
+Lustre (`lfs quota`) is the first provider; a generic Linux `quota`, GPFS `mmlsquota` or BeeGFS
+provider implements the same three methods and is added to `fsprobe.quota.registry`, and the
+probe, the policy and the exporters stay as they are. A provider reports each ID's outcome as
+data (`IdOutcome`), so outcomes can be cached and shared between callers; `assemble` turns them
+into the `QuotaReport` (partial results included) or raises when nothing could be read.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass
+
+from fsprobe.errors import ProbeFailure, errno_name
+from fsprobe.model import QuotaEntry, QuotaReport
+from fsprobe.mounts import Mount
+from fsprobe.quota.settings import QuotaSettings
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A point in time (monotonic clock) that every step of one probe shares."""
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why something could not be read: an errno name, ``TIMEOUT`` or ``PARSE``, and a sentence.
+
+    `os_errno` is set when the cause was an OSError (the tool could not be started); it is raised
+    as one again, so that a caller sees e.g. ENOENT for a missing `lfs`.
+    """
+
+    error: str
+    message: str
+    os_errno: int | None = None
+
+    @classmethod
+    def of(cls, exc: OSError | ProbeFailure) -> Failure:
+        if isinstance(exc, ProbeFailure):
+            return cls(exc.error, exc.message)
+        return cls(errno_name(exc.errno), exc.strerror or str(exc), exc.errno)
+
+    def exception(self) -> OSError | ProbeFailure:
+        """A fresh exception to raise (cached failures are raised by many callers)."""
+        if self.os_errno is not None:
+            return OSError(self.os_errno, self.message)
+        return ProbeFailure(self.error, self.message)
+
+
+@dataclass(frozen=True)
+class IdOutcome:
+    """The quota of one (type, id): an entry, or a failure; `notes` are non-fatal problems."""
+
+    type: str
+    id: int
+    entry: QuotaEntry | None = None
+    failure: Failure | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class QuotaRequest:
+    """What to read: the IDs charged for new files in `directory`, on `mount`, by `deadline`."""
+
+    directory: str
+    mount: Mount | None
+    queries: tuple[tuple[str, int], ...]
+    settings: QuotaSettings
+    deadline: Deadline
+
+
+class QuotaProvider(abc.ABC):
+    """Reads quota for one kind of filesystem."""
+
+    #: The value of --quota-provider that selects this provider, and QuotaReport.provider.
+    name: str = ""
+
+    @abc.abstractmethod
+    def applies_to(self, mount: Mount | None) -> bool:
+        """Whether ``--quota-provider auto`` should use this provider for `mount`."""
+
+    @abc.abstractmethod
+    def read(self, request: QuotaRequest) -> tuple[IdOutcome, ...]:
+        """One outcome per query, in order; must return by `request.deadline` (plus slack)."""
+
+    def project_id(self, directory: str, settings: QuotaSettings, deadline: Deadline) -> int:
+        """The project ID of `directory` by the provider's own means, when the ioctl fails."""
+        raise ProbeFailure("EOPNOTSUPP", f"{self.name} cannot read project IDs")
+
+
+def _label(outcome: IdOutcome) -> str:
+    return f"{outcome.type} {outcome.id}"
+
+
+def assemble(
+    provider: str, outcomes: tuple[IdOutcome, ...], notes: tuple[str, ...] = ()
+) -> QuotaReport:
+    """The report of every ID that was read; raises the failure when none was.
+
+    Failed IDs and non-fatal problems become `QuotaReport.errors`, one sentence each, so a
+    partial result (user read, group failed) is still reported rather than lost.
+    """
+    entries = tuple(outcome.entry for outcome in outcomes if outcome.entry is not None)
+    failed = [outcome for outcome in outcomes if outcome.failure is not None]
+    if not entries and failed:
+        first = failed[0].failure
+        assert first is not None
+        if all(o.failure == first for o in failed):
+            message = first.message
+        elif all(o.failure is not None and o.failure.error == first.error for o in failed):
+            others = ", ".join(_label(o) for o in failed[1:])
+            message = first.message + (f" (and the same for {others})" if others else "")
+        else:
+            message = "; ".join(f"{_label(o)}: {o.failure.message}" for o in failed if o.failure)
+        raise Failure(first.error, message, first.os_errno).exception()
+    errors = [f"{_label(o)}: {o.failure.error}: {o.failure.message}" for o in failed if o.failure]
+    errors += [f"{_label(o)}: {note}" for o in outcomes for note in o.notes]
+    errors += list(notes)
+    inaccurate = any(entry.bytes.inaccurate or entry.inodes.inaccurate for entry in entries)
+    return QuotaReport(provider, entries, inaccurate=inaccurate, errors=tuple(errors))
