@@ -1,0 +1,548 @@
+"""`fsprobe.preflight()`: right before a save, can the target take it now, and if not, where to?
+
+It asks the daemon first: a fresh, trusted state file answers in microseconds (one `lstat` and
+a cached parse). Without one (no daemon, a stale or untrusted file, a target the daemon does not
+watch) it probes inline, cheaply: statvfs and the $TMPDIR check, no test write, no quota unless
+configured. Inline probes run in a module-wide `ProbeRunner`, so a hung mount costs one blocked
+thread however often a trainer asks, and their result is reused for `INLINE_CACHE_SECONDS`.
+
+The answer is a `Decision`:
+
+- ``proceed``: write to `path` (a warning is logged when the target is degraded or unhealthy:
+  the atomic write protects the previous checkpoint and the retry handles a transient failure);
+- ``delay``: the target was transiently unhealthy (a hung mount, a failed or very slow test
+  write, stale probes); preflight waited up to `max_wait` and it recovered: write to `path` now;
+- ``redirect``: the target cannot take the save (it does not fit, a hard quota limit or an
+  expired grace period, a persistent write error, read-only, or still unhealthy when the wait
+  ended) and a fallback directory can: write to `path`, which is inside that fallback;
+- ``fail``: only when asked for with ``on_unhealthy="fail"``: do not write.
+
+Preflight never blocks longer than `timeout` (plus `max_wait` when it waits), also on a hung
+mount: the target and every fallback are judged at once, each probe bounded by `timeout`.
+Fallback directories come from the caller and ``FSPROBE_FALLBACK_DIRS``, never from the state
+file (which a daemon writes, and which must not be able to send a checkpoint elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fsprobe.errors import ErrorClass, classify
+from fsprobe.model import Snapshot, Status
+from fsprobe.plan import ProbeSettings, plan
+from fsprobe.policy import Headroom, Reason, evaluate, fit
+from fsprobe.quota import QuotaSettings
+from fsprobe.redirect import all_fallback_dirs, redirect_path
+from fsprobe.report import reason_to_dict
+from fsprobe.runner import ProbeRunner
+from fsprobe.state import StateFileError, StateReader, default_state_dir
+from fsprobe.units import format_bytes, format_duration, format_seconds
+
+log = logging.getLogger("fsprobe.preflight")
+
+ACTIONS = ("proceed", "delay", "redirect", "fail")
+ON_UNHEALTHY = ("proceed", "fail")
+DEFAULT_TIMEOUT = 10.0
+#: How long an inline probe result is reused: about one statvfs interval of the daemon.
+INLINE_CACHE_SECONDS = 15.0
+#: How often the target is judged again while waiting for it to recover.
+POLL_SECONDS = 1.0
+#: `need_bytes` defaults to the last save into the same directory times this margin.
+NEED_MARGIN = 1.1
+#: A state entry older than this many statvfs intervals of the daemon is not trusted.
+STALE_AFTER_INTERVALS = 3.0
+DEFAULT_STATVFS_INTERVAL = 15.0
+
+#: Reasons that say "not now" rather than "not here": worth waiting for.
+_PASSING = frozenset({"mount_stuck", "probe_stale", "probe_failed"})
+#: Reasons that say the target refuses writes outright.
+_REFUSING = frozenset({"quota_hard_reached", "quota_grace_expired", "readonly"})
+#: Reasons about software that stages checkpoints in $TMPDIR; fsprobe.save never does.
+_NOT_ABOUT_THIS_SAVE = frozenset({"tmpdir_cross_device"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What preflight decided, and why. `path` is where to write (a fallback's on redirect).
+
+    `status` and `reasons` are those of the requested target (they say why a save was delayed
+    or redirected); `wait_seconds` is how long preflight waited; `source` is ``"state"`` when
+    the daemon's state file answered, ``"probe"`` when preflight probed itself.
+    """
+
+    action: str
+    path: str
+    status: Status
+    reasons: tuple[Reason, ...]
+    wait_seconds: float = 0.0
+    source: str = "probe"
+    requested_path: str = ""
+    need_bytes: int | None = None
+    fits: bool | None = None
+
+    @property
+    def redirected(self) -> bool:
+        return self.action == "redirect"
+
+    @property
+    def concerns(self) -> tuple[Reason, ...]:
+        """The reasons that matter for this save (not how other tools stage in $TMPDIR)."""
+        return tuple(r for r in self.reasons if r.code not in _NOT_ABOUT_THIS_SAVE)
+
+    def summary(self) -> str:
+        """One line for a log: the action, the target's status and the reasons that matter."""
+        text = f"{self.action} (target {self.status.label}"
+        if self.wait_seconds:
+            text += f", waited {format_seconds(self.wait_seconds)}"
+        text += ")"
+        if self.redirected:
+            text += f" to {self.path}"
+        if self.concerns:
+            text += ": " + "; ".join(f"{r.code}: {r.message}" for r in self.concerns)
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "path": self.path,
+            "requested_path": self.requested_path,
+            "status": self.status.label,
+            "reasons": [reason_to_dict(reason) for reason in self.reasons],
+            "wait_seconds": self.wait_seconds,
+            "source": self.source,
+            "need_bytes": self.need_bytes,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    """The health of one directory for one save, from the state file or an inline probe."""
+
+    directory: str
+    status: Status
+    reasons: tuple[Reason, ...]
+    fits: bool | None
+    source: str
+    fit_reasons: tuple[Reason, ...] = ()
+    latest_write_error: str | None = None
+
+    def refusing(self) -> list[Reason]:
+        """Why the directory cannot take the save at all ([] if it can)."""
+        return list(self.fit_reasons) + [
+            r
+            for r in self.reasons
+            if r.code in _REFUSING or (r.code == "write_failed" and r.severity is Status.UNHEALTHY)
+        ]
+
+    def passing(self) -> list[Reason]:
+        """Trouble that may clear by itself: a hung mount, a transient write error, slowness."""
+        passing = []
+        for reason in self.reasons:
+            if (
+                reason.code in _PASSING
+                or (reason.code == "write_slow" and reason.severity is Status.UNHEALTHY)
+                or (
+                    reason.code == "write_failed"
+                    and reason.severity is Status.DEGRADED
+                    and self.latest_write_error is not None
+                    and classify(self.latest_write_error) is ErrorClass.TRANSIENT
+                )
+            ):
+                passing.append(reason)
+        return passing
+
+    def blocked(self) -> bool:
+        """Cannot take the save now: refusing, or unhealthy for a reason that may pass later."""
+        return bool(self.refusing()) or any(
+            reason.severity is Status.UNHEALTHY for reason in self.passing()
+        )
+
+    def acceptable(self) -> bool:
+        """Good enough to redirect a save to."""
+        return self.status is not Status.UNKNOWN and not self.refusing() and not self.passing()
+
+
+# -- remembered save sizes ----------------------------------------------------------------------
+
+_lock = threading.Lock()
+_last_sizes: dict[str, int] = {}  # by file path and by directory
+
+
+def remember_save(path: str, nbytes: int) -> None:
+    """Remember the size of a successful save, as the default need of the next one there."""
+    path = os.path.abspath(path)
+    with _lock:
+        _last_sizes[path] = _last_sizes[os.path.dirname(path)] = nbytes
+
+
+def expected_need(path: str) -> int | None:
+    """What the next save of `path` needs by default, or None before the first save there.
+
+    The last save of the same file (``last.pt`` saved every epoch), else the last save into
+    the same directory (``epoch-7.pt`` after ``epoch-6.pt``), times `NEED_MARGIN`.
+    """
+    path = os.path.abspath(path)
+    with _lock:
+        last = _last_sizes.get(path, _last_sizes.get(os.path.dirname(path)))
+    return math.ceil(last * NEED_MARGIN) if last is not None else None
+
+
+# -- the daemon's state file --------------------------------------------------------------------
+
+_readers: dict[str, StateReader] = {}
+_warned: set[str] = set()
+
+
+def _warn_once(message: str, level: int = logging.WARNING) -> None:
+    with _lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    log.log(level, "%s", message)
+
+
+def _reader(state_dir: str | None) -> StateReader:
+    directory = state_dir or default_state_dir()
+    with _lock:
+        reader = _readers.get(directory)
+        if reader is None:
+            reader = _readers[directory] = StateReader(directory)
+        return reader
+
+
+def _status(label: str) -> Status:
+    return Status[label.upper()]
+
+
+def _judge_document(
+    target: str,
+    document: Mapping[str, Any],
+    generated_at: float,
+    need_bytes: int | None,
+    need_inodes: int | None,
+    now: float,
+) -> _Judgement | None:
+    """Judge a target from its state entry; None when the entry is stale or says nothing."""
+    updated_at = float(document.get("updated_at") or generated_at)
+    interval = float((document.get("intervals") or {}).get("statvfs", DEFAULT_STATVFS_INTERVAL))
+    age = now - updated_at
+    if age > STALE_AFTER_INTERVALS * interval:
+        _warn_once(
+            f"the fsprobe state for {target} is {format_duration(age)} old (the daemon probes "
+            f"every {format_duration(interval)}): is `fsprobe run` still running? probing inline"
+        )
+        return None
+    status = _status(document["status"])
+    if status is Status.UNKNOWN:
+        return None  # the daemon has seen nothing yet; a probe of our own says more
+    reasons = [
+        Reason(str(r["code"]), _status(r["severity"]), str(r["message"]))
+        for r in document.get("reasons", ())
+    ]
+    room = document.get("headroom") or {}
+    headroom = Headroom(
+        bytes=room.get("bytes"),
+        inodes=room.get("inodes"),
+        bytes_ratio=room.get("bytes_ratio"),
+        inodes_ratio=room.get("inodes_ratio"),
+        bytes_limited_by=room.get("bytes_limited_by"),
+        inodes_limited_by=room.get("inodes_limited_by"),
+    )
+    write = (document.get("probes") or {}).get("write") or {}
+    return _with_fit(
+        _Judgement(target, status, tuple(reasons), None, "state", (), write.get("error")),
+        headroom,
+        need_bytes,
+        need_inodes,
+    )
+
+
+def _with_fit(
+    judgement: _Judgement, headroom: Headroom, need_bytes: int | None, need_inodes: int | None
+) -> _Judgement:
+    """Add whether this save fits: a save that does not fit makes the directory unhealthy."""
+    fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
+    reasons = sorted([*fit_reasons, *judgement.reasons], key=lambda r: -r.severity)
+    status = max(judgement.status, Status.UNHEALTHY) if fit_reasons else judgement.status
+    return dataclasses.replace(
+        judgement, status=status, reasons=tuple(reasons), fits=fits, fit_reasons=tuple(fit_reasons)
+    )
+
+
+def _from_state(
+    directory: str, state_dir: str | None, need_bytes: int | None, need_inodes: int | None
+) -> _Judgement | None:
+    reader = _reader(state_dir)
+    try:
+        state = reader.read()
+    except (StateFileError, OSError) as error:
+        _warn_once(f"not using the fsprobe state file: {error}; probing inline instead")
+        return None
+    if state is None:
+        _warn_once(
+            f"no fsprobe state file at {reader.path} (no `fsprobe run` on this node?); "
+            "probing inline instead",
+            logging.INFO,
+        )
+        return None
+    found = state.target_for(directory)
+    if found is None:
+        return None
+    target, document = found
+    try:
+        return _judge_document(
+            target, document, state.generated_at, need_bytes, need_inodes, time.time()
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        _warn_once(f"the fsprobe state entry for {target} is malformed ({error!r}); probing inline")
+        return None
+
+
+# -- inline probes --------------------------------------------------------------------------------
+
+_runner = ProbeRunner()
+_inline_cache: dict[str, tuple[float, Snapshot]] = {}
+
+
+def _inline_settings(
+    settings: ProbeSettings | None, quota: QuotaSettings | None, timeout: float
+) -> ProbeSettings:
+    """Cheap probes only: never a test write, quota only when the caller configured it."""
+    base = settings or ProbeSettings(quota=QuotaSettings(provider="none"))
+    chosen = quota or base.quota
+    return dataclasses.replace(
+        base,
+        deadline=min(base.deadline, timeout),
+        write_probe=False,
+        quota=dataclasses.replace(chosen, timeout=min(chosen.timeout, timeout)),
+    )
+
+
+def _probe_inline(
+    directories: list[str], settings: ProbeSettings, fresh: bool
+) -> dict[str, Snapshot]:
+    """Snapshots of every directory, probed in parallel (or reused from the cache)."""
+    snapshots: dict[str, Snapshot] = {}
+    runs = {}
+    now = time.monotonic()
+    for directory in directories:
+        with _lock:
+            cached = _inline_cache.get(directory)
+        if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
+            snapshots[directory] = cached[1]
+            continue
+        runs[directory] = {
+            kind: _runner.submit(directory, kind, probe.function, probe.deadline)
+            for kind, probe in plan(directory, settings).items()
+        }
+    for directory, by_kind in runs.items():
+        snapshot = Snapshot(directory, {kind: run.result() for kind, run in by_kind.items()})
+        with _lock:
+            _inline_cache[directory] = (time.monotonic(), snapshot)
+        snapshots[directory] = snapshot
+    return snapshots
+
+
+def _judge_all(
+    directories: Iterable[str],
+    need_bytes: int | None,
+    need_inodes: int | None,
+    state_dir: str | None,
+    settings: ProbeSettings,
+    fresh: bool = False,
+) -> dict[str, _Judgement]:
+    judgements: dict[str, _Judgement] = {}
+    unanswered = []
+    for directory in dict.fromkeys(directories):
+        judgement = _from_state(directory, state_dir, need_bytes, need_inodes)
+        if judgement is None:
+            unanswered.append(directory)
+        else:
+            judgements[directory] = judgement
+    now = time.time()
+    for directory, snapshot in _probe_inline(unanswered, settings, fresh).items():
+        verdict = evaluate(snapshot, settings.thresholds, now)
+        judgements[directory] = _with_fit(
+            _Judgement(directory, verdict.status, verdict.reasons, None, "probe"),
+            verdict.headroom,
+            need_bytes,
+            need_inodes,
+        )
+    return judgements
+
+
+def _wait_for_recovery(
+    directory: str,
+    judgement: _Judgement,
+    max_wait: float,
+    judge,
+) -> tuple[_Judgement, float]:
+    """Judge `directory` again every `POLL_SECONDS` until it recovers or `max_wait` passes."""
+    start = time.monotonic()
+    until = start + max_wait
+    log.info(
+        "preflight: %s is %s (%s); waiting up to %s for it to recover",
+        directory,
+        judgement.status.label,
+        ", ".join(r.code for r in judgement.passing()),
+        format_seconds(max_wait),
+    )
+    while (remaining := until - time.monotonic()) > 0:
+        time.sleep(min(POLL_SECONDS, remaining))
+        judgement = judge(max(0.05, until - time.monotonic()))
+        if not judgement.passing() or judgement.refusing():
+            break
+    return judgement, time.monotonic() - start
+
+
+def _candidates(requested: str, fallback_dirs: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Where `requested` would land in each of these fallbacks, in order."""
+    directory = os.path.dirname(requested)
+    mirrored = (redirect_path(os.fspath(fallback), requested) for fallback in fallback_dirs)
+    return [candidate for candidate in mirrored if os.path.dirname(candidate) != directory]
+
+
+def _first_acceptable(
+    candidates: list[str], judgements: Mapping[str, _Judgement], requested: str
+) -> str | None:
+    for candidate in candidates:
+        fallback = judgements[os.path.dirname(candidate)]
+        if fallback.acceptable():
+            return candidate
+        log.info(
+            "preflight: fallback %s cannot take %s either: %s",
+            os.path.dirname(candidate),
+            requested,
+            "; ".join(r.message for r in fallback.refusing() + fallback.passing())
+            or fallback.status.label,
+        )
+    return None
+
+
+def find_fallback(
+    path: str | os.PathLike[str],
+    fallback_dirs: Iterable[str | os.PathLike[str]],
+    need_bytes: int | None = None,
+    need_inodes: int | None = 1,
+    *,
+    state_dir: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    quota: QuotaSettings | None = None,
+    settings: ProbeSettings | None = None,
+) -> str | None:
+    """Where in the first fallback that can take it a save of `path` should go, or None.
+
+    For a save whose target just failed with a capacity or permanent error: whatever the
+    target looked like a moment ago, it cannot take this write, so only the fallbacks are asked
+    (each judged like a target in `preflight`; a fallback is never redirected further).
+    Exactly these directories are asked: ``FSPROBE_FALLBACK_DIRS`` is not added here.
+    """
+    requested = os.path.abspath(os.fspath(path))
+    need = need_bytes if need_bytes is not None else expected_need(requested)
+    candidates = _candidates(requested, fallback_dirs)
+    judgements = _judge_all(
+        [os.path.dirname(c) for c in candidates],
+        need,
+        need_inodes,
+        state_dir,
+        _inline_settings(settings, quota, timeout),
+        fresh=True,
+    )
+    return _first_acceptable(candidates, judgements, requested)
+
+
+def preflight(
+    path: str | os.PathLike[str],
+    need_bytes: int | None = None,
+    need_inodes: int | None = 1,
+    max_wait: float = 0.0,
+    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+    *,
+    state_dir: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_unhealthy: str = "proceed",
+    redirect: bool = True,
+    quota: QuotaSettings | None = None,
+    settings: ProbeSettings | None = None,
+) -> Decision:
+    """Decide, right before writing the file `path`, whether and where to write it.
+
+    `need_bytes` defaults to the size of the last successful save into the same directory
+    times 1.1 (no fit check before the first one). `fallback_dirs` (and
+    ``FSPROBE_FALLBACK_DIRS``, colon-separated) are tried in order for a redirect, unless
+    `redirect` is False. `on_unhealthy="fail"` turns "attempt it anyway" into ``fail``.
+    `quota`/`settings` configure the inline probe (no quota by default: `lfs quota` costs a
+    metadata-server RPC per save).
+    """
+    if on_unhealthy not in ON_UNHEALTHY:
+        raise ValueError(f"on_unhealthy must be one of {ON_UNHEALTHY}, not {on_unhealthy!r}")
+    requested = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(requested)
+    need = need_bytes if need_bytes is not None else expected_need(requested)
+    probe_settings = _inline_settings(settings, quota, timeout)
+    candidates = _candidates(requested, all_fallback_dirs(fallback_dirs)) if redirect else []
+
+    # Fallbacks are judged alongside the target, so that a hung target costs `timeout` once.
+    judgements = _judge_all(
+        [directory, *(os.path.dirname(c) for c in candidates)],
+        need,
+        need_inodes,
+        state_dir,
+        probe_settings,
+    )
+    target = judgements[directory]
+    waited = 0.0
+    if max_wait > 0 and target.passing() and not target.refusing():
+
+        def judge_again(deadline: float) -> _Judgement:
+            again = _inline_settings(probe_settings, None, min(timeout, deadline))
+            return _judge_all([directory], need, need_inodes, state_dir, again, fresh=True)[
+                directory
+            ]
+
+        target, waited = _wait_for_recovery(directory, target, max_wait, judge_again)
+
+    def decided(action: str, where: str) -> Decision:
+        decision = Decision(
+            action=action,
+            path=where,
+            status=target.status,
+            reasons=target.reasons,
+            wait_seconds=waited,
+            source=target.source,
+            requested_path=requested,
+            need_bytes=need,
+            fits=target.fits,
+        )
+        _log_decision(decision)
+        return decision
+
+    if target.blocked():
+        candidate = _first_acceptable(candidates, judgements, requested)
+        if candidate is not None:
+            return decided("redirect", candidate)
+    if on_unhealthy == "fail" and (target.blocked() or target.status is Status.UNHEALTHY):
+        return decided("fail", requested)
+    return decided("delay" if waited else "proceed", requested)
+
+
+def _log_decision(decision: Decision) -> None:
+    need = f" (need {format_bytes(decision.need_bytes)})" if decision.need_bytes else ""
+    level = logging.WARNING if decision.concerns or decision.action != "proceed" else logging.DEBUG
+    log.log(
+        level,
+        "preflight %s%s from %s: %s",
+        decision.requested_path,
+        need,
+        decision.source,
+        decision.summary(),
+    )

@@ -1,0 +1,264 @@
+"""`fsprobe.atomic_write` / `fsprobe.save` on a local directory: the sequence, the classification
+of failures, retries with backoff, and what a caller gets back (no mounts needed here)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fsprobe
+from fsprobe.atomic import parse_temp_name
+from fsprobe.saving import AtomicFile, Backoff, FailedAttempt, SaveError
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """No daemon state and no fallback directories from the environment of the machine."""
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+
+
+class Sleeps(list):
+    """An injectable sleep that records instead of sleeping."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def quick(sleeps: Sleeps | None = None) -> Backoff:
+    return Backoff(sleep=sleeps if sleeps is not None else Sleeps())
+
+
+def failing_writer(errors: list[int | None], content: bytes = b"checkpoint"):
+    """A writer whose n-th call raises errors[n] (after writing a little), then succeeds."""
+    calls = []
+
+    def write(stream: AtomicFile) -> None:
+        calls.append(stream.name)
+        stream.write(content[:3])
+        if len(calls) <= len(errors):
+            code = errors[len(calls) - 1]
+            raise OSError(code, os.strerror(code)) if code else OSError("no errno")
+        stream.write(content[3:])
+
+    write.calls = calls
+    return write
+
+
+def model_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    return model.state_dict()
+
+
+def assert_same_state(loaded, original) -> None:
+    assert loaded.keys() == original.keys()
+    for key in original:
+        assert torch.equal(loaded[key], original[key]), key
+
+
+def only_files(directory) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def test_save_writes_a_loadable_checkpoint_and_leaves_nothing_else(tmp_path):
+    state = model_state()
+    result = fsprobe.save(state, tmp_path / "model.pt")
+    assert result.path == result.requested_path == str(tmp_path / "model.pt")
+    assert not result.redirected and result.attempts == 1 and result.errors == ()
+    assert result.bytes == os.path.getsize(tmp_path / "model.pt") > 0
+    assert result.seconds > 0
+    assert_same_state(torch.load(tmp_path / "model.pt"), state)
+    assert only_files(tmp_path) == ["model.pt"]
+
+
+def test_temp_file_is_hidden_beside_the_target_and_gets_the_umask_mode(tmp_path):
+    seen = {}
+
+    def write(stream: AtomicFile) -> None:
+        seen["temp"] = stream.name
+        seen["listing"] = os.listdir(tmp_path)
+        seen["mode"] = stat.S_IMODE(os.stat(stream.name).st_mode)
+        stream.write(b"x" * 100)
+
+    old = os.umask(0o002)
+    try:
+        fsprobe.atomic_write(tmp_path / "ckpt.pt", write)
+    finally:
+        os.umask(old)
+    name = os.path.basename(seen["temp"])
+    assert os.path.dirname(seen["temp"]) == str(tmp_path)
+    assert name.startswith(".") and name.endswith(".tmp")
+    assert parse_temp_name(name).base == "ckpt.pt" and parse_temp_name(name).pid == os.getpid()
+    assert seen["listing"] == [name]
+    assert seen["mode"] == 0o664  # 0o666 & ~umask: what the checkpoint keeps after the rename
+    assert stat.S_IMODE(os.stat(tmp_path / "ckpt.pt").st_mode) == 0o664
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ESTALE, errno.ETIMEDOUT, None])
+def test_transient_failures_are_retried_after_a_backoff(tmp_path, code):
+    sleeps = Sleeps()
+    write = failing_writer([code, code])
+    result = fsprobe.atomic_write(tmp_path / "ckpt", write, backoff=quick(sleeps))
+    name = errno.errorcode[code] if code else "EUNKNOWN"
+    assert result.attempts == 3 and result.errors == (name, name)
+    assert (tmp_path / "ckpt").read_bytes() == b"checkpoint"
+    assert len(sleeps) == 2 and 0 <= sleeps[0] <= 2.0 and 0 <= sleeps[1] <= 4.0
+    assert len(set(write.calls)) == 3  # a fresh temp file each attempt
+    assert only_files(tmp_path) == ["ckpt"]
+
+
+def test_every_attempt_failing_raises_save_error_and_keeps_the_previous_file(tmp_path):
+    (tmp_path / "ckpt").write_bytes(b"previous")
+    sleeps = Sleeps()
+    with pytest.raises(SaveError) as raised:
+        fsprobe.atomic_write(
+            tmp_path / "ckpt", failing_writer([errno.EIO] * 9), attempts=4, backoff=quick(sleeps)
+        )
+    error = raised.value
+    assert isinstance(error, OSError) and error.errno == errno.EIO
+    assert error.filename == str(tmp_path / "ckpt")
+    assert [a.errno for a in error.attempts] == ["EIO"] * 4
+    assert all(a.step == "write" for a in error.attempts)
+    assert len(sleeps) == 3
+    assert (tmp_path / "ckpt").read_bytes() == b"previous"
+    assert only_files(tmp_path) == ["ckpt"]
+
+
+def test_permanent_failure_without_fallback_raises_at_once(tmp_path):
+    sleeps = Sleeps()
+    with pytest.raises(SaveError) as raised:
+        fsprobe.atomic_write(tmp_path / "ckpt", failing_writer([errno.EACCES]), backoff=quick(sleeps))
+    assert raised.value.errno == errno.EACCES
+    assert raised.value.attempts == [FailedAttempt("EACCES", "write", "[Errno 13] Permission denied")]
+    assert sleeps == []
+
+
+def test_missing_directory_is_a_permanent_create_failure(tmp_path):
+    with pytest.raises(SaveError) as raised:
+        fsprobe.atomic_write(tmp_path / "no" / "ckpt", lambda f: f.write(b"x"), backoff=quick())
+    assert raised.value.errno == errno.ENOENT
+    assert raised.value.attempts[0].step == "create"
+
+
+def test_capacity_failure_without_fallback_is_retried(tmp_path):
+    sleeps = Sleeps()
+    result = fsprobe.atomic_write(
+        tmp_path / "ckpt", failing_writer([errno.EDQUOT]), backoff=quick(sleeps)
+    )
+    assert result.errors == ("EDQUOT",) and result.attempts == 2 and len(sleeps) == 1
+
+
+def test_a_bug_in_the_writer_is_raised_as_it_is_without_retry(tmp_path):
+    (tmp_path / "ckpt").write_bytes(b"previous")
+    sleeps = Sleeps()
+
+    def write(stream):
+        stream.write(b"half")
+        raise pickle.PicklingError("cannot pickle a lambda")
+
+    with pytest.raises(pickle.PicklingError):
+        fsprobe.atomic_write(tmp_path / "ckpt", write, backoff=quick(sleeps))
+    assert sleeps == []
+    assert only_files(tmp_path) == ["ckpt"]
+    assert (tmp_path / "ckpt").read_bytes() == b"previous"
+
+
+class FailingStream:
+    """Passes writes on to the real file object but fails the n-th with EIO, as a filesystem
+    would; torch then surfaces its own RuntimeError with the OSError only in __context__."""
+
+    def __init__(self, stream, fail_at: int) -> None:
+        self.stream, self.fail_at, self.calls = stream, fail_at, 0
+
+    def write(self, data):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise OSError(errno.EIO, "Input/output error")
+        return self.stream.write(data)
+
+    def flush(self):
+        self.stream.flush()
+
+
+def test_torch_secondary_error_is_seen_through_to_the_errno(tmp_path):
+    state = model_state()
+    with pytest.raises(RuntimeError, match="unexpected pos") as surfaced:
+        torch.save(state, FailingStream(open(os.devnull, "wb"), fail_at=2))
+    assert isinstance(surfaced.value.__context__, OSError)  # what torch does: the premise
+
+    attempts = []
+
+    def write(stream):
+        attempts.append(stream)
+        torch.save(state, FailingStream(stream, fail_at=2) if len(attempts) == 1 else stream)
+
+    result = fsprobe.atomic_write(tmp_path / "model.pt", write, backoff=quick())
+    assert result.errors == ("EIO",) and result.attempts == 2
+    assert_same_state(torch.load(tmp_path / "model.pt"), state)
+
+
+def test_torch_failure_without_any_errno_counts_as_transient(tmp_path):
+    calls = []
+
+    def write(stream):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . file write failed")
+        stream.write(b"ok")
+
+    result = fsprobe.atomic_write(tmp_path / "ckpt", write, backoff=quick())
+    assert result.errors == ("EUNKNOWN",) and result.attempts == 2
+
+
+def test_backoff_is_exponential_with_full_jitter_and_capped():
+    top = Backoff(random=lambda: 1.0)
+    assert [top.delay(n) for n in range(1, 6)] == [2.0, 4.0, 8.0, 15.0, 15.0]
+    assert sum(top.delay(n) for n in range(1, 5)) == 29.0  # 5 attempts: about 30 s at most
+    assert Backoff(random=lambda: 0.0).delay(3) == 0.0
+    assert Backoff(base=0.1, cap=1.0, random=lambda: 0.5).delay(10) == 0.5
+
+
+def test_save_error_survives_pickling_with_its_attempts(tmp_path):
+    error = SaveError("/ckpt/x.pt", [FailedAttempt("EIO", "write", "boom")], "saving failed")
+    copy = pickle.loads(pickle.dumps(error))
+    assert isinstance(copy, SaveError)
+    assert (copy.errno, copy.filename, copy.attempts) == (errno.EIO, "/ckpt/x.pt", error.attempts)
+
+
+def test_unsynced_save_still_replaces_atomically(tmp_path):
+    result = fsprobe.atomic_write(tmp_path / "ckpt", lambda f: f.write(b"abc"), fsync=False)
+    assert result.bytes == 3 and (tmp_path / "ckpt").read_bytes() == b"abc"
+
+
+def test_writer_that_closes_the_file_itself_is_still_synced(tmp_path):
+    def write(stream):
+        stream.write(b"closed by the writer")
+        stream.close()
+
+    fsprobe.atomic_write(tmp_path / "ckpt", write)
+    assert (tmp_path / "ckpt").read_bytes() == b"closed by the writer"
+
+
+def test_relative_path_is_saved_in_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = fsprobe.save({"step": 3}, "rel.pt")
+    assert result.path == str(tmp_path / "rel.pt")
+    assert torch.load(tmp_path / "rel.pt") == {"step": 3}
+
+
+def test_importing_fsprobe_imports_no_framework():
+    code = (
+        "import sys, fsprobe\n"
+        "heavy = [m for m in ('torch', 'lightning', 'transformers') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""
