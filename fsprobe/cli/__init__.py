@@ -36,10 +36,11 @@ def main() -> None:
 
 
 def _register() -> None:
-    from fsprobe.cli import check, quota
+    from fsprobe.cli import check, quota, sync
 
     main.add_command(check.check)
     main.add_command(quota.quota)
+    main.add_command(sync.sync)
 
 
 _register()

@@ -1,0 +1,113 @@
+"""`fsprobe sync`: copy redirected checkpoints back once their target can take them again."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from fsprobe.redirect import FALLBACK_ENV, SyncOutcome, all_fallback_dirs
+from fsprobe.redirect import sync as run_sync
+
+#: Outcomes that need a person: the copy failed or does not match what was saved.
+_TROUBLE = frozenset({"failed", "checksum_mismatch", "skipped"})
+#: Outcomes that leave the entry pending for a later run.
+_LEFT = frozenset({"waiting", "superseded", "would_sync"})
+
+_COLORS = {
+    "synced": "green",
+    "pruned": "green",
+    "would_sync": "cyan",
+    "waiting": "yellow",
+    "superseded": "yellow",
+    "failed": "red",
+    "checksum_mismatch": "red",
+    "skipped": "red",
+}
+
+
+def _line(outcome: SyncOutcome) -> str:
+    label = click.style(f"{outcome.action:<17}", fg=_COLORS.get(outcome.action))
+    return f"{label} {outcome.entry.requested}\n{'':<17}   {outcome.message}"
+
+
+def exit_status(outcomes: list[SyncOutcome]) -> int:
+    """0: nothing left; 1: entries still pending (target not ready, newer original); 2: trouble."""
+    if any(o.action in _TROUBLE for o in outcomes):
+        return 2
+    if any(o.action in _LEFT for o in outcomes):
+        return 1
+    return 0
+
+
+@click.command()
+@click.option(
+    "--fallback-dir",
+    "fallback_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=str),
+    metavar="DIR",
+    help=f"A fallback directory to look in (repeatable; also ${FALLBACK_ENV}, colon-separated).",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would be copied back.")
+@click.option(
+    "--prune-superseded",
+    is_flag=True,
+    help="Remove redirected copies whose original is newer (kept by default).",
+)
+@click.option("--state-dir", metavar="DIR", help="Where the daemon's state file is.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Deadline for judging each target (a hung mount answers by then).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object for scripts.")
+def sync(
+    fallback_dirs: tuple[str, ...],
+    dry_run: bool,
+    prune_superseded: bool,
+    state_dir: str | None,
+    timeout: float,
+    as_json: bool,
+) -> int:
+    """Copy checkpoints that fsprobe.save redirected to a fallback back where they belong.
+
+    For each entry of <fallback>/.fsprobe-redirects.jsonl whose target is healthy again and
+    has room, the checkpoint is copied back atomically, its sha256 checked before the rename,
+    and the fallback copy and the entry are removed. A newer checkpoint at the original path
+    is never overwritten.
+
+    \b
+    Exit status: 0 nothing left to do, 1 entries still pending, 2 a copy failed or did not
+    match its checksum, 64 usage error.
+
+    \b
+    Examples:
+      fsprobe sync --fallback-dir /scratch/$USER/fallback --dry-run
+      FSPROBE_FALLBACK_DIRS=/scratch/$USER/fallback fsprobe sync --json
+    """
+    directories = all_fallback_dirs(fallback_dirs)
+    if not directories:
+        raise click.UsageError(f"give --fallback-dir DIR or set {FALLBACK_ENV}")
+    outcomes = run_sync(
+        directories,
+        dry_run=dry_run,
+        prune_superseded=prune_superseded,
+        state_dir=state_dir,
+        timeout=timeout,
+    )
+    if as_json:
+        document = {
+            "fallback_dirs": list(directories),
+            "dry_run": dry_run,
+            "entries": [outcome.to_dict() for outcome in outcomes],
+        }
+        click.echo(json.dumps(document, indent=2))
+    elif outcomes:
+        click.echo("\n".join(_line(outcome) for outcome in outcomes))
+    else:
+        click.echo(f"nothing to sync in {', '.join(directories)}")
+    return exit_status(outcomes)
