@@ -1,0 +1,99 @@
+"""Fixtures for the whole suite: real filesystems that fail for real (DESIGN §9).
+
+- ``tmpfs``: a factory, ``tmpfs(size="1M", nr_inodes=None) -> Tmpfs``; the mount is at
+  ``.path``, a fresh directory, and goes away after the test. Real ENOSPC, real inode
+  exhaustion (see :mod:`tests.support.tmpfs` for ``fill_inodes`` / ``fill_bytes``).
+- ``faultfs``: a mounted FUSE fault filesystem (:class:`tests.support.faultmount.FaultFS`)
+  over an empty backing directory: ``.mountpoint``, ``.backing``, and ``.ctl``, the control
+  client (:class:`tests.support.faultctl.FaultControl`) that injects errors, delays, blocked
+  calls, quota and statfs numbers.
+- ``faultfs_factory``: ``faultfs_factory(backing=None, mountpoint=None, direct_io=False)`` for
+  more than one fault filesystem, or one over a backing directory of the test's choosing
+  (a tmpfs, say, to combine injected faults with a real ENOSPC).
+
+A test that uses any of them is marked ``mount`` automatically. Where the machine cannot
+mount (not root, no /dev/fuse, no fusermount3, a probe mount fails) such a test is skipped
+with the reason, or fails with it when ``FSPROBE_REQUIRE_MOUNT_TESTS=1``. Teardown releases
+blocked calls and unmounts even when the test failed halfway; a fault filesystem whose own code
+raised (its log shows a traceback) fails the test at teardown, since such a bug reaches the
+caller only as a bare EINVAL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.support.capability import fuse_problem, require, tmpfs_problem
+from tests.support.faultmount import FaultFS
+from tests.support.tmpfs import Tmpfs
+
+MOUNT_FIXTURES = frozenset({"tmpfs", "faultfs", "faultfs_factory"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MOUNT_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mount)
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Callable[..., Tmpfs]]:
+    require(tmpfs_problem())
+    mounted: list[Tmpfs] = []
+
+    def make(size: str | int = "1M", nr_inodes: int | None = None, mode: int = 0o755) -> Tmpfs:
+        fs = Tmpfs(size=size, nr_inodes=nr_inodes, mode=mode)
+        fs.mount()
+        mounted.append(fs)
+        return fs
+
+    yield make
+    errors = []
+    for fs in reversed(mounted):
+        try:
+            fs.unmount()
+        except (RuntimeError, OSError) as exc:
+            errors.append(str(exc))
+    if errors:
+        pytest.fail("tmpfs teardown: " + "; ".join(errors), pytrace=False)
+
+
+@pytest.fixture
+def faultfs_factory(tmp_path: Path) -> Iterator[Callable[..., FaultFS]]:
+    require(fuse_problem())
+    started: list[FaultFS] = []
+
+    def make(
+        backing: Path | None = None, mountpoint: Path | None = None, direct_io: bool = False
+    ) -> FaultFS:
+        home = tmp_path / f"faultfs{len(started)}"
+        if backing is None:
+            backing = home / "backing"
+            backing.mkdir(parents=True)
+        if mountpoint is None:
+            mountpoint = home / "mnt"
+            mountpoint.mkdir(parents=True)
+        fs = FaultFS(backing, mountpoint, direct_io=direct_io)
+        started.append(fs)
+        return fs.start()
+
+    yield make
+    errors = []
+    for fs in reversed(started):
+        try:
+            fs.stop()
+        except (RuntimeError, OSError) as exc:
+            errors.append(f"{fs.mountpoint}: {exc}")
+        if fs.problems():
+            errors.append(f"{fs.mountpoint}: the filesystem itself failed:\n{fs.output}")
+    if errors:
+        pytest.fail("faultfs teardown:\n" + "\n".join(errors), pytrace=False)
+
+
+@pytest.fixture
+def faultfs(faultfs_factory: Callable[..., FaultFS]) -> FaultFS:
+    return faultfs_factory()

@@ -1,0 +1,11 @@
+"""Test infrastructure that reproduces a shared filesystem's bad days for real (DESIGN §9).
+
+- :mod:`.faultfs`: the FUSE fault filesystem (its own process) and its control protocol;
+- :mod:`.faults`, :mod:`.quota`: its fault rules and its Lustre-like quota;
+- :mod:`.faultctl`: the control client; :mod:`.faultmount`: start and stop the process;
+- :mod:`.tmpfs`: tiny tmpfs mounts and helpers that fill them;
+- :mod:`.mountinfo`: mount-table checks that never touch a (possibly hung) mount;
+- :mod:`.capability`: whether this machine can mount, and skip-or-fail when it cannot.
+
+The pytest fixtures built on these are in ``tests/conftest.py``.
+"""
