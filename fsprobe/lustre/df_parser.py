@@ -166,7 +166,8 @@ def parse_df(stdout: str, stderr: str = "", status: int = 0, *, si: bool = False
         unparsed.append(Unparsed("stdout", number, line, reason))
 
     for number, line in enumerate(stdout.splitlines(), 1):
-        if not line.strip():
+        line = line.rstrip()
+        if not line:
             continue
         match = _TITLE.match(line)
         if match:

@@ -407,7 +407,8 @@ class _StdoutReader:
     # -- the rules, in order
 
     def feed(self, number: int, line: str) -> None:
-        if not line.strip():
+        line = line.rstrip()  # trailing blanks carry nothing; a path never ends the line
+        if not line:
             self._flush_pending()
             return
         if self._header(number, line) or self._notice(number, line):

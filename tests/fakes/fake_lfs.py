@@ -1,0 +1,140 @@
+"""Driving the fake `lfs` (tests/fakes/lfs) from a test, and loading the lfs output fixtures.
+
+In a test module (or use this module as a pytest plugin, see `fake_lfs`)::
+
+    @pytest.fixture
+    def fake_lfs(monkeypatch, tmp_path):
+        yield from fake_lfs_for(monkeypatch, tmp_path)
+
+    def test_something(fake_lfs, faultfs):
+        fake_lfs.configure(version="2.12", control=faultfs.socket_path)
+        report = probe_quota(str(faultfs.mountpoint), QuotaSettings(provider="lfs"))
+
+`configure` points FSPROBE_LFS at the fake, puts this interpreter first on PATH (the fake runs
+with ``python3`` from PATH) and sets the FAKE_LFS_* variables the fake reads (see its
+docstring), all through monkeypatch, so they are undone after the test. `calls()` lists the
+invocations the fake logged; `pids()` the processes of a hanging fake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FAKE_LFS = Path(__file__).resolve().with_name("lfs")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lfs"
+#: The program of the child a hanging fake starts (see `hang` in tests/fakes/lfs).
+HANG_CHILD = "import time; time.sleep(1 << 30)"
+
+
+def load_fixtures(kind: str) -> list[tuple[str, dict[str, Any]]]:
+    """(id, case) for every fixture under tests/fixtures/lfs/<kind>, sorted by path."""
+    root = FIXTURES / kind
+    return [
+        (str(path.relative_to(root).with_suffix("")), json.loads(path.read_text()))
+        for path in sorted(root.rglob("*.json"))
+    ]
+
+
+class FakeLfs:
+    """The fake lfs, configured for one test."""
+
+    path = FAKE_LFS
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, workdir: Path) -> None:
+        self._monkeypatch = monkeypatch
+        self.workdir = workdir
+        self.log = workdir / "fake-lfs.log"
+        self.pidfile = workdir / "fake-lfs.pids"
+        for name in list(os.environ):
+            if name.startswith("FAKE_LFS_"):
+                monkeypatch.delenv(name)
+        interpreter_dir = os.path.dirname(sys.executable)
+        monkeypatch.setenv("PATH", interpreter_dir + os.pathsep + os.environ.get("PATH", ""))
+        monkeypatch.setenv("FSPROBE_LFS", str(FAKE_LFS))
+        monkeypatch.setenv("FAKE_LFS_LOG", str(self.log))
+        monkeypatch.setenv("FAKE_LFS_PIDFILE", str(self.pidfile))
+
+    def configure(
+        self,
+        *,
+        version: str = "2.16",
+        control: str | os.PathLike[str] | None = None,
+        state: dict[str, Any] | None = None,
+        fail: str | None = None,
+        fail_types: str | None = None,
+        delay: float | None = None,
+        limited_types: str | None = None,
+        project: int | None = None,
+        osts: int | None = None,
+    ) -> FakeLfs:
+        """Set the fake's behaviour (None leaves a variable unset); returns self."""
+        values: dict[str, Any] = {
+            "VERSION": version,
+            "CONTROL": control,
+            "FAIL": fail,
+            "FAIL_TYPES": fail_types,
+            "DELAY": delay,
+            "LIMITED_TYPES": limited_types,
+            "PROJECT": project,
+            "OSTS": osts,
+        }
+        if state is not None:
+            state_file = self.workdir / "fake-lfs-state.json"
+            state_file.write_text(json.dumps(state))
+            values["STATE"] = state_file
+        for name, value in values.items():
+            if value is None:
+                self._monkeypatch.delenv(f"FAKE_LFS_{name}", raising=False)
+            else:
+                self._monkeypatch.setenv(f"FAKE_LFS_{name}", str(value))
+        return self
+
+    def calls(self) -> list[dict[str, Any]]:
+        """Every invocation so far: ``{"argv", "pid", "time"}``."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def pids(self) -> list[int]:
+        """With fail="hang": the hanging fake's pid and its child's, once both run."""
+        if not self.pidfile.exists():
+            return []
+        return [int(pid) for pid in self.pidfile.read_text().split()]
+
+
+def fake_lfs_for(monkeypatch: pytest.MonkeyPatch, workdir: Path) -> Iterator[FakeLfs]:
+    """The body of a `fake_lfs` fixture: yields the fake, then ends any hanging fake."""
+    fake = FakeLfs(monkeypatch, workdir)
+    yield fake
+    for pid in fake.pids():  # a hang test that failed early must not leave sleepers behind
+        if is_fake_process(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeLfs]:
+    """The fake lfs as FSPROBE_LFS, unconfigured (version 2.16, no state) until `configure`.
+
+    Register this module as a plugin to use it anywhere (``pytest_plugins =
+    ["tests.fakes.fake_lfs"]`` in the root conftest), or wrap `fake_lfs_for` in a fixture.
+    """
+    yield from fake_lfs_for(monkeypatch, tmp_path)
+
+
+def is_fake_process(pid: int) -> bool:
+    """Whether `pid` is still a hanging fake or its sleeping child (not a reused pid)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return str(FAKE_LFS).encode() in command or HANG_CHILD.encode() in command
