@@ -26,6 +26,7 @@ file (which a daemon writes, and which must not be able to send a checkpoint els
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -42,7 +43,7 @@ from fsprobe.policy import Headroom, Reason, evaluate, fit
 from fsprobe.quota import QuotaSettings
 from fsprobe.redirect import all_fallback_dirs, redirect_path
 from fsprobe.report import reason_to_dict
-from fsprobe.runner import ProbeRunner
+from fsprobe.runner import ProbeRunner, Run
 from fsprobe.state import StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
 
@@ -404,27 +405,54 @@ def _wait_for_recovery(
     return judgement, time.monotonic() - start
 
 
-def _candidates(requested: str, fallback_dirs: Iterable[str | os.PathLike[str]]) -> list[str]:
-    """Where `requested` would land in each of these fallbacks, in order."""
+@dataclass(frozen=True)
+class _Candidate:
+    """Where a save would land in one fallback, and whether that fallback exists at all."""
+
+    fallback: str
+    path: str
+    exists: Run  # `os.path.isdir(fallback)`, bounded like every probe
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(self.path)
+
+
+def _candidates(
+    requested: str, fallback_dirs: Iterable[str | os.PathLike[str]], deadline: float
+) -> list[_Candidate]:
+    """Where `requested` would land in each of these fallbacks, in order.
+
+    A fallback that does not exist is a mistake (a typo, scratch not mounted here) that the
+    probes would not notice: they judge the nearest existing ancestor. So its existence is
+    checked too, in the probe runner, so that a hung fallback does not hang the caller.
+    """
     directory = os.path.dirname(requested)
-    mirrored = (redirect_path(os.fspath(fallback), requested) for fallback in fallback_dirs)
-    return [candidate for candidate in mirrored if os.path.dirname(candidate) != directory]
+    candidates = []
+    for fallback in map(os.fspath, fallback_dirs):
+        path = redirect_path(fallback, requested)
+        if os.path.dirname(path) != directory:
+            exists = _runner.submit(
+                fallback, "exists", functools.partial(os.path.isdir, fallback), deadline
+            )
+            candidates.append(_Candidate(fallback, path, exists))
+    return candidates
 
 
 def _first_acceptable(
-    candidates: list[str], judgements: Mapping[str, _Judgement], requested: str
+    candidates: list[_Candidate], judgements: Mapping[str, _Judgement], requested: str
 ) -> str | None:
     for candidate in candidates:
-        fallback = judgements[os.path.dirname(candidate)]
-        if fallback.acceptable():
-            return candidate
-        log.info(
-            "preflight: fallback %s cannot take %s either: %s",
-            os.path.dirname(candidate),
-            requested,
-            "; ".join(r.message for r in fallback.refusing() + fallback.passing())
-            or fallback.status.label,
-        )
+        judgement = judgements[candidate.directory]
+        exists = candidate.exists.result()
+        if exists.ok and exists.value and judgement.acceptable():
+            return candidate.path
+        if not (exists.ok and exists.value):
+            why = exists.message or "it does not exist"
+        else:
+            trouble = judgement.refusing() + judgement.passing()
+            why = "; ".join(r.message for r in trouble) or judgement.status.label
+        log.info("preflight: fallback %s cannot take %s: %s", candidate.fallback, requested, why)
     return None
 
 
@@ -448,9 +476,9 @@ def find_fallback(
     """
     requested = os.path.abspath(os.fspath(path))
     need = need_bytes if need_bytes is not None else expected_need(requested)
-    candidates = _candidates(requested, fallback_dirs)
+    candidates = _candidates(requested, fallback_dirs, timeout)
     judgements = _judge_all(
-        [os.path.dirname(c) for c in candidates],
+        [c.directory for c in candidates],
         need,
         need_inodes,
         state_dir,
@@ -489,11 +517,12 @@ def preflight(
     directory = os.path.dirname(requested)
     need = need_bytes if need_bytes is not None else expected_need(requested)
     probe_settings = _inline_settings(settings, quota, timeout)
-    candidates = _candidates(requested, all_fallback_dirs(fallback_dirs)) if redirect else []
+    fallbacks = all_fallback_dirs(fallback_dirs) if redirect else ()
+    candidates = _candidates(requested, fallbacks, timeout)
 
     # Fallbacks are judged alongside the target, so that a hung target costs `timeout` once.
     judgements = _judge_all(
-        [directory, *(os.path.dirname(c) for c in candidates)],
+        [directory, *(c.directory for c in candidates)],
         need,
         need_inodes,
         state_dir,

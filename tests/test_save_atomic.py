@@ -4,6 +4,7 @@ of failures, retries with backoff, and what a caller gets back (no mounts needed
 from __future__ import annotations
 
 import errno
+import io
 import os
 import pickle
 import stat
@@ -135,9 +136,13 @@ def test_every_attempt_failing_raises_save_error_and_keeps_the_previous_file(tmp
 def test_permanent_failure_without_fallback_raises_at_once(tmp_path):
     sleeps = Sleeps()
     with pytest.raises(SaveError) as raised:
-        fsprobe.atomic_write(tmp_path / "ckpt", failing_writer([errno.EACCES]), backoff=quick(sleeps))
+        fsprobe.atomic_write(
+            tmp_path / "ckpt", failing_writer([errno.EACCES]), backoff=quick(sleeps)
+        )
     assert raised.value.errno == errno.EACCES
-    assert raised.value.attempts == [FailedAttempt("EACCES", "write", "[Errno 13] Permission denied")]
+    assert raised.value.attempts == [
+        FailedAttempt("EACCES", "write", "[Errno 13] Permission denied")
+    ]
     assert sleeps == []
 
 
@@ -191,7 +196,7 @@ class FailingStream:
 def test_torch_secondary_error_is_seen_through_to_the_errno(tmp_path):
     state = model_state()
     with pytest.raises(RuntimeError, match="unexpected pos") as surfaced:
-        torch.save(state, FailingStream(open(os.devnull, "wb"), fail_at=2))
+        torch.save(state, FailingStream(io.BytesIO(), fail_at=2))
     assert isinstance(surfaced.value.__context__, OSError)  # what torch does: the premise
 
     attempts = []

@@ -1,4 +1,4 @@
-"""Cleaning up the temp files of crashed saves: ours by name, writer certainly gone, nothing else."""
+"""Cleaning up the temp files of crashed saves: ours by name, writer surely gone, nothing else."""
 
 from __future__ import annotations
 

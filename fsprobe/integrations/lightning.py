@@ -1,0 +1,103 @@
+"""Lightning: a ``CheckpointIO`` plugin that saves checkpoints through `fsprobe.atomic_write`.
+
+::
+
+    from lightning import Trainer
+    from fsprobe.integrations.lightning import FsprobeCheckpointIO
+
+    trainer = Trainer(plugins=[FsprobeCheckpointIO(fallback_dirs=["/scratch/me/fallback"])])
+
+Lightning's own `TorchCheckpointIO` serialises to memory and writes the bytes in one go: atomic,
+but a single EIO kills the run. This plugin streams `torch.save` into a temp file beside the
+checkpoint, retries transient failures, redirects when the target cannot take it, and knows
+about redirected copies when Lightning loads or deletes a checkpoint (top-k pruning deletes the
+redirected copy too, so that `fsprobe sync` never brings back a checkpoint Lightning dropped).
+Remote paths (``s3://``...) go to Lightning's implementation unchanged.
+
+Built on ``lightning`` (``import lightning``); with only the standalone ``pytorch_lightning``
+installed, on ``lightning_fabric``, which is what that package's Trainer expects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any, Callable
+
+import torch
+
+try:
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+except ImportError:  # only the standalone pytorch_lightning / lightning_fabric packages
+    from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from fsprobe.redirect import all_fallback_dirs, forget, newest_copy
+from fsprobe.saving import DEFAULT_ATTEMPTS, SaveResult, atomic_write
+
+
+def _is_local(path: str | os.PathLike[str]) -> bool:
+    return "://" not in os.fspath(path)
+
+
+class FsprobeCheckpointIO(TorchCheckpointIO):
+    """Save, load and remove checkpoints the fsprobe way; `last_result` is the last save's.
+
+    `attempts`, `fallback_dirs` and `max_wait` mean what they mean for `fsprobe.save`; further
+    keyword arguments (``backoff``, ``state_dir``, ``timeout``, ``on_unhealthy``...) are passed
+    to `fsprobe.atomic_write` as they are.
+    """
+
+    def __init__(
+        self,
+        attempts: int = DEFAULT_ATTEMPTS,
+        fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+        max_wait: float = 0.0,
+        **atomic_write_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.attempts = attempts
+        self.fallback_dirs = tuple(os.fspath(d) for d in fallback_dirs)
+        self.max_wait = max_wait
+        self.atomic_write_kwargs = atomic_write_kwargs
+        self.last_result: SaveResult | None = None
+
+    def save_checkpoint(
+        self,
+        checkpoint: dict[str, Any],
+        path: str | os.PathLike[str],
+        storage_options: Any | None = None,
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"`storage_options` is not supported by {type(self).__name__}; "
+                "write a CheckpointIO of your own to use them"
+            )
+        if not _is_local(path):
+            super().save_checkpoint(checkpoint, path)
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.last_result = atomic_write(
+            path,
+            lambda stream: torch.save(checkpoint, stream),
+            attempts=self.attempts,
+            fallback_dirs=self.fallback_dirs,
+            max_wait=self.max_wait,
+            **self.atomic_write_kwargs,
+        )
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        map_location: Callable | Any | None = lambda storage, loc: storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Load `path`, or its redirected copy when that one is newer (not yet synced back)."""
+        if _is_local(path):
+            path = newest_copy(os.fspath(path), all_fallback_dirs(self.fallback_dirs))
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Remove `path` and any redirected copy of it, with its manifest entry."""
+        super().remove_checkpoint(path)
+        if _is_local(path):
+            forget(os.fspath(path), all_fallback_dirs(self.fallback_dirs))

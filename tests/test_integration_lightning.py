@@ -1,0 +1,113 @@
+"""The Lightning `CheckpointIO` plugin in a real `Trainer.fit`, with a write failure injected."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("lightning")
+
+from lightning import LightningModule, Trainer  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import fsprobe  # noqa: E402
+from fsprobe.atomic import parse_temp_name  # noqa: E402
+from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
+from fsprobe.saving import Backoff  # noqa: E402
+from fsprobe.state import write_state  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+
+
+class Tiny(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def loader() -> DataLoader:
+    torch.manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(32, 8), torch.randn(32, 1)), batch_size=8)
+
+
+def trainer(plugin: FsprobeCheckpointIO, dirpath, root) -> Trainer:
+    return Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        plugins=[plugin],
+        callbacks=[ModelCheckpoint(dirpath=str(dirpath), save_top_k=1, monitor=None)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+    )
+
+
+def test_fit_survives_a_failed_checkpoint_write(faultfs, tmp_path, caplog):
+    ckpt_dir = faultfs.mountpoint / "ckpt"
+    sleeps = []
+    plugin = FsprobeCheckpointIO(attempts=3, backoff=Backoff(sleep=sleeps.append))
+    rule = faultfs.ctl.fail("write", "EIO", path="*.tmp", times=1, sticky=True)
+    model = Tiny()
+    with caplog.at_level(logging.WARNING, logger="fsprobe.save"):
+        fit = trainer(plugin, ckpt_dir, tmp_path)
+        fit.fit(model, loader())
+    assert fit.state.finished and fit.current_epoch == 3
+    assert faultfs.ctl.rule(rule)["hits"] == 1
+    assert "failed at write with EIO (transient)" in caplog.text and len(sleeps) == 1
+    [name] = os.listdir(ckpt_dir)  # top-1: older checkpoints were removed, no temp files
+    assert not parse_temp_name(name)
+    checkpoint = torch.load(ckpt_dir / name, weights_only=False)
+    assert checkpoint["epoch"] == 2
+    for key, value in model.state_dict().items():
+        assert torch.equal(checkpoint["state_dict"][key], value)
+    assert plugin.last_result.path == str(ckpt_dir / name)
+
+
+def test_redirected_checkpoint_is_loaded_and_removed_through_the_plugin(tmp_path):
+    target, fallback, state = tmp_path / "ckpt", tmp_path / "fallback", tmp_path / "state"
+    target.mkdir()
+    fallback.mkdir()
+    state.mkdir(mode=0o700)
+    entry = fsprobe.check(str(target), write_probe=False, quota_provider="none").to_dict()
+    entry.update(
+        status="unhealthy",
+        reasons=[{"code": "readonly", "severity": "unhealthy", "message": "read-only"}],
+        intervals={"statvfs": 15.0},
+        updated_at=time.time(),
+    )
+    write_state(str(state), {"generated_at": time.time(), "targets": {str(target): entry}})
+    plugin = FsprobeCheckpointIO(fallback_dirs=[fallback], state_dir=str(state))
+    path = str(target / "epoch=0.ckpt")
+    plugin.save_checkpoint({"epoch": 0, "state_dict": {"w": torch.ones(3)}}, path)
+    assert plugin.last_result.redirected and not os.path.exists(path)
+
+    loaded = plugin.load_checkpoint(path)
+    assert loaded["epoch"] == 0 and torch.equal(loaded["state_dict"]["w"], torch.ones(3))
+
+    plugin.remove_checkpoint(path)  # top-k pruning: the redirected copy goes too
+    assert os.listdir(fallback) == []
+    with pytest.raises(FileNotFoundError):
+        plugin.load_checkpoint(path)
+
+
+def test_storage_options_are_refused_like_lightning_does(tmp_path):
+    with pytest.raises(TypeError, match="storage_options"):
+        FsprobeCheckpointIO().save_checkpoint({}, str(tmp_path / "x.ckpt"), storage_options={})

@@ -1,0 +1,115 @@
+"""The Hugging Face callback in a real two-step `Trainer` run of a tiny GPT-2 built from a config
+(no downloads)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+import fsprobe  # noqa: E402
+from fsprobe.integrations.transformers import FsprobeCallback  # noqa: E402
+from fsprobe.state import write_state  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+
+
+class Logs(TrainerCallback):
+    """Registered after FsprobeCallback: sees the logs as reporters after it would."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.seen.append(dict(logs or {}))
+
+
+def run(output_dir, callback: FsprobeCallback) -> tuple[Trainer, Logs]:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    model = GPT2LMHeadModel(config)
+    samples = [
+        {"input_ids": ids, "labels": ids}
+        for ids in torch.randint(0, config.vocab_size, (8, 16)).unbind()
+    ]
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=2,
+        save_steps=1,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    logs = Logs()
+    trainer = Trainer(model=model, args=args, train_dataset=samples, callbacks=[callback, logs])
+    trainer.train()
+    return trainer, logs
+
+
+def test_callback_runs_the_preflight_before_each_save_and_reports_it(tmp_path, caplog):
+    callback = FsprobeCallback()
+    with caplog.at_level(logging.INFO, logger="fsprobe.transformers"):
+        trainer, logs = run(tmp_path / "out", callback)
+    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-1", "checkpoint-2"]
+    assert [d.action for d in callback.decisions] == ["proceed", "proceed"]
+    first, second = callback.decisions
+    assert first.need_bytes is None  # nothing saved yet to size the checkpoint by
+    size = sum(f.stat().st_size for f in (tmp_path / "out" / "checkpoint-1").rglob("*"))
+    assert second.need_bytes >= size * 1.1 - 1  # the previous checkpoint, plus the margin
+    assert os.path.dirname(second.requested_path) == str(tmp_path / "out")
+
+    reported = [e for e in trainer.state.log_history if "fsprobe_preflight" in e]
+    assert [e["step"] for e in reported] == [1, 2]
+    assert reported[0]["fsprobe_preflight"]["action"] == "proceed"
+    assert [e["fsprobe_action"] for e in logs.seen if "fsprobe_action" in e] == ["proceed"] * 2
+    assert "before the save at step 1" in caplog.text and "before the save at step 2" in caplog.text
+
+
+def test_an_unfit_target_is_reported_and_training_goes_on(tmp_path, caplog):
+    out, state = tmp_path / "out", tmp_path / "state"
+    out.mkdir()
+    state.mkdir(mode=0o700)
+    entry = fsprobe.check(str(out), write_probe=False, quota_provider="none").to_dict()
+    entry.update(
+        status="unhealthy",
+        reasons=[
+            {
+                "code": "quota_hard_reached",
+                "severity": "unhealthy",
+                "message": "project quota of 1234: hard limit reached; writes are refused",
+            }
+        ],
+        intervals={"statvfs": 15.0},
+        updated_at=time.time(),
+    )
+    write_state(str(state), {"generated_at": time.time(), "targets": {str(out): entry}})
+    callback = FsprobeCallback(state_dir=str(state))
+    with caplog.at_level(logging.WARNING, logger="fsprobe.transformers"):
+        trainer, _ = run(out, callback)
+    assert trainer.state.global_step == 2
+    assert [d.action for d in callback.decisions] == ["fail", "fail"]
+    assert all(d.source == "state" for d in callback.decisions)
+    assert "quota_hard_reached" in caplog.text and "step 2" in caplog.text

@@ -1,0 +1,267 @@
+"""`fsprobe.preflight` judged from the daemon's state file, or from its own inline probe."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+import fsprobe
+from fsprobe.model import Status
+from fsprobe.state import write_state
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    """A target directory, a fallback directory and a private state directory."""
+    target, fallback, state = tmp_path / "ckpt", tmp_path / "fallback", tmp_path / "state"
+    target.mkdir()
+    fallback.mkdir()
+    state.mkdir(mode=0o700)
+    return str(target), str(fallback), str(state)
+
+
+def target_document(path: str, *, status: str = "ok", reasons=(), age: float = 0.0, **overrides):
+    """A target entry as the daemon writes it: a real check of `path`, its intervals, its age."""
+    document = fsprobe.check(path, write_probe=False, quota_provider="none").to_dict()
+    document.update(
+        status=status,
+        reasons=[{"code": c, "severity": s, "message": m} for c, s, m in reasons],
+        intervals={"statvfs": 15.0, "write": 60.0, "tmpdir": 60.0},
+        updated_at=time.time() - age,
+        **overrides,
+    )
+    return document
+
+
+def publish(state_dir: str, targets: dict) -> None:
+    write_state(
+        state_dir, {"generated_at": time.time(), "host": "node1", "pid": 1, "targets": targets}
+    )
+
+
+def test_a_healthy_directory_proceeds_from_an_inline_probe(dirs):
+    target, _, _ = dirs
+    decision = fsprobe.preflight(os.path.join(target, "model.pt"))
+    assert decision.action == "proceed" and decision.source == "probe"
+    assert decision.path == decision.requested_path == os.path.join(target, "model.pt")
+    assert decision.status is Status.OK and decision.wait_seconds == 0.0
+    assert decision.fits is True  # one inode needed, and there are many
+
+
+def test_a_fresh_trusted_state_file_answers(dirs):
+    target, _, state = dirs
+    publish(
+        state,
+        {
+            target: target_document(
+                target,
+                status="degraded",
+                reasons=[("write_slow", "degraded", "a 1 MiB test save took 6.0 s")],
+            )
+        },
+    )
+    decision = fsprobe.preflight(os.path.join(target, "sub", "model.pt"), state_dir=state)
+    assert decision.source == "state"
+    assert decision.action == "proceed" and decision.status is Status.DEGRADED
+    assert [r.code for r in decision.reasons] == ["write_slow"]
+
+
+def test_an_untrusted_state_file_is_ignored_with_one_warning(dirs, caplog):
+    target, _, state = dirs
+    publish(
+        state,
+        {
+            target: target_document(
+                target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")]
+            )
+        },
+    )
+    os.chmod(state, 0o777)  # anyone could have written it
+    with caplog.at_level(logging.WARNING, logger="fsprobe.preflight"):
+        first = fsprobe.preflight(os.path.join(target, "a.pt"), state_dir=state)
+        second = fsprobe.preflight(os.path.join(target, "b.pt"), state_dir=state)
+    assert first.source == second.source == "probe"
+    assert first.status is Status.OK  # the inline probe's view, not the file's "readonly"
+    warnings = [r for r in caplog.records if "writable by group or others" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_stale_state_entry_is_not_trusted(dirs):
+    target, _, state = dirs
+    publish(
+        state,
+        {
+            target: target_document(
+                target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")], age=600
+            )
+        },
+    )
+    decision = fsprobe.preflight(os.path.join(target, "model.pt"), state_dir=state)
+    assert decision.source == "probe" and decision.action == "proceed"
+
+
+def test_a_checkpoint_that_does_not_fit_is_redirected_to_a_fallback(dirs):
+    target, fallback, state = dirs
+    document = target_document(target)
+    document["headroom"].update(bytes=1000, bytes_ratio=0.5)
+    publish(state, {target: document})
+    requested = os.path.join(target, "model.pt")
+    decision = fsprobe.preflight(
+        requested, need_bytes=5000, fallback_dirs=[fallback], state_dir=state
+    )
+    assert decision.action == "redirect"
+    assert decision.path == os.path.join(fallback, requested.lstrip("/"))  # mirrored
+    assert decision.fits is False and decision.status is Status.UNHEALTHY
+    assert any("needs 4.88 KiB" in r.message for r in decision.reasons)
+
+
+def test_without_a_fallback_an_unhealthy_target_is_still_attempted_unless_told_not_to(dirs, caplog):
+    target, _, state = dirs
+    publish(
+        state,
+        {
+            target: target_document(
+                target,
+                status="unhealthy",
+                reasons=[
+                    ("quota_hard_reached", "unhealthy", "group quota of proj: hard limit reached")
+                ],
+            )
+        },
+    )
+    requested = os.path.join(target, "model.pt")
+    with caplog.at_level(logging.WARNING, logger="fsprobe.preflight"):
+        attempted = fsprobe.preflight(requested, state_dir=state)
+    assert attempted.action == "proceed" and attempted.path == requested
+    assert "quota_hard_reached" in caplog.text
+    refused = fsprobe.preflight(requested, state_dir=state, on_unhealthy="fail")
+    assert refused.action == "fail"
+    with pytest.raises(fsprobe.SaveError) as raised:
+        fsprobe.atomic_write(
+            requested, lambda f: f.write(b"x"), state_dir=state, on_unhealthy="fail"
+        )
+    assert (
+        raised.value.attempts[0].step == "preflight" and raised.value.attempts[0].errno == "EDQUOT"
+    )
+    assert os.listdir(target) == []
+
+
+def test_fallbacks_from_the_environment_are_used_but_never_from_the_state_file(dirs, monkeypatch):
+    target, fallback, state = dirs
+    document = target_document(
+        target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")]
+    )
+    document["fallback_dirs"] = ["/somewhere/else"]  # ignored: not the caller's
+    publish(state, {target: document})
+    requested = os.path.join(target, "model.pt")
+    assert fsprobe.preflight(requested, state_dir=state).action == "proceed"
+    monkeypatch.setenv("FSPROBE_FALLBACK_DIRS", f"/nonexistent-fallback:{fallback}")
+    decision = fsprobe.preflight(requested, state_dir=state)
+    assert decision.action == "redirect" and decision.path.startswith(fallback + "/")
+
+
+def test_a_fallback_that_is_unhealthy_itself_is_not_taken(dirs, tmp_path):
+    target, fallback, state = dirs
+    other = str(tmp_path / "other")
+    os.mkdir(other)
+    publish(
+        state,
+        {
+            target: target_document(
+                target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")]
+            ),
+            fallback: target_document(
+                fallback,
+                status="unhealthy",
+                reasons=[("quota_grace_expired", "unhealthy", "grace over")],
+            ),
+        },
+    )
+    decision = fsprobe.preflight(
+        os.path.join(target, "m.pt"), fallback_dirs=[fallback, other], state_dir=state
+    )
+    assert decision.action == "redirect" and decision.path.startswith(other + "/")
+
+
+def test_need_defaults_to_the_last_save_into_that_directory_plus_ten_percent(dirs):
+    target, _, _ = dirs
+    assert fsprobe.preflight(os.path.join(target, "first.pt")).need_bytes is None
+    fsprobe.atomic_write(os.path.join(target, "model.pt"), lambda f: f.write(b"x" * 1000))
+    assert fsprobe.preflight(os.path.join(target, "epoch-2.pt")).need_bytes == 1100
+    fsprobe.atomic_write(os.path.join(target, "meta.json"), lambda f: f.write(b"{}"))
+    assert fsprobe.preflight(os.path.join(target, "model.pt")).need_bytes == 1100  # same file
+    assert fsprobe.preflight(os.path.join(target, "epoch-3.pt")).need_bytes == 3  # the directory
+
+
+def test_delay_waits_for_a_hung_mount_to_recover(dirs):
+    target, _, state = dirs
+    stuck = target_document(
+        target, status="unhealthy", reasons=[("mount_stuck", "unhealthy", "statvfs did not return")]
+    )
+    publish(state, {target: stuck})
+    recovered = threading.Timer(1.2, publish, args=(state, {target: target_document(target)}))
+    recovered.start()
+    try:
+        decision = fsprobe.preflight(os.path.join(target, "m.pt"), max_wait=20, state_dir=state)
+    finally:
+        recovered.cancel()
+    assert decision.action == "delay" and decision.status is Status.OK
+    assert 1.0 <= decision.wait_seconds < 15
+
+
+def test_still_stuck_when_the_wait_ends_means_redirect(dirs):
+    target, fallback, state = dirs
+    publish(
+        state,
+        {
+            target: target_document(
+                target, status="unhealthy", reasons=[("mount_stuck", "unhealthy", "hung")]
+            )
+        },
+    )
+    start = time.monotonic()
+    decision = fsprobe.preflight(
+        os.path.join(target, "m.pt"), max_wait=1.5, fallback_dirs=[fallback], state_dir=state
+    )
+    assert decision.action == "redirect" and decision.wait_seconds >= 1.5
+    assert time.monotonic() - start < 10
+    assert [r.code for r in decision.reasons] == ["mount_stuck"]
+
+
+def test_decision_summary_and_dict_say_what_happened(dirs):
+    target, fallback, state = dirs
+    publish(
+        state,
+        {
+            target: target_document(
+                target,
+                status="unhealthy",
+                reasons=[("readonly", "unhealthy", "/x is mounted read-only")],
+            )
+        },
+    )
+    decision = fsprobe.preflight(
+        os.path.join(target, "m.pt"), fallback_dirs=[fallback], state_dir=state
+    )
+    assert decision.summary().startswith("redirect (target unhealthy) to ")
+    assert "readonly: /x is mounted read-only" in decision.summary()
+    as_dict = decision.to_dict()
+    assert as_dict["action"] == "redirect" and as_dict["status"] == "unhealthy"
+    assert as_dict["reasons"] == [
+        {"code": "readonly", "severity": "unhealthy", "message": "/x is mounted read-only"}
+    ]
+
+
+def test_bad_on_unhealthy_is_refused(dirs):
+    with pytest.raises(ValueError, match="on_unhealthy"):
+        fsprobe.preflight(os.path.join(dirs[0], "m.pt"), on_unhealthy="maybe")

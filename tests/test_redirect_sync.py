@@ -1,0 +1,325 @@
+"""Redirected saves and the way back: the manifest, `fsprobe sync`, and what sync never does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fsprobe
+from fsprobe import redirect
+from fsprobe.atomic import parse_temp_name
+from fsprobe.saving import Backoff
+from fsprobe.state import write_state
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+
+
+def no_sleep() -> Backoff:
+    return Backoff(sleep=lambda seconds: None)
+
+
+def model_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(512, 512).state_dict()
+
+
+def assert_same_state(loaded, original) -> None:
+    assert loaded.keys() == original.keys()
+    assert all(torch.equal(loaded[k], original[k]) for k in original)
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def manifest_lines(fallback) -> list[dict]:
+    path = Path(fallback) / redirect.MANIFEST
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def files_under(directory) -> list[str]:
+    return sorted(
+        os.path.relpath(os.path.join(parent, name), directory)
+        for parent, _, names in os.walk(directory)
+        for name in names
+    )
+
+
+def sync_cli(*args: str) -> tuple[int, dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync", "--json", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+class Setup:
+    """A target directory, a fallback directory and a state dir that can mark the target bad."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.target = tmp_path / "ckpt"
+        self.fallback = tmp_path / "fallback"
+        self.state = tmp_path / "state"
+        self.target.mkdir()
+        self.fallback.mkdir()
+        self.state.mkdir(mode=0o700)
+
+    def mark_target(self, status: str = "ok", reasons=()) -> None:
+        document = fsprobe.check(str(self.target), write_probe=False, quota_provider="none")
+        entry = document.to_dict()
+        entry.update(
+            status=status,
+            reasons=[{"code": c, "severity": status, "message": m} for c, m in reasons],
+            intervals={"statvfs": 15.0},
+            updated_at=time.time(),
+        )
+        write_state(
+            str(self.state), {"generated_at": time.time(), "targets": {str(self.target): entry}}
+        )
+
+    def save_redirected(self, obj, name: str = "model.pt") -> fsprobe.SaveResult:
+        """A save that preflight redirects: the state file says the target is read-only."""
+        self.mark_target("unhealthy", [("readonly", "the target is mounted read-only")])
+        result = fsprobe.save(
+            obj, self.target / name, fallback_dirs=[self.fallback], state_dir=str(self.state)
+        )
+        assert result.redirected
+        self.mark_target("ok")
+        return result
+
+
+@pytest.fixture
+def setup(tmp_path) -> Setup:
+    return Setup(tmp_path)
+
+
+def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_path):
+    target_dir = faultfs.mountpoint / "ckpt"
+    target_dir.mkdir()
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    target = target_dir / "model.pt"
+    previous, state = model_state(seed=1), model_state(seed=2)
+    fsprobe.save(previous, target)
+    used = faultfs.ctl.quota()["bytes"]["used"]
+    faultfs.ctl.set_quota("bytes", hard=used + 64 * 1024)  # the next 1 MiB save cannot fit
+
+    result = fsprobe.save(state, target, fallback_dirs=[fallback], backoff=no_sleep())
+    assert result.redirected and result.errors == ("EDQUOT",) and result.attempts == 2
+    assert result.path == str(fallback) + str(target)
+    assert_same_state(torch.load(result.path), state)
+    assert_same_state(torch.load(target), previous)  # untouched
+    assert [n for n in os.listdir(target_dir) if parse_temp_name(n)] == []
+    [line] = manifest_lines(fallback)
+    assert line["requested"] == str(target) and line["actual"] == result.path
+    assert line["bytes"] == result.bytes == os.path.getsize(result.path)
+    assert line["sha256"] == sha256(result.path)
+    assert abs(line["time"] - time.time()) < 60 and line["pid"] == os.getpid() and line["host"]
+    assert redirect.pending_bytes([str(fallback)], under=str(target_dir)) == result.bytes
+    assert redirect.pending_bytes([str(fallback)], under=str(tmp_path / "other")) == 0
+
+    code, report = sync_cli("--fallback-dir", str(fallback))  # quota still enforced
+    assert code == 2 and report["entries"][0]["action"] == "failed"
+    assert "EDQUOT" in report["entries"][0]["message"]
+    assert_same_state(torch.load(target), previous)
+
+    faultfs.ctl.lift_quota()
+    code, report = sync_cli("--fallback-dir", str(fallback))
+    assert code == 0, report
+    [entry] = report["entries"]
+    assert entry["action"] == "synced" and "sha256 verified" in entry["message"]
+    assert_same_state(torch.load(target), state)
+    assert os.listdir(fallback) == []  # copy, mirrored directories and manifest all gone
+    assert redirect.pending_bytes([str(fallback)], under=str(target_dir)) == 0
+
+
+def test_real_enospc_on_a_full_tmpfs_is_redirected(tmpfs, tmp_path):
+    fs = tmpfs(size="256k")
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    result = fsprobe.save(
+        model_state(), fs.path / "model.pt", fallback_dirs=[fallback], backoff=no_sleep()
+    )
+    assert result.redirected and result.errors == ("ENOSPC",)
+    assert os.listdir(fs.path) == []
+    assert manifest_lines(fallback)[0]["actual"] == result.path
+
+
+def test_a_newer_original_is_never_overwritten(setup):
+    redirected = model_state(seed=1)
+    result = setup.save_redirected(redirected)
+    newer = model_state(seed=2)
+    time.sleep(0.01)
+    fsprobe.save(newer, setup.target / "model.pt", state_dir=str(setup.state))
+
+    code, report = sync_cli("--fallback-dir", str(setup.fallback), "--state-dir", str(setup.state))
+    assert code == 1 and report["entries"][0]["action"] == "superseded"
+    assert_same_state(torch.load(setup.target / "model.pt"), newer)
+    assert os.path.exists(result.path) and len(manifest_lines(setup.fallback)) == 1
+
+    outcomes = redirect.sync(
+        [str(setup.fallback)], prune_superseded=True, state_dir=str(setup.state)
+    )
+    assert [o.action for o in outcomes] == ["pruned"]
+    assert_same_state(torch.load(setup.target / "model.pt"), newer)
+    assert os.listdir(setup.fallback) == []
+
+
+def test_a_copy_that_does_not_match_its_checksum_is_not_put_in_place(setup):
+    previous = {"epoch": 1}
+    fsprobe.save(previous, setup.target / "model.pt", state_dir=str(setup.state))
+    result = setup.save_redirected(model_state())
+    with open(result.path, "r+b") as damaged:  # bit rot on the fallback
+        damaged.seek(100)
+        byte = damaged.read(1)
+        damaged.seek(100)
+        damaged.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(setup.target / "model.pt", (1, 1))  # old, so that only the checksum stops it
+
+    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert [o.action for o in outcomes] == ["checksum_mismatch"]
+    assert torch.load(setup.target / "model.pt") == previous
+    assert sorted(os.listdir(setup.target)) == ["model.pt"]  # no temp file left
+    assert os.path.exists(result.path) and len(manifest_lines(setup.fallback)) == 1
+
+
+def test_dry_run_changes_nothing(setup):
+    result = setup.save_redirected(model_state())
+    before = (setup.fallback / redirect.MANIFEST).read_bytes()
+    code, report = sync_cli(
+        "--fallback-dir", str(setup.fallback), "--state-dir", str(setup.state), "--dry-run"
+    )
+    assert code == 1 and report["dry_run"] is True
+    assert [e["action"] for e in report["entries"]] == ["would_sync"]
+    assert report["entries"][0]["requested"] == str(setup.target / "model.pt")
+    assert os.listdir(setup.target) == []
+    assert os.path.exists(result.path)
+    assert (setup.fallback / redirect.MANIFEST).read_bytes() == before
+
+
+def test_an_unhealthy_target_keeps_its_entries_waiting(setup):
+    result = setup.save_redirected(model_state())
+    setup.mark_target("unhealthy", [("quota_hard_reached", "project quota: hard limit reached")])
+    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert [o.action for o in outcomes] == ["waiting"]
+    assert "quota_hard_reached" in outcomes[0].message
+    assert os.path.exists(result.path) and os.listdir(setup.target) == []
+
+
+def test_a_later_save_of_the_same_path_replaces_the_earlier_entry(setup):
+    setup.save_redirected(model_state(seed=1))
+    latest = model_state(seed=2)
+    setup.save_redirected(latest)
+    assert len(manifest_lines(setup.fallback)) == 2
+    assert len(redirect.pending([str(setup.fallback)])) == 1
+    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert sorted(o.action for o in outcomes) == ["replaced", "synced"]
+    assert_same_state(torch.load(setup.target / "model.pt"), latest)
+    assert os.listdir(setup.fallback) == []
+
+
+def test_an_entry_whose_copy_is_gone_is_dropped(setup):
+    result = setup.save_redirected(model_state())
+    os.unlink(result.path)
+    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert [o.action for o in outcomes] == ["missing"]
+    assert manifest_lines(setup.fallback) == []
+
+
+def test_a_manifest_others_can_write_is_not_acted_on(setup, caplog):
+    result = setup.save_redirected(model_state())
+    os.chmod(setup.fallback / redirect.MANIFEST, 0o666)
+    with caplog.at_level(logging.WARNING, logger="fsprobe.redirect"):
+        assert redirect.sync([str(setup.fallback)], state_dir=str(setup.state)) == []
+    assert "writable by group or others" in caplog.text
+    assert redirect.pending([str(setup.fallback)]) == []
+    assert os.path.exists(result.path)
+
+
+def test_an_entry_pointing_outside_its_fallback_is_skipped(setup, tmp_path):
+    outside = tmp_path / "precious.pt"
+    outside.write_bytes(b"not a redirected checkpoint")
+    redirect.record(
+        redirect.new_entry(
+            str(setup.fallback), str(setup.target / "x.pt"), str(outside), 27, sha256(outside)
+        )
+    )
+    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert [o.action for o in outcomes] == ["skipped"]
+    assert outside.exists() and not (setup.target / "x.pt").exists()
+
+
+def test_concurrent_appends_all_land_whole(setup):
+    def append(worker: int) -> None:
+        for index in range(25):
+            redirect.record(
+                redirect.new_entry(
+                    str(setup.fallback),
+                    f"/ckpt/{worker}/{index}.pt",
+                    str(setup.fallback / f"{worker}-{index}"),
+                    index,
+                    "0" * 64,
+                )
+            )
+
+    threads = [threading.Thread(target=append, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = manifest_lines(setup.fallback)
+    assert len(lines) == 100
+    assert {(line["requested"]) for line in lines} == {
+        f"/ckpt/{w}/{i}.pt" for w in range(4) for i in range(25)
+    }
+
+
+def test_newest_copy_and_forget_follow_the_redirected_checkpoint(setup):
+    requested = str(setup.target / "model.pt")
+    assert redirect.newest_copy(requested, [str(setup.fallback)]) == requested
+    result = setup.save_redirected(model_state())
+    assert redirect.newest_copy(requested, [str(setup.fallback)]) == result.path
+    assert redirect.forget(requested, [str(setup.fallback)]) == [result.path]
+    assert os.listdir(setup.fallback) == []
+    assert redirect.newest_copy(requested, [str(setup.fallback)]) == requested
+
+
+def test_sync_needs_a_fallback_directory():
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync"], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 64 and "FSPROBE_FALLBACK_DIRS" in done.stderr
+
+
+def test_sync_human_output_names_each_entry(setup):
+    setup.save_redirected(model_state())
+    env = {**os.environ, "FSPROBE_FALLBACK_DIRS": str(setup.fallback)}
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync", "--state-dir", str(setup.state)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "synced" in done.stdout and str(setup.target / "model.pt") in done.stdout

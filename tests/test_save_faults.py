@@ -1,0 +1,183 @@
+"""`fsprobe.save` of a real model on a filesystem that fails for real (FUSE fault filesystem,
+tmpfs): transient write errors, a dead filesystem, a saver killed mid-write, $TMPDIR elsewhere."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fsprobe
+from fsprobe.atomic import parse_temp_name
+from fsprobe.saving import Backoff
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+
+
+class Sleeps(list):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def model_state(seed: int = 0, width: int = 512) -> dict[str, torch.Tensor]:
+    """A real model's state_dict: a few MiB, so torch.save makes many writes."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width)
+    )
+    return model.state_dict()
+
+
+def assert_same_state(loaded, original) -> None:
+    assert loaded.keys() == original.keys()
+    for key in original:
+        assert torch.equal(loaded[key], original[key]), key
+
+
+def temp_files(directory) -> list[str]:
+    return [name for name in os.listdir(directory) if parse_temp_name(name)]
+
+
+@pytest.mark.parametrize("code", ["EIO", "ESTALE"])
+def test_second_write_failing_is_retried_and_the_checkpoint_loads(faultfs, code):
+    target = faultfs.mountpoint / "model.pt"
+    state = model_state()
+    # The 2nd write of the temp file fails, and its handle stays broken (as after a real EIO).
+    rule = faultfs.ctl.fail("write", code, path="*.tmp", after=1, sticky=True)
+    sleeps = Sleeps()
+    result = fsprobe.save(state, target, backoff=Backoff(sleep=sleeps))
+    assert faultfs.ctl.rule(rule)["hits"] == 1
+    assert result.attempts == 2 and result.errors == (code,)
+    assert len(sleeps) == 1
+    assert_same_state(torch.load(target), state)
+    assert temp_files(faultfs.mountpoint) == []
+    assert temp_files(faultfs.backing) == []
+
+
+def test_every_write_failing_raises_and_keeps_the_previous_checkpoint(faultfs):
+    target = faultfs.mountpoint / "model.pt"
+    previous = model_state(seed=1)
+    fsprobe.save(previous, target)
+    faultfs.ctl.fail("write", "EIO", path="*.tmp", times=None, sticky=True)
+    sleeps = Sleeps()
+    with pytest.raises(fsprobe.SaveError) as raised:
+        fsprobe.save(model_state(seed=2), target, attempts=3, backoff=Backoff(sleep=sleeps))
+    assert raised.value.errno == errno.EIO
+    assert [a.errno for a in raised.value.attempts] == ["EIO"] * 3
+    assert len(sleeps) == 2
+    faultfs.ctl.clear()
+    assert_same_state(torch.load(target), previous)
+    assert temp_files(faultfs.mountpoint) == []
+
+
+def test_failing_rename_keeps_the_previous_checkpoint(faultfs):
+    target = faultfs.mountpoint / "model.pt"
+    previous = model_state(seed=1)
+    fsprobe.save(previous, target)
+    faultfs.ctl.fail("rename", "EIO", times=None)
+    with pytest.raises(fsprobe.SaveError) as raised:
+        fsprobe.save(model_state(seed=2), target, attempts=2, backoff=Backoff(sleep=Sleeps()))
+    assert {(a.errno, a.step) for a in raised.value.attempts} == {("EIO", "rename")}
+    faultfs.ctl.clear()
+    assert_same_state(torch.load(target), previous)
+    assert temp_files(faultfs.mountpoint) == []
+
+
+def test_real_enospc_on_a_full_tmpfs_without_fallback_fails_cleanly(tmpfs):
+    fs = tmpfs(size="256k")
+    target = fs.path / "model.pt"
+    fsprobe.save({"small": torch.zeros(10)}, target)
+    with pytest.raises(fsprobe.SaveError) as raised:
+        fsprobe.save(model_state(), target, attempts=2, backoff=Backoff(sleep=Sleeps()))
+    assert {a.errno for a in raised.value.attempts} == {"ENOSPC"}
+    assert torch.equal(torch.load(target)["small"], torch.zeros(10))
+    assert sorted(os.listdir(fs.path)) == ["model.pt"]
+
+
+_SAVER = """
+import sys, torch, fsprobe
+torch.manual_seed(2)
+big = {"weights": torch.randn(4 * 1024 * 1024)}  # 16 MiB
+print("saving", flush=True)
+fsprobe.save(big, sys.argv[1])
+print("saved", flush=True)
+"""
+
+
+def test_saver_killed_mid_write_leaves_the_previous_checkpoint_and_its_temp_is_cleaned(faultfs):
+    target = faultfs.mountpoint / "model.pt"
+    previous = model_state(seed=1)
+    fsprobe.save(previous, target)
+    faultfs.ctl.delay("write", 0.05, path="*.tmp")  # a slow server: the save takes seconds
+    saver = subprocess.Popen(
+        [sys.executable, "-c", _SAVER, str(target)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FSPROBE_STATE_DIR": os.environ["FSPROBE_STATE_DIR"]},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # wait until the temp file holds part of the checkpoint
+            names = temp_files(faultfs.backing)
+            if names and os.path.getsize(faultfs.backing / names[0]) > 256 * 1024:
+                break
+            assert saver.poll() is None, "the saver finished before it could be killed"
+            assert time.monotonic() < deadline, "the saver never started writing"
+            time.sleep(0.05)
+        saver.send_signal(signal.SIGKILL)
+        saver.wait(timeout=30)
+    finally:
+        if saver.poll() is None:
+            saver.kill()
+            saver.wait()
+    faultfs.ctl.clear()
+    assert saver.returncode == -signal.SIGKILL
+    leftover = temp_files(faultfs.mountpoint)
+    assert len(leftover) == 1 and parse_temp_name(leftover[0]).pid == saver.pid
+    assert_same_state(torch.load(target), previous)
+
+    newer = model_state(seed=3)
+    fsprobe.save(newer, target)
+    assert temp_files(faultfs.mountpoint) == []
+    assert_same_state(torch.load(target), newer)
+
+
+def test_temp_file_is_in_the_target_directory_even_with_tmpdir_elsewhere(
+    tmpfs, tmp_path, monkeypatch
+):
+    staging = tmpfs(size="64M")  # $TMPDIR on another filesystem, as with node-local /tmp
+    monkeypatch.setenv("TMPDIR", str(staging.path))
+    target_dir = tmp_path / "ckpt"
+    target_dir.mkdir()
+    assert os.stat(staging.path).st_dev != os.stat(target_dir).st_dev
+    state = model_state()
+    seen = {}
+
+    def write(stream):
+        seen["temp"] = stream.name
+        seen["in_target"] = temp_files(target_dir)
+        seen["in_tmpdir"] = os.listdir(staging.path)
+        torch.save(state, stream)
+        seen["size_during"] = os.path.getsize(stream.name)
+
+    fsprobe.atomic_write(target_dir / "model.pt", write)
+    assert os.path.dirname(seen["temp"]) == str(target_dir)
+    assert seen["in_target"] == [os.path.basename(seen["temp"])]
+    assert seen["in_tmpdir"] == []
+    assert seen["size_during"] > 0
+    assert_same_state(torch.load(target_dir / "model.pt"), state)
+    assert os.listdir(staging.path) == []
