@@ -1,0 +1,124 @@
+"""`fsprobe run [PATH ...]`: the sidecar / node daemon."""
+
+from __future__ import annotations
+
+import click
+
+from fsprobe import config as configuration
+from fsprobe.cli import EXIT_USAGE
+from fsprobe.daemon import logs
+from fsprobe.daemon.lifecycle import Daemon, StartupError, run_once
+
+#: Exit status when the daemon cannot start (port taken, state dir not ours): sysexits
+#: EX_UNAVAILABLE, distinct from a usage error (64) and from the health statuses of --once.
+EXIT_UNAVAILABLE = 69
+
+
+class _ConfigProblem(click.ClickException):
+    exit_code = EXIT_USAGE
+
+
+class _CannotStart(click.ClickException):
+    exit_code = EXIT_UNAVAILABLE
+
+
+@click.command()
+@click.argument("paths", nargs=-1, metavar="[PATH]...", type=click.Path(file_okay=False))
+@click.option(
+    "--config",
+    "config_file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="TOML file with defaults and [[targets]] [env FSPROBE_CONFIG].",
+)
+@click.option(
+    "--listen",
+    metavar="HOST:PORT",
+    help="Serve /metrics here [env FSPROBE_LISTEN; default 127.0.0.1:9731]. "
+    "[::1]:9731 for IPv6, :9731 for every interface.",
+)
+@click.option(
+    "--state-dir",
+    metavar="DIR",
+    help="Write state.json here for the save hook and `fsprobe status` [env FSPROBE_STATE_DIR; "
+    "default $XDG_RUNTIME_DIR/fsprobe, else /tmp/fsprobe-UID].",
+)
+@click.option(
+    "--textfile-dir",
+    metavar="DIR",
+    help="Also write DIR/fsprobe.prom for node_exporter's textfile collector "
+    "[env FSPROBE_TEXTFILE_DIR].",
+)
+@click.option(
+    "--web-config",
+    metavar="FILE",
+    help="TLS and basic auth for /metrics, in the format of Prometheus' exporters "
+    "[env FSPROBE_WEB_CONFIG]. Needs: pip install 'fsprobe[web]'.",
+)
+@click.option(
+    "--lfs", metavar="BIN", help="The lfs binary [env FSPROBE_LFS; default: lfs on PATH]."
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Run every probe once, write the state file (and textfile), exit with the worst "
+    "status: 0 ok, 1 degraded, 2 unhealthy, 3 unknown. For cron.",
+)
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Log every probe result, not only changes and errors."
+)
+def run(
+    paths: tuple[str, ...],
+    config_file: str | None,
+    listen: str | None,
+    state_dir: str | None,
+    textfile_dir: str | None,
+    web_config: str | None,
+    lfs: str | None,
+    once: bool,
+    verbose: bool,
+) -> int:
+    """Watch PATHs (checkpoint directories) in the background and serve what is seen.
+
+    Probes each target on its own interval with ±10 % jitter (statvfs 15 s, test write and
+    $TMPDIR 60 s, lfs quota and lfs df 300 s), each bounded by a deadline, so a hung mount is
+    reported as stuck instead of hanging the daemon. Serves Prometheus metrics, rewrites the
+    state file that `fsprobe status` and the save hook read after every probe, and optionally
+    a node_exporter textfile.
+
+    Settings come from the config file, then FSPROBE_* variables, then these flags. SIGHUP
+    reloads the config file (a bad one is logged and the running one kept); SIGTERM or SIGINT
+    stop within a second. Exit status: 64 for a bad config or usage, 69 when it cannot start
+    (address in use, state dir not yours).
+
+    \b
+    Examples:
+      fsprobe run /lustre/proj/ckpt
+      fsprobe run --config /etc/fsprobe.toml --textfile-dir /var/lib/node_exporter
+      fsprobe run --once "$CKPT_DIR" || echo "checkpoint dir not ok"
+    """
+    overrides = configuration.Overrides(
+        paths=paths,
+        config_file=config_file,
+        listen=listen,
+        state_dir=state_dir,
+        textfile_dir=textfile_dir,
+        web_config=web_config,
+        lfs=lfs,
+        log_level="debug" if verbose else None,
+    )
+    try:
+        config = configuration.load(overrides)
+    except configuration.ConfigError as error:
+        raise _ConfigProblem(str(error)) from None
+    level = config.log_level
+    if once and not verbose and level == "info":
+        level = "warning"  # cron mails whatever a job prints: only problems
+    logs.configure(level)
+    try:
+        if once:
+            return int(run_once(config))
+        Daemon(config, reload=lambda: configuration.load(overrides)).run_until_signalled()
+    except StartupError as error:
+        raise _CannotStart(str(error)) from None
+    return 0

@@ -1,0 +1,563 @@
+"""The daemon's configuration: a TOML file, `FSPROBE_*` environment variables, CLI flags on top.
+
+`fsprobe run PATH` needs no file at all; a file adds defaults and targets with their own
+overrides. Everything is checked before the daemon starts (and before a SIGHUP reload is
+accepted): an unknown key, a wrong type or a bad size is refused with the file, the line and the
+key path (``targets[1].write_interval``), because a typo that silently falls back to a default
+is how a monitor ends up watching nothing.
+
+Relative paths in the file are taken relative to the file's directory (a daemon started by
+systemd runs in ``/``); relative paths on the command line, relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsprobe.plan import ProbeSettings
+from fsprobe.policy import DEFAULT_INTERVALS, Thresholds
+from fsprobe.quota import QuotaSettings
+from fsprobe.state import default_state_dir
+from fsprobe.units import parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as tomllib
+
+DEFAULT_LISTEN = "127.0.0.1:9731"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+QUOTA_PROBE_MODES = ("auto", "always", "never")
+#: The probe kinds that only run where quota probing is enabled (they cost server RPCs).
+QUOTA_KINDS = ("quota", "lfs_df")
+#: The shortest interval accepted: below it the scheduler would do little but wake up.
+MIN_INTERVAL = 0.1
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used: where (file, line, key) and why."""
+
+    def __init__(
+        self, reason: str, file: str | None = None, line: int | None = None, key: str | None = None
+    ) -> None:
+        self.reason, self.file, self.line, self.key = reason, file, line, key
+        where = ":".join(str(part) for part in (file, line) if part is not None)
+        prefix = ": ".join(part for part in (where, key) if part)
+        super().__init__(f"{prefix}: {reason}" if prefix else reason)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """One watched directory: how it is probed (`settings`), how often, and its fallbacks."""
+
+    path: str
+    settings: ProbeSettings
+    intervals: Mapping[str, float]
+    quota_probe: str = "auto"
+    quota_enabled: bool = True
+    fallback_dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything `fsprobe run` needs, merged from file, environment and flags."""
+
+    targets: tuple[TargetConfig, ...]
+    listen: str = DEFAULT_LISTEN
+    state_dir: str = field(default_factory=default_state_dir)
+    textfile_dir: str | None = None
+    web_config: str | None = None
+    log_level: str = "info"
+    sync_redirected: bool = False
+    source: str | None = None  # the config file, if any
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line says; `None` means "not given" (the environment or file decide)."""
+
+    paths: tuple[str, ...] = ()
+    config_file: str | None = None
+    listen: str | None = None
+    state_dir: str | None = None
+    textfile_dir: str | None = None
+    web_config: str | None = None
+    lfs: str | None = None
+    log_level: str | None = None
+
+
+# -- value checkers: (value) -> converted value, or _Invalid(reason) ---------------------------
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Invalid(f"expected a number, got {_describe(value)}")
+    return float(value)
+
+
+def _seconds(value: Any) -> float:
+    seconds = _number(value)
+    if seconds < MIN_INTERVAL:
+        raise _Invalid(f"expected a number of seconds >= {MIN_INTERVAL}, got {value!r}")
+    return seconds
+
+
+def _non_negative(value: Any) -> float:
+    number = _number(value)
+    if number < 0:
+        raise _Invalid(f"expected a number >= 0, got {value!r}")
+    return number
+
+
+def _positive(value: Any) -> float:
+    number = _number(value)
+    if number <= 0:
+        raise _Invalid(f"expected a number above 0, got {value!r}")
+    return number
+
+
+def _ratio(value: Any) -> float:
+    ratio = _number(value)
+    if not 0 <= ratio <= 1:
+        raise _Invalid(f"expected a ratio between 0 and 1 (0.1 is 10 %), got {value!r}")
+    return ratio
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Invalid(f"expected a whole number >= 1, got {_describe(value)}")
+    return value
+
+
+def _quota_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Invalid(f"expected a numeric ID >= 0, got {_describe(value)}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"expected true or false, got {_describe(value)}")
+    return value
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _Invalid(f"expected a non-empty string, got {_describe(value)}")
+    return value
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if not isinstance(value, str):
+        raise _Invalid(f'expected a size such as "1M" or 1048576, got {_describe(value)}')
+    try:
+        size = parse_size(value)
+    except ValueError as error:
+        raise _Invalid(str(error)) from None
+    if size <= 0:
+        raise _Invalid(f"expected a size above zero, got {value!r}")
+    return size
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise _Invalid(f"expected one of {', '.join(choices)}, got {_describe(value)}")
+        return value
+
+    return check
+
+
+def _string_list(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise _Invalid(f"expected a list of paths, got {_describe(value)}")
+    return tuple(value)
+
+
+def _listen(value: Any) -> str:
+    text = _string(value)
+    try:
+        parse_listen(text)
+    except ValueError as error:
+        raise _Invalid(str(error)) from None
+    return text
+
+
+_PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
+    **{f"{kind}_interval": _seconds for kind in DEFAULT_INTERVALS},
+    "deadline": _seconds,
+    "quota_timeout": _seconds,
+    "write_bytes": _size,
+    "write_probe": _bool,
+    "quota_provider": _choice("auto", "lfs", "none"),
+    "quota_probe": _choice(*QUOTA_PROBE_MODES),
+    "lfs": _string,
+}
+_THRESHOLD_KEYS: dict[str, Callable[[Any], Any]] = {
+    "headroom_degraded_ratio": _ratio,
+    "headroom_unhealthy_ratio": _ratio,
+    "grace_expiring_seconds": _non_negative,
+    "lustre_target_min_free_ratio": _ratio,
+    "write_slow_seconds": _non_negative,
+    "write_very_slow_seconds": _non_negative,
+    "transient_write_window": _positive_int,
+    "stale_after_intervals": _positive,
+    "check_tmpdir": _bool,
+}
+_TARGET_KEYS: dict[str, Callable[[Any], Any]] = {
+    "path": _string,
+    **_PROBE_KEYS,
+    "fallback_dirs": _string_list,
+    "user": _quota_id,
+    "group": _quota_id,
+    "project": _quota_id,
+}
+_TOP_KEYS: dict[str, Callable[[Any], Any]] = {
+    "listen": _listen,
+    "state_dir": _string,
+    "textfile_dir": _string,
+    "web_config": _string,
+    "log_level": _choice(*LOG_LEVELS),
+    "sync_redirected": _bool,
+}
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[::1]:PORT`` or ``:PORT`` (every interface) → (host, port)."""
+    match = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text)
+    if match is None or int(match["port"]) > 65535:
+        raise ValueError(
+            f"not a listen address: {text!r} (try 127.0.0.1:9731, [::1]:9731 or :9731)"
+        )
+    host = match["v6"] if match["v6"] is not None else match["host"]
+    return host or "0.0.0.0", int(match["port"])
+
+
+# -- locating a key in the file, for error messages ---------------------------------------------
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\s\"]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_.\-\"\s]+?)\s*=")
+
+
+def _split_dotted(text: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip('"') for part in text.split("."))
+
+
+def locate(text: str, path: Sequence[str | int]) -> int | None:
+    """The line (1-based) where the key `path` (``("targets", 1, "deadline")``) is written.
+
+    Best effort for the usual layout of tables, arrays of tables and dotted keys; an inline
+    table is not looked into (the error then names the key without a line).
+    """
+    wanted = tuple(path)
+    table: tuple[str | int, ...] = ()
+    arrays: dict[tuple[str, ...], int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _HEADER.match(line)
+        if header:
+            name = _split_dotted(header[2])
+            if header[1] == "[[":
+                arrays[name] = arrays.get(name, -1) + 1
+            table = ()
+            for depth, part in enumerate(name, start=1):
+                table = (*table, part)
+                if name[:depth] in arrays:  # [targets.thresholds]: of the latest [[targets]]
+                    table = (*table, arrays[name[:depth]])
+            if table == wanted:
+                return number
+            continue
+        key = _KEY.match(line)
+        if key and (*table, *_split_dotted(key[1])) == wanted:
+            return number
+    return None
+
+
+# -- reading and merging --------------------------------------------------------------------------
+
+
+def _key_name(path: Sequence[str | int]) -> str:
+    name = ""
+    for part in path:
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else part)
+    return name
+
+
+class _Reader:
+    """Checks a parsed TOML document against the schema, raising located ConfigErrors."""
+
+    def __init__(self, file: str, text: str) -> None:
+        self.file, self.text = file, text
+
+    def error(self, path: Sequence[str | int], reason: str) -> ConfigError:
+        return ConfigError(reason, self.file, locate(self.text, path), _key_name(path))
+
+    def table(self, value: Any, path: tuple[str | int, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(path, f"expected a table, got {_describe(value)}")
+        return value
+
+    def fields(
+        self,
+        table: Mapping[str, Any],
+        path: tuple[str | int, ...],
+        schema: Mapping[str, Callable[[Any], Any]],
+        tables: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """Check every key of `table` against `schema`; `tables` names allowed sub-tables."""
+        checked = {}
+        for key, value in table.items():
+            if key in tables:
+                continue
+            checker = schema.get(key)
+            if checker is None:
+                known = ", ".join(sorted([*schema, *tables]))
+                raise self.error((*path, key), f"unknown key (known keys: {known})")
+            try:
+                checked[key] = checker(value)
+            except _Invalid as invalid:
+                raise self.error((*path, key), str(invalid)) from None
+        return checked
+
+
+@dataclass(frozen=True)
+class _FileSettings:
+    """What a config file says, checked, before environment and flags are applied."""
+
+    top: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    default_thresholds: Mapping[str, Any] = field(default_factory=dict)
+    targets: tuple[tuple[Mapping[str, Any], Mapping[str, Any]], ...] = ()
+    base_dir: str = "."
+
+
+def _read_file(file: str) -> _FileSettings:
+    try:
+        with open(file, "rb") as stream:
+            raw = stream.read()
+    except OSError as error:
+        raise ConfigError(f"cannot read the config file: {error.strerror or error}", file) from None
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = getattr(error, "lineno", None) or _line_of_decode_error(str(error))
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)$", "", str(error))
+        raise ConfigError(f"not valid TOML: {reason}", file, line) from None
+
+    reader = _Reader(file, text)
+    top = reader.fields(document, (), _TOP_KEYS, tables=("defaults", "targets"))
+    defaults = reader.table(document.get("defaults", {}), ("defaults",))
+    default_values = reader.fields(defaults, ("defaults",), _PROBE_KEYS, tables=("thresholds",))
+    default_thresholds = reader.fields(
+        reader.table(defaults.get("thresholds", {}), ("defaults", "thresholds")),
+        ("defaults", "thresholds"),
+        _THRESHOLD_KEYS,
+    )
+    raw_targets = document.get("targets", [])
+    if not isinstance(raw_targets, list):
+        raise reader.error(("targets",), "expected an array of tables: write [[targets]]")
+    targets = []
+    for index, raw_target in enumerate(raw_targets):
+        path = ("targets", index)
+        target = reader.table(raw_target, path)
+        values = reader.fields(target, path, _TARGET_KEYS, tables=("thresholds",))
+        if "path" not in values:
+            raise reader.error(path, "a target needs a path")
+        thresholds = reader.fields(
+            reader.table(target.get("thresholds", {}), (*path, "thresholds")),
+            (*path, "thresholds"),
+            _THRESHOLD_KEYS,
+        )
+        targets.append((values, thresholds))
+    settings = _FileSettings(
+        top, default_values, default_thresholds, tuple(targets), os.path.dirname(file) or "."
+    )
+    _check_consistency(reader, settings)
+    return settings
+
+
+def _line_of_decode_error(message: str) -> int | None:
+    match = re.search(r"at line (\d+)", message)
+    return int(match[1]) if match else None
+
+
+def _check_consistency(reader: _Reader, settings: _FileSettings) -> None:
+    """Rules between keys: thresholds in the right order, no target twice."""
+    scopes = [(("defaults", "thresholds"), settings.default_thresholds)]
+    scopes += [
+        (("targets", index, "thresholds"), {**settings.default_thresholds, **thresholds})
+        for index, (_values, thresholds) in enumerate(settings.targets)
+    ]
+    for path, thresholds in scopes:
+        merged = {**dataclasses.asdict(Thresholds()), **thresholds}
+        for low, high in (
+            ("headroom_unhealthy_ratio", "headroom_degraded_ratio"),
+            ("write_slow_seconds", "write_very_slow_seconds"),
+        ):
+            if merged[low] > merged[high]:
+                key = low if low in thresholds else high
+                raise reader.error(
+                    (*path, key), f"{low} ({merged[low]}) must not exceed {high} ({merged[high]})"
+                )
+    seen: dict[str, int] = {}
+    for index, (values, _thresholds) in enumerate(settings.targets):
+        path = _absolute(values["path"], settings.base_dir)
+        if path in seen:
+            raise reader.error(
+                ("targets", index, "path"), f"{path} is already targets[{seen[path]}]"
+            )
+        seen[path] = index
+
+
+def _absolute(path: str, base_dir: str) -> str:
+    return os.path.abspath(os.path.join(base_dir, os.path.expanduser(path)))
+
+
+def quota_probes_enabled(mode: str, environ: Mapping[str, str]) -> bool:
+    """Whether this process runs the quota and `lfs df` probes (DESIGN §8).
+
+    `auto`: inside a Slurm step or a torchrun job (SLURM_LOCALID / LOCAL_RANK set), only the
+    process of local rank 0 does, so that a node with eight ranks queries the metadata server
+    once, not eight times; outside of such a job, always.
+    """
+    if mode != "auto":
+        return mode == "always"
+    for variable in ("SLURM_LOCALID", "LOCAL_RANK"):
+        value = environ.get(variable, "").strip()
+        if value:
+            return value == "0"
+    return True
+
+
+def _target(
+    path: str,
+    values: Mapping[str, Any],
+    thresholds: Mapping[str, Any],
+    lfs_override: str | None,
+    environ: Mapping[str, str],
+) -> TargetConfig:
+    """Build one target from the merged defaults and its own keys."""
+    intervals = {
+        kind: values.get(f"{kind}_interval", default) for kind, default in DEFAULT_INTERVALS.items()
+    }
+    base_quota = QuotaSettings()
+    quota = dataclasses.replace(
+        base_quota,
+        provider=values.get("quota_provider", base_quota.provider),
+        lfs=lfs_override or values.get("lfs") or base_quota.lfs,
+        user=values.get("user"),
+        group=values.get("group"),
+        project=values.get("project"),
+        timeout=values.get("quota_timeout", base_quota.timeout),
+    )
+    base = ProbeSettings()
+    settings = ProbeSettings(
+        deadline=values.get("deadline", base.deadline),
+        write_probe=values.get("write_probe", base.write_probe),
+        write_bytes=values.get("write_bytes", base.write_bytes),
+        quota=quota,
+        thresholds=Thresholds(**thresholds, intervals=intervals),
+    )
+    mode = values.get("quota_probe", "auto")
+    return TargetConfig(
+        path=path,
+        settings=settings,
+        intervals=intervals,
+        quota_probe=mode,
+        quota_enabled=quota_probes_enabled(mode, environ),
+        fallback_dirs=tuple(values.get("fallback_dirs", ())),
+    )
+
+
+def _from_environment(environ: Mapping[str, str], name: str, check: Callable[[Any], Any]) -> Any:
+    value = environ.get(name)
+    if not value:
+        return None
+    try:
+        return check(value)
+    except _Invalid as invalid:
+        raise ConfigError(str(invalid), key=name) from None
+
+
+def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Config:
+    """The configuration to run with: file < `FSPROBE_*` environment < command line.
+
+    Targets are those of the file plus the PATHs of the command line (which use the file's
+    `[defaults]`); a PATH that the file also lists keeps the file's overrides.
+    """
+    config_file = overrides.config_file or environ.get("FSPROBE_CONFIG") or None
+    file = _read_file(config_file) if config_file else _FileSettings()
+
+    def pick(name: str, check: Callable[[Any], Any] = _string) -> Any:
+        given = getattr(overrides, name)
+        if given is not None:
+            try:
+                return check(given)
+            except _Invalid as invalid:
+                raise ConfigError(str(invalid), key=f"--{name.replace('_', '-')}") from None
+        from_env = _from_environment(environ, f"FSPROBE_{name.upper()}", check)
+        if from_env is not None:
+            return from_env
+        in_file = file.top.get(name)
+        if in_file is not None and name in ("state_dir", "textfile_dir", "web_config"):
+            return _absolute(in_file, file.base_dir)
+        return in_file
+
+    lfs = overrides.lfs or environ.get("FSPROBE_LFS") or None
+    targets = [
+        _target(
+            _absolute(values["path"], file.base_dir),
+            {**file.defaults, **values},
+            {**file.default_thresholds, **thresholds},
+            lfs,
+            environ,
+        )
+        for values, thresholds in file.targets
+    ]
+    listed = {target.path for target in targets}
+    for path in overrides.paths:
+        absolute = os.path.abspath(os.path.expanduser(path))
+        if absolute not in listed:
+            listed.add(absolute)
+            targets.append(_target(absolute, file.defaults, file.default_thresholds, lfs, environ))
+    if not targets:
+        raise ConfigError(
+            "no target to watch: give a directory (`fsprobe run /path/to/ckpt`) or a config "
+            "file with [[targets]] (--config FILE or FSPROBE_CONFIG)",
+            config_file,
+        )
+    state_dir = pick("state_dir")
+    return Config(
+        targets=tuple(targets),
+        listen=pick("listen", _listen) or DEFAULT_LISTEN,
+        state_dir=os.path.abspath(state_dir) if state_dir else default_state_dir(environ),
+        textfile_dir=_abspath_or_none(pick("textfile_dir")),
+        web_config=_abspath_or_none(pick("web_config")),
+        log_level=overrides.log_level or file.top.get("log_level", "info"),
+        sync_redirected=file.top.get("sync_redirected", False),
+        source=os.path.abspath(config_file) if config_file else None,
+    )
+
+
+def _abspath_or_none(path: str | None) -> str | None:
+    return os.path.abspath(os.path.expanduser(path)) if path else None

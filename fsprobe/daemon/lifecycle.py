@@ -1,0 +1,195 @@
+"""Start, reload, stop: `fsprobe run` as a process that a supervisor can trust.
+
+Signals are taken through a wakeup pipe and handled in the main thread, between waits: a
+handler itself only wakes the loop, so no lock can be taken half-way by a signal. SIGTERM and
+SIGINT stop the daemon within a second: the scheduler and the HTTP server are asked to stop,
+probes stuck in the kernel are abandoned (they are daemon threads), and the state file — always
+replaced atomically — stays valid. SIGHUP re-reads the configuration; a configuration that does
+not pass its checks is logged and the running one kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import select
+import signal
+from collections.abc import Callable
+
+from fsprobe import __version__
+from fsprobe.config import Config, ConfigError
+from fsprobe.daemon import logs
+from fsprobe.daemon.logs import event
+from fsprobe.daemon.publish import Publisher
+from fsprobe.daemon.scheduler import Scheduler, log_result, planned_probes, target_spec
+from fsprobe.daemon.store import Store
+from fsprobe.exporters.exposition import Exposition
+from fsprobe.exporters.server import MetricsServer
+from fsprobe.exporters.webconfig import WebConfigError, load_web_config
+from fsprobe.model import Status
+from fsprobe.runner import ProbeRunner, Run
+from fsprobe.state import StateFileError, ensure_state_dir
+
+
+class StartupError(Exception):
+    """The daemon cannot start as configured; the message says what to change."""
+
+
+def _check_outputs(config: Config) -> None:
+    """Refuse at start what would otherwise fail on every write."""
+    try:
+        ensure_state_dir(config.state_dir)
+    except (OSError, StateFileError) as error:
+        raise StartupError(f"state dir {config.state_dir}: {error}") from None
+    if config.textfile_dir and not os.access(config.textfile_dir, os.W_OK | os.X_OK):
+        raise StartupError(f"textfile dir {config.textfile_dir} is not a writable directory")
+
+
+class Daemon:
+    """The long-running `fsprobe run`: scheduler, store, outputs and the metrics endpoint."""
+
+    def __init__(self, config: Config, reload: Callable[[], Config]) -> None:
+        self.config = config
+        self._reload = reload
+        self.store = Store()
+        self.exposition = Exposition(self.store.views)
+        self.publisher = Publisher(
+            self.store.views, self.exposition, config.state_dir, config.textfile_dir
+        )
+        self.scheduler = Scheduler(self.store, self.publisher.publish)
+        self.server: MetricsServer | None = None
+
+    def start(self) -> None:
+        """Check the outputs, bind the endpoint, start probing. StartupError if impossible."""
+        _check_outputs(self.config)
+        try:
+            web = load_web_config(self.config.web_config)
+        except WebConfigError as error:
+            raise StartupError(str(error)) from None
+        try:
+            self.server = MetricsServer(self.config.listen_address, self.exposition.render, web)
+        except OSError as error:
+            raise StartupError(f"cannot listen on {self.config.listen}: {error}") from None
+        self.scheduler.configure(self.config.targets)
+        self.scheduler.start()
+        self.server.start()
+        event(
+            logging.INFO,
+            "started",
+            version=__version__,
+            pid=os.getpid(),
+            metrics=self.server.url,
+            targets=len(self.config.targets),
+            state_dir=self.config.state_dir,
+            textfile_dir=self.config.textfile_dir,
+            config=self.config.source,
+        )
+
+    def reload(self) -> bool:
+        """Re-read the configuration; keep the running one if the new one is bad."""
+        try:
+            config = self._reload()
+            web = load_web_config(config.web_config)
+            _check_outputs(config)
+        except (ConfigError, WebConfigError, StartupError) as error:
+            event(logging.ERROR, "reload_failed", message=error)
+            return False
+        if config.listen != self.config.listen:
+            event(
+                logging.WARNING,
+                "reload_listen_ignored",
+                listen=self.config.listen,
+                wanted=config.listen,
+                message="a new listen address takes effect on restart",
+            )
+            config = _with_listen(config, self.config.listen)
+        logs.configure(config.log_level)
+        self.publisher.state_dir = config.state_dir
+        self.publisher.textfile_dir = config.textfile_dir
+        if self.server is not None:
+            self.server.reconfigure(web)
+        self.scheduler.configure(config.targets)
+        self.config = config
+        event(logging.INFO, "reloaded", targets=len(config.targets), config=config.source)
+        return True
+
+    def stop(self) -> None:
+        self.scheduler.stop(timeout=0.5)
+        if self.server is not None:
+            self.server.stop()
+        event(logging.INFO, "stopped", pid=os.getpid())
+
+    def run_until_signalled(self) -> None:
+        """Start, then serve until SIGTERM or SIGINT; SIGHUP reloads."""
+        with _signal_pipe((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)) as signals:
+            self.start()
+            try:
+                while True:
+                    received = signals()
+                    if signal.SIGHUP in received:
+                        self.reload()
+                    if signal.SIGTERM in received or signal.SIGINT in received:
+                        return
+            finally:
+                self.stop()
+
+
+def _with_listen(config: Config, listen: str) -> Config:
+    return dataclasses.replace(config, listen=listen)
+
+
+@contextlib.contextmanager
+def _signal_pipe(numbers: tuple[int, ...]):
+    """Route `numbers` to a pipe; yields a function that waits for and returns the next ones."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    previous = {number: signal.signal(number, lambda *_: None) for number in numbers}
+
+    def wait() -> set[int]:
+        select.select([read_fd], [], [])
+        return set(os.read(read_fd, 256))
+
+    try:
+        yield wait
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def run_once(config: Config) -> Status:
+    """One round of every probe of every target, outputs written; returns the worst status.
+
+    For cron: nothing is served and nothing printed; each probe is bounded by its deadline.
+    """
+    _check_outputs(config)
+    store = Store()
+    exposition = Exposition(store.views, process_metrics=False)
+    publisher = Publisher(store.views, exposition, config.state_dir, config.textfile_dir)
+    store.configure(target_spec(target) for target in config.targets)
+    runner = ProbeRunner()
+    plans = {target.path: planned_probes(target) for target in config.targets}
+    runs: dict[tuple[str, str], Run] = {
+        (path, kind): runner.submit(path, kind, probe.function, probe.deadline)
+        for path, probes in plans.items()
+        for kind, probe in probes.items()
+        if kind != "write"
+    }
+    for path, probes in plans.items():
+        if "write" in probes:  # after statvfs: its test file must not be counted by statvfs
+            runs[(path, "statvfs")].result()
+            write = probes["write"]
+            runs[(path, "write")] = runner.submit(path, "write", write.function, write.deadline)
+    for (path, _kind), run in runs.items():
+        result = run.result()
+        before = store.view(path)
+        after = store.record(path, result)
+        if after is not None:
+            log_result(before, after, result)
+    publisher.publish(store.views())
+    return max(view.verdict.status for view in store.views())

@@ -1,0 +1,56 @@
+"""The daemon's log: one event per line, ``key=value`` pairs that grep and Loki both read.
+
+Quiet by default: the daemon's start and stop, status changes of a target, a probe that starts
+or stops failing (or fails differently), a mount that gets stuck, write errors of the outputs.
+``-v`` (level debug) adds one line per probe result.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+
+log = logging.getLogger("fsprobe.daemon")
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:@+,\[\]\-]+$")
+
+
+def _value(value: object) -> str:
+    text = "" if value is None else str(value)
+    if _PLAIN.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def event(level: int, name: str, **fields: object) -> None:
+    """Log the event `name` with its fields (target, probe, errno, ...), skipping None ones."""
+    if not log.isEnabledFor(level):
+        return
+    pairs = " ".join(f"{key}={_value(value)}" for key, value in fields.items() if value is not None)
+    log.log(level, "event=%s %s", name, pairs) if pairs else log.log(level, "event=%s", name)
+
+
+class _Formatter(logging.Formatter):
+    """``ts=2024-05-01T12:00:00.123Z level=warning event=... target=... probe=... errno=...``"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        line = f"ts={stamp}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
+        line += record.getMessage()
+        if record.exc_info:
+            line += " traceback=" + _value(self.formatException(record.exc_info))
+        return line
+
+
+def configure(level: str) -> None:
+    """Send fsprobe's log to stderr at `level` (debug, info, warning, error)."""
+    root = logging.getLogger("fsprobe")
+    if not any(getattr(handler, "_fsprobe", False) for handler in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_Formatter())
+        handler._fsprobe = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+        root.propagate = False
+    root.setLevel(level.upper())

@@ -1,0 +1,268 @@
+"""The scheduler: one thread that starts every probe on time and never waits for one.
+
+Probes run in the `ProbeRunner`'s abandonable threads; their results come back through the
+future's done-callback into this thread's inbox. The loop sleeps until the next probe is due,
+a result arrives, or a run in flight reaches its deadline, whichever is first. So a hung mount
+costs one blocked worker per probe kind at most (the runner starts nothing new on a target
+while one of its probes is overdue), a `stuck` mark published once by the watchdog, and
+nothing else: the other targets, the scrapes and the signals go on.
+
+When a run that was marked stuck finally returns, the target's other probes, which were refused
+while it hung, run again at once: the target recovers by itself, without waiting an interval.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from fsprobe.config import QUOTA_KINDS, TargetConfig
+from fsprobe.daemon.logs import event
+from fsprobe.daemon.schedule import Key, Schedule
+from fsprobe.daemon.store import Store, TargetSpec
+from fsprobe.exporters.view import TargetView
+from fsprobe.model import ProbeResult
+from fsprobe.plan import PlannedProbe, plan
+from fsprobe.runner import ProbeRunner, Run
+
+#: Wake this long after a run's deadline, so that the run reads as overdue when checked.
+_DEADLINE_SLACK = 0.01
+#: The longest the loop sleeps without a reason (it re-reads the clock at least this often).
+_MAX_SLEEP = 5.0
+
+
+def planned_probes(target: TargetConfig) -> dict[str, PlannedProbe]:
+    """The probes that run on `target`: the plan, less quota and `lfs df` where disabled."""
+    probes = plan(target.path, target.settings)
+    if not target.quota_enabled:
+        for kind in QUOTA_KINDS:
+            probes.pop(kind, None)
+    return probes
+
+
+def target_spec(target: TargetConfig) -> TargetSpec:
+    """How the store judges `target`: its thresholds and the intervals of the probes that run."""
+    kinds = planned_probes(target)
+    intervals = {kind: target.intervals[kind] for kind in kinds}
+    return TargetSpec(target.path, target.settings.thresholds, intervals)
+
+
+@dataclass(frozen=True)
+class _Done:
+    key: Key
+    run: Run
+
+
+@dataclass(frozen=True)
+class _Configure:
+    targets: tuple[TargetConfig, ...]
+
+
+_STOP = object()
+
+
+class Scheduler:
+    """Runs the probes of every target on their intervals; `publish` gets the changed views."""
+
+    def __init__(
+        self,
+        store: Store,
+        publish: Callable[[Sequence[TargetView]], None],
+        runner: ProbeRunner | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.runner = runner or ProbeRunner()
+        self._publish = publish
+        self._schedule = Schedule(rng)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._probes: dict[str, dict[str, PlannedProbe]] = {}
+        self._running: dict[Key, Run] = {}
+        self._marked_stuck: set[Key] = set()  # runs in flight whose stuck result is published
+        self._thread: threading.Thread | None = None
+
+    # -- called from other threads -------------------------------------------------------------
+
+    def configure(self, targets: Iterable[TargetConfig]) -> None:
+        """Watch these targets from now on (at start and on a reload)."""
+        self._inbox.put(_Configure(tuple(targets)))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="fsprobe-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 0.5) -> None:
+        """Stop after the current step; probes in flight are abandoned, not waited for."""
+        self._inbox.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _done(self, key: Key, run: Run, _future: object) -> None:
+        self._inbox.put(_Done(key, run))
+
+    # -- the scheduler thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                message = self._inbox.get(timeout=self._sleep_time(time.monotonic()))
+            except queue.Empty:
+                message = None
+            changed: dict[str, TargetView] = {}
+            while message is not None:
+                if message is _STOP:
+                    return
+                self._handle(message, changed)
+                try:
+                    message = self._inbox.get_nowait()
+                except queue.Empty:
+                    message = None
+            now = time.monotonic()
+            self._watchdog(changed)
+            self._dispatch(now)
+            if changed:
+                try:
+                    self._publish(list(changed.values()))
+                except Exception:  # an output failing must not stop the probes
+                    logging.getLogger(__name__).exception("publishing the results failed")
+
+    def _sleep_time(self, now: float) -> float:
+        wake = [now + _MAX_SLEEP]
+        earliest = self._schedule.earliest()
+        if earliest is not None:
+            wake.append(earliest)
+        wake += [
+            run.started_monotonic + run.deadline + _DEADLINE_SLACK
+            for key, run in self._running.items()
+            if key not in self._marked_stuck
+        ]
+        return max(0.0, min(wake) - now)
+
+    def _handle(self, message: object, changed: dict[str, TargetView]) -> None:
+        if isinstance(message, _Configure):
+            self._apply(message.targets, changed)
+        elif isinstance(message, _Done):
+            self._finished(message.key, message.run, changed)
+
+    def _apply(self, targets: Sequence[TargetConfig], changed: dict[str, TargetView]) -> None:
+        now = time.monotonic()
+        self._probes = {target.path: planned_probes(target) for target in targets}
+        self.store.configure(target_spec(target) for target in targets)
+        keys = []
+        for target in targets:
+            for kind in self._probes[target.path]:
+                key = (target.path, kind)
+                keys.append(key)
+                if key in self._schedule:
+                    self._schedule.set_interval(key, target.intervals[kind], now)
+                else:
+                    self._schedule.add(key, target.intervals[kind], now)
+        self._schedule.retain(keys)
+        for key in [key for key in self._running if key not in self._schedule]:
+            del self._running[key]
+            self._marked_stuck.discard(key)
+        changed.update((view.path, view) for view in self.store.views())
+
+    def _finished(self, key: Key, run: Run, changed: dict[str, TargetView]) -> None:
+        if self._running.get(key) is not run:
+            return  # a run of a target no longer watched, or already handled
+        del self._running[key]
+        was_stuck = key in self._marked_stuck
+        self._marked_stuck.discard(key)
+        path, kind = key
+        result: ProbeResult = run.future.result()
+        self._record(path, result, changed)
+        if was_stuck:
+            event(logging.INFO, "probe_returned", target=path, probe=kind, seconds=run.elapsed())
+        if not result.stuck:
+            self._rerun_refused(path)
+
+    def _rerun_refused(self, path: str) -> None:
+        """Probes that were refused while another probe of `path` hung: run them now."""
+        view = self.store.view(path)
+        if view is None:
+            return
+        now = time.monotonic()
+        for kind, result in view.snapshot.results.items():
+            if result.stuck and (path, kind) not in self._running:
+                self._schedule.run_now((path, kind), now)
+
+    def _watchdog(self, changed: dict[str, TargetView]) -> None:
+        """Publish a stuck result, once, for every run that overran its deadline."""
+        for key, run in self._running.items():
+            if key in self._marked_stuck or not run.overdue():
+                continue
+            self._marked_stuck.add(key)
+            path, kind = key
+            event(
+                logging.WARNING,
+                "mount_stuck",
+                target=path,
+                probe=kind,
+                errno="TIMEOUT",
+                deadline=run.deadline,
+            )
+            self._record(path, run.stuck_result(), changed)
+
+    def _dispatch(self, now: float) -> None:
+        for key in self._schedule.due(now):
+            self._schedule.advance(key, now)
+            if key in self._running:
+                continue  # the previous run is still out: at most one per target and probe
+            path, kind = key
+            planned = self._probes[path][kind]
+            run = self.runner.submit(path, kind, planned.function, planned.deadline)
+            self._running[key] = run
+            run.future.add_done_callback(functools.partial(self._done, key, run))
+
+    def _record(self, path: str, result: ProbeResult, changed: dict[str, TargetView]) -> None:
+        before = self.store.view(path)
+        view = self.store.record(path, result)
+        if view is None:
+            return
+        changed[path] = view
+        log_result(before, view, result)
+
+
+def log_result(before: TargetView | None, after: TargetView, result: ProbeResult) -> None:
+    """The events one result gives: always at debug, on a change at info or warning."""
+    path, kind = after.path, result.probe
+    event(
+        logging.DEBUG,
+        "probe",
+        target=path,
+        probe=kind,
+        ok=result.ok,
+        errno=result.error,
+        seconds=round(result.duration, 6),
+        stuck=result.stuck or None,
+    )
+    previous = before.snapshot.get(kind) if before is not None else None
+    if result.error is not None and (previous is None or previous.error != result.error):
+        event(
+            logging.WARNING,
+            "probe_failed",
+            target=path,
+            probe=kind,
+            errno=result.error,
+            message=result.message,
+        )
+    elif result.ok and previous is not None and previous.error is not None:
+        event(logging.INFO, "probe_recovered", target=path, probe=kind)
+    old = before.verdict.status if before is not None else None
+    new = after.verdict.status
+    if old is not None and old != new:
+        event(
+            logging.WARNING if new > old else logging.INFO,
+            "status_changed",
+            target=path,
+            old=old.label,
+            new=new.label,
+            reasons=",".join(reason.code for reason in after.verdict.reasons) or None,
+        )

@@ -1,0 +1,99 @@
+"""What the exporters turn into metrics: an immutable view of one target, as the daemon last saw it.
+
+The daemon's store publishes a new `TargetView` after every probe result; a scrape, the
+textfile writer and the state file only ever read views. Being immutable, a view can be read by
+the HTTP threads while the scheduler builds the next one, without a lock held across a scrape.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fsprobe.model import Snapshot
+from fsprobe.policy import Verdict
+
+#: Buckets of the write-latency histogram: from a local SSD (1 ms) to a server in trouble (60 s).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A cumulative histogram as a value: `observe` returns a new one.
+
+    `counts[i]` counts observations in bucket i alone (the last one is ``+Inf``); the
+    cumulative form Prometheus wants is computed when exported.
+    """
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS
+    counts: tuple[int, ...] = (0,) * (len(LATENCY_BUCKETS) + 1)
+    total: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def observe(self, value: float) -> Histogram:
+        index = bisect.bisect_left(self.bounds, value)  # a value equal to a bound belongs to it
+        counts = list(self.counts)
+        counts[index] += 1
+        return Histogram(self.bounds, tuple(counts), self.total + value)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``[(0.001, n), ..., (inf, count)]``: upper bounds with cumulative counts."""
+        running, buckets = 0, []
+        for bound, count in zip((*self.bounds, float("inf")), self.counts):
+            running += count
+            buckets.append((bound, running))
+        return buckets
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """One target: the latest snapshot and verdict, and the counters kept since the start.
+
+    `version` grows with every change, so that renderers can cache per target.
+    """
+
+    path: str
+    snapshot: Snapshot
+    verdict: Verdict
+    intervals: Mapping[str, float] = field(default_factory=dict)
+    last_success: Mapping[str, float] = field(default_factory=dict)
+    errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, errno) -> n
+    write_latency: Mapping[str, Histogram] = field(default_factory=dict)  # op -> histogram
+    redirected_pending_bytes: int | None = None
+    updated_at: float = 0.0
+    version: int = 0
+
+    @property
+    def mount_stuck(self) -> bool:
+        return any(result.stuck for result in self.snapshot.results.values())
+
+    @property
+    def values_trusted(self) -> bool:
+        """Whether the filesystem's value series are exported at all.
+
+        When statvfs failed or the mount is stuck, the last numbers are not the truth any more;
+        they are left out rather than shown (or zeroed), and `probe_success` / `mount_stuck`
+        say why.
+        """
+        statvfs = self.snapshot.get("statvfs")
+        return statvfs is not None and statvfs.ok and not self.mount_stuck

@@ -1,0 +1,238 @@
+"""`fsprobe run` as a process: start, SIGTERM/SIGINT, SIGHUP reloads, --once, refusals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from fsprobe.state import StateReader
+from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+
+FAST = """
+[defaults]
+statvfs_interval = 0.2
+write_interval = 0.5
+tmpdir_interval = 0.5
+write_bytes = "4K"
+quota_probe = "never"
+"""
+
+
+def fast_config(tmp_path: Path, *targets: Path, top: str = "") -> Path:
+    config = tmp_path / "fsprobe.toml"
+    text = top + FAST + "".join(f'\n[[targets]]\npath = "{target}"\n' for target in targets)
+    config.write_text(text)
+    return config
+
+
+def target_dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    return path
+
+
+def env_with_tmpdir(tmp_path: Path) -> dict[str, str]:
+    """$TMPDIR on the targets' filesystem, so that only what the test does can degrade them."""
+    return clean_environment(TMPDIR=str(tmp_path))
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signal_ends_the_daemon_within_a_second_with_a_valid_state_file(tmp_path, number):
+    ckpt = target_dir(tmp_path, "ckpt")
+    config = fast_config(tmp_path, ckpt)
+    daemon = DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path))
+    with daemon:
+        daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(ckpt))
+        time.sleep(0.3)  # let the daemon be busy writing state after every probe
+        start = time.monotonic()
+        daemon.send(number)
+        code = daemon.wait(timeout=5)
+        elapsed = time.monotonic() - start
+    assert code == 0, daemon.log()
+    assert elapsed < 1.0, f"took {elapsed:.2f} s to stop"
+    assert "event=stopped" in daemon.log()
+    state = StateReader(str(daemon.state_dir)).read()
+    assert state is not None and state.document["pid"] == daemon.pid
+    assert state.targets[str(ckpt)]["status"] == "ok"
+    assert list(daemon.state_dir.iterdir()) == [daemon.state_dir / "state.json"]
+
+
+def test_state_file_is_rewritten_after_probes_with_the_documented_shape(tmp_path):
+    ckpt = target_dir(tmp_path, "ckpt")
+    config = fast_config(tmp_path, ckpt)
+    with DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path)) as daemon:
+        daemon.wait_for_value("fsprobe_probe_success", 1.0, path=str(ckpt), probe="write")
+        reader = StateReader(str(daemon.state_dir))
+        first = reader.read()
+        deadline = time.monotonic() + 5
+        while reader.read().generated_at == first.generated_at:
+            assert time.monotonic() < deadline, "the state file is not rewritten"
+            time.sleep(0.05)
+        document = reader.read().document
+    assert document["schema"] == 1
+    assert document["host"] == socket.gethostname() and document["version"]
+    target = document["targets"][str(ckpt)]
+    assert target["path"] == str(ckpt) and target["status"] == "ok"
+    assert target["intervals"] == {"statvfs": 0.2, "write": 0.5, "tmpdir": 0.5}
+    assert target["updated_at"] <= document["generated_at"]
+    assert target["filesystem"]["files_free"] > 0
+    assert target["write_probe"]["ok"] is True and target["write_probe"]["bytes"] == 4096
+    assert set(target["probes"]) == {"statvfs", "write", "tmpdir"}
+    assert reader.read().target_for(str(ckpt / "epoch-3"))[0] == str(ckpt)
+
+
+def test_sighup_with_a_good_config_adds_and_removes_targets(tmp_path):
+    first, second = target_dir(tmp_path, "a"), target_dir(tmp_path, "b")
+    config = fast_config(tmp_path, first)
+    with DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path)) as daemon:
+        daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(first))
+        fast_config(tmp_path, second, top='log_level = "debug"\n')
+        daemon.send(signal.SIGHUP)
+        daemon.wait_for_log("event=reloaded")
+        daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(second))
+        assert daemon.value("fsprobe_health_status", path=str(first)) is None
+        daemon.wait_for_log("event=probe target=" + str(second))  # the new log level holds
+        state = StateReader(str(daemon.state_dir)).read()
+        assert list(state.targets) == [str(second)]
+
+
+def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
+    ckpt = target_dir(tmp_path, "ckpt")
+    config = fast_config(tmp_path, ckpt)
+    with DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path)) as daemon:
+        daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(ckpt))
+        config.write_text(config.read_text() + "write_intervall = 3\n")
+        daemon.send(signal.SIGHUP)
+        line = daemon.wait_for_log("event=reload_failed")
+        assert "level=error" in line
+        assert f"{config}:" in line and "targets[0].write_intervall: unknown key" in line
+        # Still serving, still probing the old target.
+        before = daemon.value("fsprobe_probe_last_success_timestamp_seconds", probe="statvfs")
+        deadline = time.monotonic() + 5
+        while daemon.value("fsprobe_probe_last_success_timestamp_seconds", probe="statvfs") == (
+            before
+        ):
+            assert time.monotonic() < deadline, "probing stopped after a failed reload"
+            time.sleep(0.05)
+        assert daemon.proc.poll() is None
+        # And a fixed config is taken on the next SIGHUP.
+        fast_config(tmp_path, ckpt)
+        daemon.send(signal.SIGHUP)
+        daemon.wait_for_log("event=reloaded")
+
+
+def test_once_runs_every_probe_writes_the_outputs_and_prints_nothing(tmp_path):
+    ckpt = target_dir(tmp_path, "ckpt")
+    textfiles = target_dir(tmp_path, "textfile")
+    state_dir = tmp_path / "state"
+    code, out, err = run_fsprobe(
+        "run",
+        "--once",
+        str(ckpt),
+        "--state-dir",
+        str(state_dir),
+        "--textfile-dir",
+        str(textfiles),
+        env=env_with_tmpdir(tmp_path),
+    )
+    assert (code, out, err) == (0, "", "")
+    state = StateReader(str(state_dir)).read()
+    target = state.targets[str(ckpt)]
+    assert target["status"] == "ok"
+    assert target["write_probe"]["ok"] is True
+    assert {"statvfs", "write", "tmpdir"} <= set(target["probes"])
+    prom = (textfiles / "fsprobe.prom").read_text()
+    assert f'fsprobe_health_status{{path="{ckpt}"}} 0.0' in prom
+    assert "process_" not in prom  # the textfile holds fsprobe's metrics only
+    assert [p.name for p in textfiles.iterdir()] == ["fsprobe.prom"]
+
+
+def test_once_exits_with_the_worst_status(tmp_path, tmpfs):
+    from tests.support.tmpfs import fill_bytes
+
+    full = tmpfs(size="1M").path
+    fill_bytes(full, leave_free=0)
+    healthy = target_dir(tmp_path, "healthy")
+    code, out, err = run_fsprobe(
+        "run", "--once", str(healthy), str(full), "--state-dir", str(tmp_path / "state"),
+        env=env_with_tmpdir(tmp_path),
+    )  # fmt: skip
+    assert code == 2, err
+    assert out == ""
+    state = StateReader(str(tmp_path / "state")).read()
+    assert state.targets[str(healthy)]["status"] == "ok"
+    assert state.targets[str(full)]["status"] == "unhealthy"
+    assert "event=probe_failed" in err and "errno=ENOSPC" in err and f"target={full}" in err
+
+
+def test_no_path_and_no_config_is_a_usage_error(tmp_path):
+    code, _out, err = run_fsprobe("run", "--state-dir", str(tmp_path))
+    assert code == 64
+    assert "no target to watch" in err and "fsprobe run /path/to/ckpt" in err
+
+
+def test_a_bad_config_is_refused_at_start_with_file_line_and_reason(tmp_path):
+    config = tmp_path / "fsprobe.toml"
+    config.write_text('[defaults]\nwrite_bytes = "1 potato"\n[[targets]]\npath = "/x"\n')
+    code, _out, err = run_fsprobe("run", "--config", str(config), "--state-dir", str(tmp_path))
+    assert code == 64
+    assert f"{config}:2: defaults.write_bytes: not a size" in err
+
+
+def test_an_address_in_use_is_refused_at_start(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _out, err = run_fsprobe(
+            "run", str(tmp_path), "--listen", f"127.0.0.1:{port}", "--state-dir",
+            str(tmp_path / "state"),
+        )  # fmt: skip
+    assert code == 69
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+
+
+def test_an_untrusted_state_dir_is_refused_at_start(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    code, _out, err = run_fsprobe("run", str(tmp_path), "--state-dir", str(shared), "--once")
+    assert code == 69
+    assert "writable by group or others" in err
+
+
+def test_listens_on_ipv6_loopback(tmp_path):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as error:
+        pytest.skip(f"cannot bind ::1: {error}")
+    daemon = DaemonProcess(tmp_path, str(tmp_path), env=env_with_tmpdir(tmp_path))
+    daemon.args[1] = "[::1]:0"
+    with daemon:
+        assert daemon.url.startswith("http://[::1]:")
+        status, body = daemon.get()
+    assert status == 200 and b"fsprobe_build_info" in body
+
+
+def test_logs_are_one_event_per_line(tmp_path):
+    ckpt = target_dir(tmp_path, "ckpt")
+    config = fast_config(tmp_path, ckpt)
+    with DaemonProcess(
+        tmp_path, "--config", str(config), "-v", env=env_with_tmpdir(tmp_path)
+    ) as daemon:
+        daemon.wait_for_log("event=probe target=", count=5)
+    lines = daemon.log().splitlines()
+    assert lines, "nothing logged"
+    for line in lines:
+        assert line.startswith("ts=") and " level=" in line and " event=" in line, line
+    probe_line = next(line for line in lines if "event=probe " in line)
+    assert f"target={ckpt}" in probe_line and "probe=" in probe_line
+    json.dumps(lines)  # plain text, nothing binary

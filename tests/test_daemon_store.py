@@ -1,0 +1,184 @@
+"""The daemon's store: latest results, error counters, write history, histograms, verdicts."""
+
+from __future__ import annotations
+
+import threading
+
+from fsprobe.daemon.store import Store, TargetSpec
+from fsprobe.exporters.view import LATENCY_BUCKETS, Histogram
+from fsprobe.model import (
+    FilesystemInfo,
+    ProbeResult,
+    Status,
+    WriteProbeResult,
+)
+from fsprobe.policy import Thresholds
+
+NOW = 1_700_000_000.0
+
+
+def fs(avail_ratio: float = 0.5, files_free_ratio: float = 0.5) -> FilesystemInfo:
+    return FilesystemInfo(
+        probed_path="/ckpt",
+        mountpoint="/",
+        fstype="ext4",
+        device="/dev/vda",
+        size_bytes=1000 * 4096,
+        avail_bytes=int(1000 * 4096 * avail_ratio),
+        files=1000,
+        files_free=int(1000 * files_free_ratio),
+        readonly=False,
+        st_dev=1,
+    )
+
+
+def statvfs_ok(at: float = NOW, **kwargs) -> ProbeResult:
+    return ProbeResult("statvfs", at, 0.001, value=fs(**kwargs))
+
+
+def write_result(at: float, error: str | None = None, total: float = 0.004) -> ProbeResult:
+    latency = {"create": 0.0005, "write": 0.001, "fsync": total - 0.002, "total": total}
+    value = WriteProbeResult(
+        ok=error is None,
+        bytes=1024,
+        latency_seconds=latency,
+        step="fsync" if error else None,
+        errno=error,
+    )
+    return ProbeResult("write", at, total, value=value, error=error, message=error or "")
+
+
+def stuck(probe: str, at: float = NOW) -> ProbeResult:
+    return ProbeResult(probe, at, 10.0, error="TIMEOUT", message="hung", stuck=True)
+
+
+def store_with(*paths: str) -> Store:
+    store = Store(clock=lambda: NOW + 1)
+    store.configure(
+        TargetSpec(path, Thresholds(), {"statvfs": 15.0, "write": 60.0}) for path in paths
+    )
+    return store
+
+
+def test_a_new_target_is_unknown_until_probed():
+    store = store_with("/ckpt")
+    (view,) = store.views()
+    assert view.verdict.status is Status.UNKNOWN
+    assert view.intervals == {"statvfs": 15.0, "write": 60.0}
+    view = store.record("/ckpt", statvfs_ok())
+    assert view.verdict.status is Status.OK
+    assert view.last_success == {"statvfs": NOW + 0.001}
+    assert view.values_trusted and not view.mount_stuck
+    assert store.view("/ckpt") is view and store.views() == (view,)
+
+
+def test_the_verdict_follows_each_result():
+    store = store_with("/ckpt")
+    view = store.record("/ckpt", statvfs_ok(avail_ratio=0.05))
+    assert view.verdict.status is Status.DEGRADED
+    assert [reason.code for reason in view.verdict.reasons] == ["space_headroom_low"]
+    view = store.record("/ckpt", statvfs_ok(avail_ratio=0.01))
+    assert view.verdict.status is Status.UNHEALTHY
+
+
+def test_errors_are_counted_per_probe_and_errno():
+    store = store_with("/ckpt")
+    for error in ("EIO", "EIO", "ENOSPC", None):
+        store.record("/ckpt", write_result(NOW, error))
+    store.record("/ckpt", stuck("statvfs"))
+    view = store.view("/ckpt")
+    assert view.errors == {("write", "EIO"): 2, ("write", "ENOSPC"): 1, ("statvfs", "TIMEOUT"): 1}
+
+
+def test_recent_write_errors_keep_the_last_three_completed_probes():
+    store = store_with("/ckpt")
+    for error in ("EIO", None, "ESTALE", None):
+        store.record("/ckpt", write_result(NOW, error))
+    store.record("/ckpt", stuck("write"))  # a hung probe is not a completed one
+    view = store.view("/ckpt")
+    assert view.snapshot.recent_write_errors == (None, "ESTALE", None)
+    store.record("/ckpt", statvfs_ok())
+    store.record("/ckpt", write_result(NOW, None))
+    view = store.view("/ckpt")
+    assert view.verdict.status is Status.DEGRADED  # ESTALE is still in the window
+    assert any(reason.code == "write_failed" for reason in view.verdict.reasons)
+
+
+def test_write_latency_histogram_accumulates_every_step():
+    store = store_with("/ckpt")
+    store.record("/ckpt", write_result(NOW, total=0.004))
+    store.record("/ckpt", write_result(NOW, total=0.3))
+    store.record("/ckpt", write_result(NOW, error="EIO", total=45.0))
+    histogram = store.view("/ckpt").write_latency["total"]
+    assert histogram.count == 3
+    assert abs(histogram.total - 45.304) < 1e-9
+    cumulative = dict(histogram.cumulative())
+    assert cumulative[0.0025] == 0 and cumulative[0.005] == 1
+    assert cumulative[0.25] == 1 and cumulative[0.5] == 2
+    assert cumulative[30.0] == 2 and cumulative[60.0] == 3 and cumulative[float("inf")] == 3
+    assert set(store.view("/ckpt").write_latency) == {"create", "write", "fsync", "total"}
+
+
+def test_histogram_bounds_are_inclusive_and_overflow_goes_to_inf():
+    histogram = Histogram().observe(0.001).observe(60.0).observe(61.0)
+    cumulative = histogram.cumulative()
+    assert [bound for bound, _count in cumulative] == [*LATENCY_BUCKETS, float("inf")]
+    assert cumulative[0] == (0.001, 1)
+    assert cumulative[-2] == (60.0, 2) and cumulative[-1] == (float("inf"), 3)
+
+
+def test_a_stuck_probe_hides_values_until_the_real_result_comes():
+    store = store_with("/ckpt")
+    store.record("/ckpt", statvfs_ok())
+    view = store.record("/ckpt", stuck("statvfs"))
+    assert view.mount_stuck and not view.values_trusted
+    assert view.verdict.status is Status.UNHEALTHY
+    assert view.last_success["statvfs"] == NOW + 0.001  # still the last real success
+    view = store.record("/ckpt", statvfs_ok(at=NOW + 30))
+    assert not view.mount_stuck and view.values_trusted
+    assert view.verdict.status is Status.OK
+
+
+def test_reconfigure_keeps_history_and_drops_removed_targets():
+    store = store_with("/a", "/b")
+    store.record("/a", write_result(NOW, "EIO"))
+    store.configure([TargetSpec("/a", Thresholds(), {"write": 30.0}), TargetSpec("/c")])
+    assert [view.path for view in store.views()] == ["/a", "/c"]
+    view = store.view("/a")
+    assert view.errors == {("write", "EIO"): 1} and view.intervals == {"write": 30.0}
+    assert store.record("/b", statvfs_ok()) is None
+
+
+def test_redirected_pending_bytes_is_set_per_target():
+    store = store_with("/a")
+    assert store.view("/a").redirected_pending_bytes is None
+    version = store.view("/a").version
+    store.set_redirected_pending_bytes("/a", 123)
+    assert store.view("/a").redirected_pending_bytes == 123
+    assert store.view("/a").version > version
+    store.set_redirected_pending_bytes("/unknown", 5)
+    assert store.view("/unknown") is None
+
+
+def test_views_are_consistent_while_another_thread_records():
+    store = store_with("/a", "/b")
+    stop = threading.Event()
+
+    def writer() -> None:
+        at = NOW
+        while not stop.is_set():
+            at += 1
+            store.record("/a", statvfs_ok(at=at))
+            store.record("/b", write_result(at, "EIO"))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(2000):
+            views = store.views()
+            assert [view.path for view in views] == ["/a", "/b"]
+            errors = views[1].errors.get(("write", "EIO"), 0)
+            assert views[1].write_latency.get("total", Histogram()).count == errors
+    finally:
+        stop.set()
+        thread.join()

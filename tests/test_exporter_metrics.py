@@ -1,0 +1,351 @@
+"""The metric contract (DESIGN §6): names, labels, values, what is left out, and the fast path."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fsprobe import __version__
+from fsprobe.daemon.store import Store, TargetSpec
+from fsprobe.exporters.exposition import Exposition
+from fsprobe.exporters.textfile import TEXTFILE_NAME, write_textfile
+from fsprobe.model import (
+    FilesystemInfo,
+    LustreTarget,
+    ProbeResult,
+    QuotaEntry,
+    QuotaReport,
+    QuotaState,
+    QuotaUsage,
+    TmpdirInfo,
+    WriteProbeResult,
+)
+from fsprobe.policy import Thresholds
+
+NOW = 1_700_000_000.0
+GRACE_END = NOW + 3 * 86400
+
+#: The contract, as the alert rules and the dashboard use it: family name -> label names.
+CONTRACT = {
+    "fsprobe_build_info": {"version"},
+    "fsprobe_health_status": {"path"},
+    "fsprobe_probe_success": {"path", "probe"},
+    "fsprobe_probe_duration_seconds": {"path", "probe"},
+    "fsprobe_probe_last_success_timestamp_seconds": {"path", "probe"},
+    "fsprobe_probe_interval_seconds": {"path", "probe"},
+    "fsprobe_probe_errors": {"path", "probe", "errno"},
+    "fsprobe_mount_stuck": {"path"},
+    **{
+        f"fsprobe_filesystem_{suffix}": {"path", "mountpoint", "fstype"}
+        for suffix in ("size_bytes", "avail_bytes", "files", "files_free", "readonly")
+    },
+    **{
+        f"fsprobe_quota_{suffix}": {"path", "type", "id"}
+        for suffix in (
+            "used_bytes",
+            "soft_limit_bytes",
+            "hard_limit_bytes",
+            "used_inodes",
+            "soft_limit_inodes",
+            "hard_limit_inodes",
+        )
+    },
+    "fsprobe_quota_grace_expiry_timestamp_seconds": {"path", "type", "id", "resource"},
+    "fsprobe_quota_exceeded": {"path", "type", "id", "resource"},
+    **{
+        f"fsprobe_lustre_target_{suffix}": {"path", "target"}
+        for suffix in ("avail_bytes", "size_bytes", "files_free", "files")
+    },
+    "fsprobe_headroom_bytes": {"path"},
+    "fsprobe_headroom_inodes": {"path"},
+    "fsprobe_headroom_ratio": {"path", "resource"},
+    "fsprobe_write_latency_seconds": {"path", "op"},
+    "fsprobe_tmpdir_same_device": {"path"},
+    "fsprobe_redirected_pending_bytes": {"path"},
+}
+
+FS = FilesystemInfo(
+    probed_path="/lustre/ckpt",
+    mountpoint="/lustre",
+    fstype="lustre",
+    device="10.0.0.1@tcp:/scratch",
+    size_bytes=10 * 2**40,
+    avail_bytes=4 * 2**40,
+    files=1_000_000,
+    files_free=600_000,
+    readonly=False,
+    st_dev=42,
+)
+QUOTA = QuotaReport(
+    provider="lfs",
+    entries=(
+        QuotaEntry(
+            "user", 1000, "alice", QuotaUsage(used=5 * 2**30), QuotaUsage(used=1200)
+        ),  # no limits at all
+        QuotaEntry(
+            "project",
+            4242,
+            None,
+            QuotaUsage(used=79 * 2**30, soft=90 * 2**30, hard=100 * 2**30),
+            QuotaUsage(
+                used=93_000,
+                soft=90_000,
+                hard=100_000,
+                grace_expires_at=GRACE_END,
+                state=QuotaState.SOFT_EXCEEDED,
+            ),
+        ),
+    ),
+)
+OSTS = (
+    LustreTarget("scratch-MDT0000", "MDT", 0, 2**40, 2**39, 1_000_000, 600_000),
+    LustreTarget("scratch-OST0001", "OST", 1, 5 * 2**40, 3 * 2**40, None, None),
+)
+WRITE = WriteProbeResult(
+    ok=True,
+    bytes=1 << 20,
+    latency_seconds={
+        "create": 0.002,
+        "write": 0.003,
+        "fsync": 0.2,
+        "rename": 0.001,
+        "fsync_dir": 0.01,
+        "unlink": 0.001,
+        "total": 0.217,
+    },
+)
+
+
+def result(probe: str, value=None, error: str | None = None, stuck: bool = False):
+    return ProbeResult(probe, NOW, 0.5, value=value, error=error, stuck=stuck)
+
+
+def full_store(path: str = "/lustre/ckpt") -> Store:
+    store = Store(clock=lambda: NOW + 1)
+    intervals = {"statvfs": 15.0, "quota": 300.0, "lfs_df": 300.0, "write": 60.0, "tmpdir": 60.0}
+    store.configure([TargetSpec(path, Thresholds(intervals=intervals), intervals)])
+    store.record(path, result("statvfs", FS))
+    store.record(path, result("quota", QUOTA))
+    store.record(path, result("lfs_df", OSTS))
+    store.record(path, result("write", error="EIO"))
+    store.record(path, result("write", WRITE))
+    store.record(path, result("tmpdir", TmpdirInfo("/tmp", same_device=False)))
+    return store
+
+
+def parse(text: bytes) -> dict:
+    return {family.name: family for family in text_string_to_metric_families(text.decode())}
+
+
+def samples(families: dict, name: str) -> dict:
+    """{frozenset(labels): value} of the samples called `name`, in whichever family."""
+    return {
+        frozenset(sample.labels.items()): sample.value
+        for family in families.values()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def one(families: dict, name: str, **labels) -> float:
+    matches = [
+        value
+        for key, value in samples(families, name).items()
+        if all((k, v) in key for k, v in labels.items())
+    ]
+    assert len(matches) == 1, (name, labels, samples(families, name))
+    return matches[0]
+
+
+def test_every_family_of_the_contract_is_there_with_its_labels():
+    exposition = Exposition(full_store().views, process_metrics=False)
+    families = parse(exposition.fsprobe_text())
+    assert set(families) == set(CONTRACT)
+    for name, family in families.items():
+        assert "Cached from fsprobe's background probes" in family.documentation or name == (
+            "fsprobe_build_info"
+        )
+        for sample in family.samples:
+            assert set(sample.labels) - {"le"} == CONTRACT[name], sample
+    assert families["fsprobe_probe_errors"].type == "counter"
+    assert families["fsprobe_write_latency_seconds"].type == "histogram"
+
+
+def test_values_of_a_fully_probed_lustre_target():
+    families = parse(Exposition(full_store().views, process_metrics=False).fsprobe_text())
+    path = "/lustre/ckpt"
+    assert one(families, "fsprobe_build_info", version=__version__) == 1
+    assert one(families, "fsprobe_health_status", path=path) == 1  # degraded: soft, tmpdir
+    for probe in ("statvfs", "quota", "lfs_df", "write", "tmpdir"):
+        assert one(families, "fsprobe_probe_success", path=path, probe=probe) == 1
+        assert one(families, "fsprobe_probe_duration_seconds", path=path, probe=probe) == 0.5
+        assert one(
+            families, "fsprobe_probe_last_success_timestamp_seconds", path=path, probe=probe
+        ) == pytest.approx(NOW + 0.5)
+    assert one(families, "fsprobe_probe_interval_seconds", probe="quota") == 300
+    assert one(families, "fsprobe_probe_errors_total", probe="write", errno="EIO") == 1
+    assert one(families, "fsprobe_mount_stuck", path=path) == 0
+
+    fs_labels = {"path": path, "mountpoint": "/lustre", "fstype": "lustre"}
+    assert one(families, "fsprobe_filesystem_size_bytes", **fs_labels) == 10 * 2**40
+    assert one(families, "fsprobe_filesystem_avail_bytes", **fs_labels) == 4 * 2**40
+    assert one(families, "fsprobe_filesystem_files", **fs_labels) == 1_000_000
+    assert one(families, "fsprobe_filesystem_files_free", **fs_labels) == 600_000
+    assert one(families, "fsprobe_filesystem_readonly", **fs_labels) == 0
+
+    project = {"path": path, "type": "project", "id": "4242"}
+    assert one(families, "fsprobe_quota_used_bytes", **project) == 79 * 2**30
+    assert one(families, "fsprobe_quota_soft_limit_bytes", **project) == 90 * 2**30
+    assert one(families, "fsprobe_quota_hard_limit_inodes", **project) == 100_000
+    assert one(families, "fsprobe_quota_used_inodes", type="user", id="1000") == 1200
+    # Unlimited: no limit series at all for the user.
+    assert not [
+        k for k in samples(families, "fsprobe_quota_hard_limit_bytes") if ("id", "1000") in k
+    ]
+    assert one(
+        families, "fsprobe_quota_grace_expiry_timestamp_seconds", resource="inodes"
+    ) == pytest.approx(GRACE_END)
+    assert len(samples(families, "fsprobe_quota_grace_expiry_timestamp_seconds")) == 1
+    assert one(families, "fsprobe_quota_exceeded", id="4242", resource="inodes") == 1
+    assert one(families, "fsprobe_quota_exceeded", id="4242", resource="bytes") == 0
+    assert one(families, "fsprobe_quota_exceeded", id="1000", resource="bytes") == 0
+
+    assert one(families, "fsprobe_lustre_target_avail_bytes", target="scratch-OST0001") == 3 * 2**40
+    assert one(families, "fsprobe_lustre_target_files", target="scratch-MDT0000") == 1_000_000
+    assert not samples(families, "fsprobe_lustre_target_files_free").keys() - {
+        frozenset({("path", path), ("target", "scratch-MDT0000")})
+    }  # the OST has no inode numbers: no series, not a zero
+
+    # Headroom: the project's inode quota binds (7 000 left of 100 000).
+    assert one(families, "fsprobe_headroom_inodes", path=path) == 7_000
+    assert one(families, "fsprobe_headroom_ratio", resource="inodes") == pytest.approx(0.07)
+    assert one(families, "fsprobe_headroom_bytes", path=path) == 21 * 2**30
+    assert one(families, "fsprobe_tmpdir_same_device", path=path) == 0
+    assert samples(families, "fsprobe_redirected_pending_bytes") == {}
+
+
+def test_write_latency_is_a_real_histogram_with_buckets_from_1ms_to_60s():
+    families = parse(Exposition(full_store().views, process_metrics=False).fsprobe_text())
+    buckets = {
+        dict(key)["le"]: value
+        for key, value in samples(families, "fsprobe_write_latency_seconds_bucket").items()
+        if ("op", "total") in key
+    }
+    assert list(buckets) == [
+        "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
+        "1.0", "2.5", "5.0", "10.0", "30.0", "60.0", "+Inf",
+    ]  # fmt: skip
+    assert buckets["0.1"] == 0 and buckets["0.25"] == 1 and buckets["+Inf"] == 1
+    assert one(families, "fsprobe_write_latency_seconds_count", op="total") == 1
+    assert one(families, "fsprobe_write_latency_seconds_sum", op="fsync") == pytest.approx(0.2)
+    ops = {dict(key)["op"] for key in samples(families, "fsprobe_write_latency_seconds_count")}
+    assert ops == {"create", "write", "fsync", "rename", "fsync_dir", "unlink", "total"}
+
+
+@pytest.mark.parametrize(
+    "latest",
+    [
+        result("statvfs", error="EIO"),
+        result("statvfs", error="TIMEOUT", stuck=True),
+        result("write", error="TIMEOUT", stuck=True),
+    ],
+    ids=["statvfs-failed", "statvfs-stuck", "write-stuck"],
+)
+def test_value_series_are_left_out_not_zeroed_when_statvfs_fails_or_the_mount_hangs(latest):
+    store = full_store()
+    store.record("/lustre/ckpt", latest)
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    for name in CONTRACT:
+        if (
+            name.startswith(
+                ("fsprobe_filesystem_", "fsprobe_quota_", "fsprobe_lustre_", "fsprobe_headroom_")
+            )
+            or name == "fsprobe_tmpdir_same_device"
+        ):
+            assert samples(families, name) == {}, name
+    assert one(families, "fsprobe_probe_success", probe=latest.probe) == 0
+    assert one(families, "fsprobe_mount_stuck", path="/lustre/ckpt") == float(latest.stuck)
+    assert one(families, "fsprobe_health_status", path="/lustre/ckpt") >= 1
+    # History stays: counters and the histogram do not vanish with the mount.
+    assert one(families, "fsprobe_write_latency_seconds_count", op="total") == 1
+    assert one(families, "fsprobe_probe_errors_total", probe=latest.probe, errno=latest.error) >= 1
+
+
+def test_redirected_pending_bytes_only_where_set():
+    store = full_store()
+    store.configure(
+        [TargetSpec("/lustre/ckpt"), TargetSpec("/other")]  # /lustre/ckpt keeps its history
+    )
+    store.set_redirected_pending_bytes("/other", 3 * 2**30)
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    assert samples(families, "fsprobe_redirected_pending_bytes") == {
+        frozenset({("path", "/other")}): 3 * 2**30
+    }
+
+
+def test_labels_survive_awkward_paths():
+    path = '/data/we"ird\\name\nx # HELP y'
+    store = Store(clock=lambda: NOW)
+    store.configure([TargetSpec(path)])
+    store.record(path, result("statvfs", FS))
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    assert one(families, "fsprobe_health_status", path=path) == 0
+    assert one(families, "fsprobe_filesystem_files", path=path) == 1_000_000
+
+
+def test_the_fast_exposition_is_byte_for_byte_what_the_registry_renders():
+    store = full_store()
+    store.configure([TargetSpec("/lustre/ckpt"), TargetSpec("/b"), TargetSpec("/a")])
+    exposition = Exposition(store.views, process_metrics=False)
+    assert exposition.fsprobe_text() == generate_latest(exposition.registry)
+
+    store.record("/b", result("statvfs", FS))  # a change after the cache was filled
+    exposition.warm(store.views())
+    assert exposition.fsprobe_text() == generate_latest(exposition.registry)
+    assert b'fsprobe_filesystem_files{fstype="lustre",mountpoint="/lustre",path="/b"}' in (
+        exposition.fsprobe_text()
+    )
+
+    store.configure([TargetSpec("/a")])  # a target removed on reload
+    exposition.warm(store.views())
+    assert exposition.fsprobe_text() == generate_latest(exposition.registry)
+    assert b"/lustre/ckpt" not in exposition.fsprobe_text()
+
+
+def test_render_adds_process_metrics_in_front():
+    exposition = Exposition(full_store().views)
+    families = parse(exposition.render())
+    assert families["process_resident_memory_bytes"].samples[0].value > 0
+    assert "fsprobe_health_status" in families
+    assert exposition.render().endswith(exposition.fsprobe_text())
+
+
+def test_textfile_is_replaced_atomically_without_timestamps(tmp_path):
+    exposition = Exposition(full_store().views, process_metrics=False)
+    target = tmp_path / TEXTFILE_NAME
+    target.write_text("old content\n")
+    os.chmod(tmp_path, 0o755)
+    path = write_textfile(str(tmp_path), exposition.fsprobe_text())
+    assert path == str(target)
+    assert target.read_bytes() == exposition.fsprobe_text()
+    assert os.listdir(tmp_path) == [TEXTFILE_NAME]  # no temporary file left behind
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
+    for family in text_string_to_metric_families(target.read_text()):
+        assert all(sample.timestamp is None for sample in family.samples)
+
+
+def test_textfile_write_refuses_to_follow_a_planted_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    write_textfile(str(tmp_path), b"fsprobe_build_info 1\n")
+    # The temporary name is random; whatever is at the final name is replaced, not written
+    # through: a symlink there is replaced by the file, its target is untouched.
+    (tmp_path / TEXTFILE_NAME).unlink()
+    (tmp_path / TEXTFILE_NAME).symlink_to(victim)
+    write_textfile(str(tmp_path), b"fsprobe_build_info 1\n")
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / TEXTFILE_NAME).is_symlink()
