@@ -36,11 +36,13 @@ def main() -> None:
 
 
 def _register() -> None:
-    from fsprobe.cli import check, quota, sync
+    from fsprobe.cli import check, quota, run, status, sync
 
     main.add_command(check.check)
     main.add_command(quota.quota)
     main.add_command(sync.sync)
+    main.add_command(run.run)
+    main.add_command(status.status)
 
 
 _register()
