@@ -59,7 +59,7 @@ def test_variables_datasource_instance_and_path(dashboard: dict) -> None:
         assert variables[name]["type"] == "query"
         assert variables[name]["datasource"] == DATASOURCE
         assert variables[name]["multi"] and variables[name]["includeAll"]
-    assert "$instance" in variables["path"]["query"]["query"], "path should follow instance"
+    assert "$instance" in variables["path"]["query"], "path should follow instance"
 
 
 def test_every_query_uses_the_datasource_variable_and_the_selection(dashboard: dict) -> None:
