@@ -1,0 +1,189 @@
+"""Which IDs a new file in the target is charged to: uid, gid (set-group-ID aware), project.
+
+The project ID is read for real: on an XFS image mounted on a loop device (XFS keeps project
+IDs in every inode, with or without quota enforcement, and implements FS_IOC_FSGETXATTR) and,
+for the `lfs project -d` fallback, on the FUSE fault filesystem, whose ioctl fails with ENOTTY
+as on filesystems without project IDs. ext4 cannot stand in here: its project feature needs a
+kernel built with CONFIG_QUOTA.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fsprobe.errors import ProbeFailure
+from fsprobe.quota import QuotaSettings
+from fsprobe.quota.ids import FS_IOC_FSGETXATTR, FSXATTR, read_project_id, resolve_ids
+from fsprobe.quota.lustre import LustreQuotaProvider
+from fsprobe.quota.provider import Deadline
+from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
+from tests.support.capability import require
+from tests.support.mountinfo import unmount
+
+#: _IOW('X', 32, struct fsxattr): set the attributes, the project ID among them.
+FS_IOC_FSSETXATTR = 0x401C5820
+#: FS_XFLAG_PROJINHERIT: new files and directories inherit the directory's project ID.
+PROJINHERIT = 0x200
+
+
+@pytest.fixture
+def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    yield from fake_lfs_for(monkeypatch, tmp_path)
+
+
+def set_project(directory: Path, project: int) -> None:
+    """What `chattr -p PROJECT +P DIR` does, through the ioctl."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fields = list(FSXATTR.unpack(fcntl.ioctl(fd, FS_IOC_FSGETXATTR, bytes(FSXATTR.size))))
+        fields[0] |= PROJINHERIT
+        fields[3] = project
+        fcntl.ioctl(fd, FS_IOC_FSSETXATTR, FSXATTR.pack(*fields))
+    finally:
+        os.close(fd)
+
+
+def _xfs_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "mounting an XFS image needs root"
+    if shutil.which("mkfs.xfs") is None:
+        return "mkfs.xfs not found (apt-get install xfsprogs)"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop devices (/dev/loop-control)"
+    return None
+
+
+@pytest.fixture
+def xfs(tmp_path: Path) -> Iterator[Path]:
+    """An empty XFS filesystem on a loop device (300 MiB sparse image, the mkfs minimum)."""
+    require(_xfs_problem())
+    image, mountpoint = tmp_path / "xfs.img", tmp_path / "xfs"
+    mountpoint.mkdir()
+    with open(image, "wb") as handle:
+        handle.truncate(300 * 2**20)
+    made = subprocess.run(
+        ["mkfs.xfs", "-q", str(image)], capture_output=True, text=True, timeout=60
+    )
+    if made.returncode != 0:
+        require(f"mkfs.xfs failed: {made.stderr.strip()}")
+    mounted = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(mountpoint)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if mounted.returncode != 0:
+        require(f"cannot mount an XFS image on a loop device: {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        unmount(mountpoint)
+
+
+def test_user_is_the_effective_uid_and_group_the_effective_gid(tmp_path: Path):
+    os.chmod(tmp_path, 0o755)
+    ids = resolve_ids(str(tmp_path))
+    assert (ids.user, ids.group) == (os.geteuid(), os.getegid())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory another group needs root")
+def test_set_group_id_directory_gives_its_group(tmp_path: Path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, -1, 4242)
+    os.chmod(shared, 0o2775)
+    assert os.stat(shared).st_mode & stat.S_ISGID
+    assert resolve_ids(str(shared)).group == 4242
+    os.chmod(shared, 0o775)
+    assert resolve_ids(str(shared)).group == os.getegid(), "without the bit: our own gid"
+
+
+def test_overrides_replace_the_derived_ids(tmp_path: Path):
+    def no_fallback(path: str) -> int:
+        raise AssertionError("an explicit project must not be looked up")
+
+    ids = resolve_ids(str(tmp_path), user=1, group=2, project=3, project_fallback=no_fallback)
+    assert ids.queries() == (("user", 1), ("group", 2), ("project", 3))
+    assert ids.notes == ()
+
+
+@pytest.mark.mount
+def test_project_id_is_read_with_the_ioctl(xfs: Path):
+    plain = xfs / "plain"
+    plain.mkdir()
+    assert read_project_id(str(plain)) == 0
+    assert resolve_ids(str(plain)).project is None, "project 0 is no project"
+    ckpt = xfs / "ckpt"
+    ckpt.mkdir()
+    set_project(ckpt, 4242)
+    (ckpt / "run7").mkdir()  # created after: inherits the project, as a new checkpoint would
+
+    def no_fallback(path: str) -> int:
+        raise AssertionError("the ioctl works here: no fallback")
+
+    for directory in (ckpt, ckpt / "run7"):
+        ids = resolve_ids(str(directory), project_fallback=no_fallback)
+        assert ids.project == 4242
+        assert ids.queries()[-1] == ("project", 4242)
+
+
+@pytest.mark.mount
+def test_lfs_project_is_the_fallback_where_the_ioctl_is_not_supported(faultfs, fake_lfs: FakeLfs):
+    directory = faultfs.mountpoint / "ckpt"
+    directory.mkdir()
+    with pytest.raises(OSError) as unsupported:
+        read_project_id(str(directory))
+    assert unsupported.value.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL)
+
+    fake_lfs.configure(project=77)
+    provider, settings = LustreQuotaProvider(), QuotaSettings()
+
+    def fallback(path: str) -> int:
+        return provider.project_id(path, settings, Deadline.after(20))
+
+    ids = resolve_ids(str(directory), project_fallback=fallback)
+    assert (ids.project, ids.notes) == (77, ())
+    assert [call["argv"] for call in fake_lfs.calls()] == [["project", "-d", str(directory)]]
+
+    fake_lfs.configure(fail="project_unsupported")
+    ids = resolve_ids(str(directory), project_fallback=fallback)
+    assert ids.project is None
+    assert len(ids.notes) == 1 and "ENOTTY" in ids.notes[0] and str(directory) in ids.notes[0]
+
+    def too_slow(path: str) -> int:
+        raise ProbeFailure("TIMEOUT", "lfs project -d took too long")
+
+    ids = resolve_ids(str(directory), project_fallback=too_slow)
+    assert ids.project is None and "TIMEOUT" in ids.notes[0]
+
+
+def test_other_ioctl_errors_do_not_use_the_fallback(tmp_path: Path):
+    calls: list[str] = []
+
+    def fallback(path: str) -> int:
+        calls.append(path)
+        return 5
+
+    missing = tmp_path / "gone"
+    missing.mkdir()
+    missing.rmdir()
+    # resolve_ids needs the directory for its group; give the group so only the project reads
+    ids = resolve_ids(str(missing), group=1, project_fallback=fallback)
+    assert calls == [] and ids.project is None
+    assert "ENOENT" in ids.notes[0]
+
+
+def test_ioctl_numbers_encode_the_size_of_struct_fsxattr():
+    assert FSXATTR.size == 28
+    for number in (FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR):
+        assert (number >> 16) & 0x3FFF == FSXATTR.size
+        assert (number >> 8) & 0xFF == ord("X")

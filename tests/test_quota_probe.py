@@ -1,0 +1,241 @@
+"""probe_quota and probe_lfs_df end to end: fsprobe runs the fake `lfs`, which reads the FUSE
+fault filesystem's quota and statfs, so what fsprobe reports is what the filesystem holds."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fsprobe.errors import ProbeFailure
+from fsprobe.model import QuotaState
+from fsprobe.probes.lfs_df import DF_CACHE, probe_lfs_df
+from fsprobe.probes.quota import probe_quota
+from fsprobe.quota import QuotaSettings
+from fsprobe.quota.lustre import QUOTA_CACHE
+from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
+
+VERSIONS = ["2.12", "2.14", "2.15", "2.16"]
+FORCED = QuotaSettings(provider="lfs", user=1000, group=1000)
+#: Generous: the deadline plus the kill, on a loaded two-core machine.
+SLACK = 3.0
+
+
+@pytest.fixture
+def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    yield from fake_lfs_for(monkeypatch, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    QUOTA_CACHE.clear()
+    DF_CACHE.clear()
+    yield
+    QUOTA_CACHE.clear()
+    DF_CACHE.clear()
+
+
+def write_files(directory: Path, sizes: list[int]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for number, size in enumerate(sizes):
+        (directory / f"shard{number}").write_bytes(os.urandom(size))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_quota_reports_what_the_filesystem_holds(version: str, faultfs, fake_lfs: FakeLfs):
+    fake_lfs.configure(version=version, control=faultfs.ctl.socket_path, project=4242)
+    write_files(faultfs.mountpoint / "ckpt", [4096 * 25, 1 << 20, 1000])
+    faultfs.ctl.set_quota("inodes", soft=3, hard=100, grace=3600)  # 4 inodes: over soft
+    faultfs.ctl.set_quota("bytes", hard=64 << 20)
+    truth = faultfs.ctl.quota()
+    assert truth["bytes"]["used"] == 4096 * 25 + (1 << 20) + 1000
+    assert truth["inodes"]["used"] == 4  # the directory and three files
+
+    before = time.time()
+    report = probe_quota(str(faultfs.mountpoint / "ckpt" / "step-100"), FORCED)
+    assert report is not None and report.provider == "lfs" and report.errors == ()
+    assert [(e.type, e.id) for e in report.entries] == [
+        ("user", 1000),
+        ("group", 1000),
+        ("project", 4242),  # read with `lfs project -d`: the FUSE mount has no ioctl
+    ]
+    for entry in report.entries:
+        # lfs shows KiB rounded up from bytes, so the 1000-byte file counts as 1 KiB.
+        assert entry.bytes.used == math.ceil(truth["bytes"]["used"] / 1024) * 1024
+        assert (entry.bytes.soft, entry.bytes.hard) == (None, 64 << 20)
+        assert entry.bytes.state is QuotaState.OK
+        assert entry.inodes.used == truth["inodes"]["used"]
+        assert (entry.inodes.soft, entry.inodes.hard) == (3, 100)
+        assert entry.inodes.state is QuotaState.SOFT_EXCEEDED
+        expected = truth["inodes"]["grace_expires_at"]
+        assert entry.inodes.grace_expires_at is not None
+        assert abs(entry.inodes.grace_expires_at - expected) < 5  # lfs prints whole seconds
+        assert entry.inodes.grace_expires_at > before
+
+
+def test_hard_limit_reached_on_the_filesystem_is_hard_reached(faultfs, fake_lfs: FakeLfs):
+    fake_lfs.configure(control=faultfs.ctl.socket_path)
+    faultfs.ctl.set_quota("inodes", hard=2)
+    (faultfs.mountpoint / "a").write_bytes(b"x")
+    (faultfs.mountpoint / "b").write_bytes(b"x")
+    with pytest.raises(OSError) as refused:
+        (faultfs.mountpoint / "c").write_bytes(b"x")
+    assert refused.value.errno == errno.EDQUOT
+    report = probe_quota(str(faultfs.mountpoint), FORCED)
+    assert report is not None
+    assert {e.inodes.state for e in report.entries} == {QuotaState.HARD_REACHED}
+    assert {e.inodes.remaining(time.time()) for e in report.entries} == {0}
+
+
+def test_hung_lfs_is_killed_and_the_probe_returns_by_its_deadline(
+    tmp_path: Path, fake_lfs: FakeLfs
+):
+    fake_lfs.configure(fail="hang")
+    settings = QuotaSettings(provider="lfs", user=1000, group=1000, project=7, timeout=2.0)
+    started = time.monotonic()
+    with pytest.raises(ProbeFailure) as failure:
+        probe_quota(str(tmp_path), settings)
+    elapsed = time.monotonic() - started
+    assert failure.value.error == "TIMEOUT"
+    assert elapsed < settings.timeout + SLACK, "three IDs share one deadline"
+    pids = fake_lfs.pids()
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(is_fake_process(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(is_fake_process(pid) for pid in pids), "the fake and its child are gone"
+    assert len(fake_lfs.calls()) == 1, "no second lfs once the deadline has passed"
+
+
+def test_concurrent_probes_share_one_lfs_call_per_id(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure(state={"mountpoint": str(tmp_path)}, delay=0.4)
+    settings = QuotaSettings(provider="lfs", user=1000, group=1000, project=7)
+    reports: list = []
+    threads = [
+        threading.Thread(target=lambda: reports.append(probe_quota(str(tmp_path), settings)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(reports) == 3 and all(r is not None and len(r.entries) == 3 for r in reports)
+    argv = sorted(tuple(call["argv"][1:3]) for call in fake_lfs.calls())
+    assert argv == [("-g", "1000"), ("-p", "7"), ("-u", "1000")]
+
+
+def test_results_are_cached_for_cache_seconds(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure(state={"mountpoint": str(tmp_path)})
+    cached = QuotaSettings(provider="lfs", user=1000, group=1000, cache_seconds=300)
+    probe_quota(str(tmp_path), cached)
+    probe_quota(str(tmp_path / "other" / "target"), cached)  # same filesystem, same IDs
+    assert len(fake_lfs.calls()) == 2
+    uncached = QuotaSettings(provider="lfs", user=1000, group=1000)
+    probe_quota(str(tmp_path), uncached)
+    assert len(fake_lfs.calls()) == 4
+
+
+def test_partial_result_names_what_failed(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure(state={"mountpoint": str(tmp_path)}, fail="esrch", fail_types="group")
+    report = probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1000, group=1000))
+    assert report is not None
+    assert [e.type for e in report.entries] == ["user"]
+    assert len(report.errors) == 1
+    assert report.errors[0].startswith("group 1000: ESRCH: lfs quota -g 1000")
+
+
+def test_inaccurate_data_is_returned_flagged(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure(state={"mountpoint": str(tmp_path)}, fail="inaccurate")
+    report = probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1000, group=1000))
+    assert report is not None and report.inaccurate
+    assert all(e.bytes.inaccurate for e in report.entries)
+
+
+@pytest.mark.parametrize(
+    ("fail", "error"), [("eperm", "EPERM"), ("enodev", "ENODEV"), ("garbage", "PARSE")]
+)
+def test_nothing_read_raises_the_failure(tmp_path: Path, fake_lfs: FakeLfs, fail, error):
+    fake_lfs.configure(state={"mountpoint": str(tmp_path)}, fail=fail)
+    with pytest.raises(ProbeFailure) as failure:
+        probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1000, group=1000))
+    assert failure.value.error == error
+
+
+def test_missing_lfs_is_an_oserror_that_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("FSPROBE_LFS", str(tmp_path / "no" / "lfs"))
+    with pytest.raises(OSError) as failure:
+        probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1, group=1, project=1))
+    assert failure.value.errno == errno.ENOENT
+    assert "--lfs" in str(failure.value) and "FSPROBE_LFS" in str(failure.value)
+
+
+def test_not_lustre_needs_no_lfs(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure()
+    assert probe_quota(str(tmp_path), QuotaSettings()) is None
+    assert probe_quota(str(tmp_path), QuotaSettings(provider="none")) is None
+    assert probe_lfs_df(str(tmp_path), QuotaSettings()) is None
+    assert probe_lfs_df(str(tmp_path), QuotaSettings(provider="none")) is None
+    assert fake_lfs.calls() == []
+
+
+@pytest.mark.parametrize("version", ["2.12", "2.16"])
+def test_lfs_df_shows_every_target_of_the_filesystem(version: str, faultfs, fake_lfs):
+    fake_lfs.configure(version=version, control=faultfs.ctl.socket_path, osts=3)
+    faultfs.ctl.set_statfs(
+        f_frsize=4096, f_blocks=300000, f_bfree=30000, f_bavail=29000, f_files=5000, f_ffree=400
+    )
+    targets = probe_lfs_df(str(faultfs.mountpoint / "ckpt"), QuotaSettings(provider="lfs"))
+    assert targets is not None
+    assert [t.name for t in targets] == [
+        "lustre-MDT0000",
+        "lustre-OST0000",
+        "lustre-OST0001",
+        "lustre-OST0002",
+    ]
+    mdt, *osts = targets
+    assert (mdt.files, mdt.files_free) == (5000, 400)
+    assert sum(t.size_bytes for t in osts) == 300000 * 4096
+    assert sum(t.avail_bytes for t in osts) == 29000 * 4096
+    assert all(t.active for t in targets)
+
+
+def test_lfs_df_keeps_inactive_and_unreachable_targets(tmp_path: Path, fake_lfs: FakeLfs):
+    state = {"mountpoint": str(tmp_path), "statfs": {"f_frsize": 4096, "f_blocks": 1000,
+             "f_bfree": 500, "f_bavail": 400, "f_files": 100, "f_ffree": 50}}  # fmt: skip
+    fake_lfs.configure(state=state, fail="inactive", osts=3)
+    targets = probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+    assert targets is not None
+    inactive = [t for t in targets if not t.active]
+    assert [(t.name, t.size_bytes) for t in inactive] == [("lustre-OST0001", None)]
+    DF_CACHE.clear()
+    fake_lfs.configure(state=state, fail="df_error", osts=3)
+    targets = probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+    assert targets is not None
+    unreachable = [t for t in targets if t.avail_bytes is None]
+    assert [(t.name, t.active) for t in unreachable] == [("lustre-OST0001", True)]
+
+
+def test_lfs_df_failures(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure(version="2.16", state={"mountpoint": "/mnt/elsewhere"})
+    with pytest.raises(ProbeFailure) as failure:
+        probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+    assert "not on a Lustre filesystem" in failure.value.message
+    DF_CACHE.clear()
+    fake_lfs.configure(version="2.12", state={"mountpoint": "/mnt/elsewhere"})
+    with pytest.raises(ProbeFailure) as failure:
+        probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+    assert failure.value.error == "ENODEV"
+    DF_CACHE.clear()
+    fake_lfs.configure(fail="hang")
+    started = time.monotonic()
+    with pytest.raises(ProbeFailure) as failure:
+        probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs", timeout=1.5))
+    assert failure.value.error == "TIMEOUT"
+    assert time.monotonic() - started < 1.5 + SLACK

@@ -1,0 +1,286 @@
+"""From parsed `lfs quota` output to QuotaEntry (or a named failure), and the provider plumbing."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from fsprobe.errors import PARSE, ProbeFailure, errno_name
+from fsprobe.lustre.amounts import Amount
+from fsprobe.lustre.grace import NO_TIMER, Grace
+from fsprobe.lustre.quota_parser import Usage, parse_quota
+from fsprobe.model import QuotaEntry, QuotaState, QuotaUsage
+from fsprobe.mounts import Mount
+from fsprobe.quota import QuotaSettings
+from fsprobe.quota.cache import SingleFlight
+from fsprobe.quota.lustre import LustreQuotaProvider, outcome_from_output, usage_from_cells
+from fsprobe.quota.provider import Failure, IdOutcome, assemble
+from fsprobe.quota.registry import select_provider
+from tests.fakes.fake_lfs import load_fixtures
+
+FIXTURES = dict(load_fixtures("quota"))
+NOW = 1_800_000_000.0
+GIB = 2**30
+
+
+def outcome(name: str, quota_type: str, quota_id: int) -> IdOutcome:
+    case = FIXTURES[name]
+    text = "".join(line + "\n" for line in case["stdout"])
+    errors = "".join(line + "\n" for line in case["stderr"])
+    output = parse_quota(text, errors, case["status"])
+    return outcome_from_output(output, quota_type, quota_id, command=case["command"], now=NOW)
+
+
+@pytest.mark.parametrize("version", ["2.12", "2.14", "2.15", "2.16"])
+def test_over_soft_limit_with_grace_running(version: str):
+    result = outcome(f"{version}/user_verbose", "user", 1000)
+    assert result.failure is None and result.notes == ()
+    assert result.entry == QuotaEntry(
+        type="user",
+        id=1000,
+        name=None,
+        bytes=QuotaUsage(
+            used=10737424 * 1024,
+            soft=10 * GIB,
+            hard=12 * GIB,
+            grace_expires_at=NOW + 6 * 86400 + 23 * 3600 + 48 * 60 + 49,
+            state=QuotaState.SOFT_EXCEEDED,
+        ),
+        inodes=QuotaUsage(used=930000, soft=1000000, hard=1000000),
+    )
+
+
+@pytest.mark.parametrize("version", ["2.12", "2.14", "2.15", "2.16"])
+def test_hard_limit_reached_and_grace_expired(version: str):
+    hard = outcome(f"{version}/project_hard_reached", "project", 4242).entry
+    assert hard is not None
+    assert (hard.inodes.state, hard.inodes.grace_expires_at) == (QuotaState.HARD_REACHED, None)
+    assert hard.bytes.state is QuotaState.OK
+    expired = outcome(f"{version}/group_grace_expired", "group", 2000).entry
+    assert expired is not None
+    assert expired.bytes.state is QuotaState.GRACE_EXPIRED
+    assert expired.bytes.remaining(NOW) == 0
+
+
+def test_root_has_no_limits():
+    entry = outcome("2.16/root", "user", 0).entry
+    assert entry is not None
+    assert (entry.bytes.soft, entry.bytes.hard, entry.inodes.hard) == (None, None, None)
+
+
+@pytest.mark.parametrize(("version", "status"), [("2.12", 0), ("2.14", 5), ("2.16", 5)])
+def test_inaccurate_usage_is_kept_and_flagged(version: str, status: int):
+    result = outcome(f"{version}/inaccurate", "user", 1000)
+    assert result.entry is not None and result.failure is None
+    assert result.entry.bytes.inaccurate and not result.entry.inodes.inaccurate
+    assert result.entry.bytes.used == 4 * GIB
+    exited = [note for note in result.notes if "exited with status" in note]
+    assert len(exited) == (1 if status else 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "quota_type", "quota_id", "error", "words"),
+    [
+        ("2.12/permission_denied", "user", 1001, "EPERM", "Permission denied"),
+        ("2.16/permission_denied", "user", 1001, "EPERM", "their own uid"),
+        ("2.14/quotas_not_enabled", "group", 2000, "ESRCH", "grp quotas are not enabled"),
+        ("2.15/not_lustre", "user", 1000, "ENODEV", "not on a mounted Lustre"),
+        ("2.15/not_lustre_early", "user", 1000, "ENODEV", "'/scratch/x'"),
+        ("2.12/unexpected_error", "user", 1000, errno_name(95), "Operation not supported"),
+        ("2.16/unexpected_error", "user", 1000, errno_name(95), "Operation not supported"),
+        ("2.16/pool_not_found", "user", 1000, "ENOENT", "Cannot find pool"),
+        ("2.16/usage_invalid_id", "user", 1000, "EINVAL", "rejected the command line"),
+        ("2.12/usage_invalid_id", "user", 1000, "EINVAL", "invalid id"),
+        ("2.16/truncated", "user", 1000, PARSE, "stdout line 3"),
+        ("2.12/broken_cell", "user", 1000, PARSE, "'soon!' is not a grace time"),
+        ("2.16/user_verbose", "group", 1000, PARSE, "no quota row for group 1000"),
+        ("2.12/single_target", "user", 1000, PARSE, "not a user quota row"),
+    ],
+)
+def test_failures_are_named(name: str, quota_type: str, quota_id: int, error: str, words: str):
+    result = outcome(name, quota_type, quota_id)
+    assert result.entry is None
+    assert result.failure is not None
+    assert result.failure.error == error
+    assert words in result.failure.message
+    assert result.failure.message.startswith("lfs quota")
+
+
+def test_unknown_lines_next_to_a_good_row_are_notes():
+    result = outcome("2.15/unknown_lines", "user", 1000)
+    assert result.entry is not None
+    assert any("stdout line 4" in note and PARSE in note for note in result.notes)
+    assert any("stderr line 1" in note for note in result.notes)
+
+
+def test_eremoteio_row_is_kept_with_a_note():
+    result = outcome("2.12/eremoteio", "user", 1000)
+    assert result.entry is not None
+    assert any("EREMOTEIO" in note for note in result.notes)
+
+
+def test_failed_target_is_a_note():
+    result = outcome("2.14/target_failed", "user", 1000)
+    assert result.entry is not None
+    assert any("quotactl ost1 failed." in note for note in result.notes)
+
+
+def _usage(used: int, soft: int, hard: int, grace: Grace, over: bool) -> Usage:
+    return Usage(Amount(used), over, Amount(soft), Amount(hard), grace)
+
+
+@pytest.mark.parametrize(
+    ("cells", "state", "expires"),
+    [
+        (_usage(10, 0, 0, NO_TIMER, False), QuotaState.OK, None),
+        (_usage(10, 5, 0, NO_TIMER, False), QuotaState.OK, None),  # over soft, no timer yet
+        (_usage(10, 5, 20, Grace(remaining=60), True), QuotaState.SOFT_EXCEEDED, NOW + 60),
+        (_usage(10, 5, 20, Grace(expired=True), True), QuotaState.GRACE_EXPIRED, None),
+        (_usage(20, 5, 20, NO_TIMER, True), QuotaState.HARD_REACHED, None),
+        # -h rounding can show used a hair below hard; the * with no timer says hard reached
+        (_usage(19, 5, 20, NO_TIMER, True), QuotaState.HARD_REACHED, None),
+    ],
+)
+def test_state_follows_the_server_marks(cells: Usage, state: QuotaState, expires):
+    usage = usage_from_cells(cells, NOW)
+    assert (usage.state, usage.grace_expires_at) == (state, expires)
+
+
+def test_zero_limits_mean_no_limit():
+    usage = usage_from_cells(_usage(10, 0, 0, NO_TIMER, False), NOW)
+    assert (usage.soft, usage.hard, usage.remaining(NOW)) == (None, None, None)
+
+
+def _entry(quota_type: str, inaccurate: bool = False) -> QuotaEntry:
+    usage = QuotaUsage(used=1, inaccurate=inaccurate)
+    return QuotaEntry(quota_type, 1, None, usage, QuotaUsage(used=1))
+
+
+def test_assemble_keeps_a_partial_result():
+    report = assemble(
+        "lfs",
+        (
+            IdOutcome("user", 1, entry=_entry("user", inaccurate=True)),
+            IdOutcome("group", 2, failure=Failure("ESRCH", "grp quotas are not enabled.")),
+            IdOutcome("project", 3, entry=_entry("project"), notes=("lfs: a note",)),
+        ),
+        ("cannot read the project ID of /x: EACCES",),
+    )
+    assert [e.type for e in report.entries] == ["user", "project"]
+    assert report.inaccurate
+    assert report.errors == (
+        "group 2: ESRCH: grp quotas are not enabled.",
+        "project 3: lfs: a note",
+        "cannot read the project ID of /x: EACCES",
+    )
+
+
+def test_assemble_raises_when_nothing_was_read():
+    same = Failure("EPERM", "lfs quota: Permission denied.")
+    with pytest.raises(ProbeFailure) as failure:
+        assemble("lfs", (IdOutcome("user", 1, failure=same), IdOutcome("group", 2, failure=same)))
+    assert (failure.value.error, failure.value.message) == ("EPERM", same.message)
+    missing = Failure("ENOENT", "'lfs' is not on PATH", errno.ENOENT)
+    with pytest.raises(OSError) as os_failure:
+        assemble("lfs", (IdOutcome("user", 1, failure=missing),))
+    assert os_failure.value.errno == errno.ENOENT
+    with pytest.raises(ProbeFailure) as mixed:
+        assemble(
+            "lfs",
+            (
+                IdOutcome("user", 1, failure=Failure("TIMEOUT", "too slow")),
+                IdOutcome("group", 2, failure=Failure("EIO", "broken")),
+            ),
+        )
+    assert mixed.value.error == "TIMEOUT"
+    assert mixed.value.message == "user 1: too slow; group 2: broken"
+
+
+def _mount(fstype: str) -> Mount:
+    return Mount("/mnt/x", fstype, "src", "0:42", False)
+
+
+def test_provider_selection():
+    assert isinstance(select_provider(QuotaSettings(), _mount("lustre")), LustreQuotaProvider)
+    assert select_provider(QuotaSettings(), _mount("ext4")) is None
+    assert select_provider(QuotaSettings(), None) is None
+    assert select_provider(QuotaSettings(provider="none"), _mount("lustre")) is None
+    forced = select_provider(QuotaSettings(provider="lfs"), _mount("fuse"))
+    assert isinstance(forced, LustreQuotaProvider)
+    with pytest.raises(ValueError, match="unknown quota provider 'gpfs'"):
+        select_provider(QuotaSettings(provider="gpfs"), _mount("gpfs"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_single_flight_computes_once_for_concurrent_callers():
+    flights: SingleFlight[int] = SingleFlight()
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def compute() -> int:
+        calls.append(1)
+        gate.wait(5)
+        return 42
+
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(flights.get("k", compute, ttl=0, wait=10)))
+        for _ in range(5)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert results == [42] * 5
+    assert len(calls) == 1
+
+
+def test_single_flight_reuses_a_result_for_its_ttl_only():
+    clock = Clock()
+    flights: SingleFlight[int] = SingleFlight(clock)
+    counter = iter(range(100))
+    assert flights.get("k", lambda: next(counter), ttl=300, wait=1) == 0
+    clock.now += 299
+    assert flights.get("k", lambda: next(counter), ttl=300, wait=1) == 0
+    assert flights.get("k", lambda: next(counter), ttl=10, wait=1) == 1, "too old for this one"
+    clock.now += 301
+    assert flights.get("k", lambda: next(counter), ttl=300, wait=1) == 2
+    assert flights.get("other", lambda: next(counter), ttl=300, wait=1) == 3
+    assert flights.get("k", lambda: next(counter), ttl=0, wait=1) == 4
+
+
+def test_single_flight_waiter_gives_up_at_its_own_deadline():
+    flights: SingleFlight[int] = SingleFlight()
+    gate = threading.Event()
+    owner = threading.Thread(target=lambda: flights.get("k", lambda: gate.wait(10) and 1,
+                                                        ttl=0, wait=10))  # fmt: skip
+    owner.start()
+    time.sleep(0.1)
+    with pytest.raises(TimeoutError):
+        flights.get("k", lambda: 2, ttl=0, wait=0.2)
+    gate.set()
+    owner.join(10)
+
+
+def test_single_flight_does_not_keep_a_crash():
+    flights: SingleFlight[int] = SingleFlight()
+
+    def crash() -> int:
+        raise RuntimeError("bug")
+
+    with pytest.raises(RuntimeError):
+        flights.get("k", crash, ttl=300, wait=1)
+    assert flights.get("k", lambda: 7, ttl=300, wait=1) == 7
