@@ -32,9 +32,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from fsprobe.errors import ErrorClass, classify
 from fsprobe.model import Snapshot, Status
@@ -70,13 +70,16 @@ _REFUSING = frozenset({"quota_hard_reached", "quota_grace_expired", "readonly"})
 _NOT_ABOUT_THIS_SAVE = frozenset({"tmpdir_cross_device"})
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """What preflight decided, and why. `path` is where to write (a fallback's on redirect).
 
     `status` and `reasons` are those of the requested target (they say why a save was delayed
     or redirected); `wait_seconds` is how long preflight waited; `source` is ``"state"`` when
     the daemon's state file answered, ``"probe"`` when preflight probed itself.
+
+    An immutable record like a frozen dataclass, but a named tuple: one is made before every
+    save, and a frozen dataclass of this size takes 2 µs to build, a named tuple 0.5 µs (the
+    whole preflight from a fresh state file takes about 9 µs).
     """
 
     action: str
@@ -96,6 +99,8 @@ class Decision:
     @property
     def concerns(self) -> tuple[Reason, ...]:
         """The reasons that matter for this save (not how other tools stage in $TMPDIR)."""
+        if not self.reasons:
+            return ()
         return tuple(r for r in self.reasons if r.code not in _NOT_ABOUT_THIS_SAVE)
 
     def summary(self) -> str:
@@ -135,41 +140,47 @@ class _Judgement:
     source: str
     fit_reasons: tuple[Reason, ...] = ()
     latest_write_error: str | None = None
+    fresh_until: float = math.inf  # from the state file: when the daemon's view goes stale
 
-    def refusing(self) -> list[Reason]:
-        """Why the directory cannot take the save at all ([] if it can)."""
-        return list(self.fit_reasons) + [
+    # The properties below are computed once per judgement; a judgement from the state file is
+    # reused for as long as the file is unchanged, which is what keeps the hook in microseconds.
+
+    @functools.cached_property
+    def refusing(self) -> tuple[Reason, ...]:
+        """Why the directory cannot take the save at all (empty if it can)."""
+        return self.fit_reasons + tuple(
             r
             for r in self.reasons
             if r.code in _REFUSING or (r.code == "write_failed" and r.severity is Status.UNHEALTHY)
-        ]
-
-    def passing(self) -> list[Reason]:
-        """Trouble that may clear by itself: a hung mount, a transient write error, slowness."""
-        passing = []
-        for reason in self.reasons:
-            if (
-                reason.code in _PASSING
-                or (reason.code == "write_slow" and reason.severity is Status.UNHEALTHY)
-                or (
-                    reason.code == "write_failed"
-                    and reason.severity is Status.DEGRADED
-                    and self.latest_write_error is not None
-                    and classify(self.latest_write_error) is ErrorClass.TRANSIENT
-                )
-            ):
-                passing.append(reason)
-        return passing
-
-    def blocked(self) -> bool:
-        """Cannot take the save now: refusing, or unhealthy for a reason that may pass later."""
-        return bool(self.refusing()) or any(
-            reason.severity is Status.UNHEALTHY for reason in self.passing()
         )
 
+    @functools.cached_property
+    def passing(self) -> tuple[Reason, ...]:
+        """Trouble that may clear by itself: a hung mount, a transient write error, slowness."""
+        transient_write = self.latest_write_error is not None and (
+            classify(self.latest_write_error) is ErrorClass.TRANSIENT
+        )
+        return tuple(
+            reason
+            for reason in self.reasons
+            if reason.code in _PASSING
+            or (reason.code == "write_slow" and reason.severity is Status.UNHEALTHY)
+            or (
+                reason.code == "write_failed"
+                and reason.severity is Status.DEGRADED
+                and transient_write
+            )
+        )
+
+    @functools.cached_property
+    def blocked(self) -> bool:
+        """Cannot take the save now: refusing, or unhealthy for a reason that may pass later."""
+        return bool(self.refusing) or any(r.severity is Status.UNHEALTHY for r in self.passing)
+
+    @functools.cached_property
     def acceptable(self) -> bool:
         """Good enough to redirect a save to."""
-        return self.status is not Status.UNKNOWN and not self.refusing() and not self.passing()
+        return self.status is not Status.UNKNOWN and not self.refusing and not self.passing
 
 
 # -- remembered save sizes ----------------------------------------------------------------------
@@ -212,12 +223,12 @@ def _warn_once(message: str, level: int = logging.WARNING) -> None:
 
 
 def _reader(state_dir: str | None) -> StateReader:
+    """One reader per state directory, so that its parse cache serves every call."""
     directory = state_dir or default_state_dir()
-    with _lock:
-        reader = _readers.get(directory)
-        if reader is None:
-            reader = _readers[directory] = StateReader(directory)
-        return reader
+    reader = _readers.get(directory)
+    if reader is None:  # two threads may race here; setdefault keeps one reader for both
+        reader = _readers.setdefault(directory, StateReader(directory))
+    return reader
 
 
 def _status(label: str) -> Status:
@@ -230,25 +241,14 @@ def _judge_document(
     generated_at: float,
     need_bytes: int | None,
     need_inodes: int | None,
-    now: float,
-) -> _Judgement | None:
-    """Judge a target from its state entry; None when the entry is stale or says nothing."""
+) -> _Judgement:
+    """Judge a target from its state entry (whether it is still fresh is checked per call)."""
     updated_at = float(document.get("updated_at") or generated_at)
     interval = float((document.get("intervals") or {}).get("statvfs", DEFAULT_STATVFS_INTERVAL))
-    age = now - updated_at
-    if age > STALE_AFTER_INTERVALS * interval:
-        _warn_once(
-            f"the fsprobe state for {target} is {format_duration(age)} old (the daemon probes "
-            f"every {format_duration(interval)}): is `fsprobe run` still running? probing inline"
-        )
-        return None
-    status = _status(document["status"])
-    if status is Status.UNKNOWN:
-        return None  # the daemon has seen nothing yet; a probe of our own says more
-    reasons = [
+    reasons = tuple(
         Reason(str(r["code"]), _status(r["severity"]), str(r["message"]))
         for r in document.get("reasons", ())
-    ]
+    )
     room = document.get("headroom") or {}
     headroom = Headroom(
         bytes=room.get("bytes"),
@@ -259,24 +259,40 @@ def _judge_document(
         inodes_limited_by=room.get("inodes_limited_by"),
     )
     write = (document.get("probes") or {}).get("write") or {}
-    return _with_fit(
-        _Judgement(target, status, tuple(reasons), None, "state", (), write.get("error")),
+    return _judged(
+        target,
+        _status(document["status"]),
+        reasons,
         headroom,
         need_bytes,
         need_inodes,
+        "state",
+        latest_write_error=write.get("error"),
+        fresh_until=updated_at + STALE_AFTER_INTERVALS * interval,
     )
 
 
-def _with_fit(
-    judgement: _Judgement, headroom: Headroom, need_bytes: int | None, need_inodes: int | None
+def _judged(
+    directory: str,
+    status: Status,
+    reasons: tuple[Reason, ...],
+    headroom: Headroom,
+    need_bytes: int | None,
+    need_inodes: int | None,
+    source: str,
+    **details: Any,
 ) -> _Judgement:
-    """Add whether this save fits: a save that does not fit makes the directory unhealthy."""
+    """A judgement including whether this save fits: one that does not fit makes it unhealthy."""
     fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
-    reasons = sorted([*fit_reasons, *judgement.reasons], key=lambda r: -r.severity)
-    status = max(judgement.status, Status.UNHEALTHY) if fit_reasons else judgement.status
-    return dataclasses.replace(
-        judgement, status=status, reasons=tuple(reasons), fits=fits, fit_reasons=tuple(fit_reasons)
-    )
+    if fit_reasons:
+        status = max(status, Status.UNHEALTHY)
+        reasons = tuple(sorted([*fit_reasons, *reasons], key=lambda r: -r.severity))
+    return _Judgement(directory, status, reasons, fits, source, tuple(fit_reasons), **details)
+
+
+#: Judgements made from the state file, by directory, with the parsed file and the need they
+#: were made for: reused while the `StateReader` hands out the same parsed file.
+_state_judgements: dict[str, tuple[object, tuple[int | None, int | None], _Judgement]] = {}
 
 
 def _from_state(
@@ -295,17 +311,34 @@ def _from_state(
             logging.INFO,
         )
         return None
-    found = state.target_for(directory)
-    if found is None:
-        return None
-    target, document = found
-    try:
-        return _judge_document(
-            target, document, state.generated_at, need_bytes, need_inodes, time.time()
+    need = (need_bytes, need_inodes)
+    cached = _state_judgements.get(directory)  # entries are replaced whole, never mutated
+    if cached is not None and cached[0] is state and cached[1] == need:
+        judgement = cached[2]
+    else:
+        found = state.target_for(directory)
+        if found is None:
+            return None
+        target, document = found
+        try:
+            judgement = _judge_document(
+                target, document, state.generated_at, need_bytes, need_inodes
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            _warn_once(f"the fsprobe state for {target} is malformed ({error!r}); probing inline")
+            return None
+        _state_judgements[directory] = (state, need, judgement)
+    if judgement.status is Status.UNKNOWN:
+        return None  # the daemon has seen nothing yet; a probe of our own says more
+    now = time.time()
+    if now > judgement.fresh_until:
+        _warn_once(
+            f"the fsprobe state for {judgement.directory} is stale (last updated "
+            f"{format_duration(now - judgement.fresh_until)} past its freshness): "
+            "is `fsprobe run` still running? probing inline"
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        _warn_once(f"the fsprobe state entry for {target} is malformed ({error!r}); probing inline")
         return None
+    return judgement
 
 
 # -- inline probes --------------------------------------------------------------------------------
@@ -358,9 +391,14 @@ def _judge_all(
     need_bytes: int | None,
     need_inodes: int | None,
     state_dir: str | None,
-    settings: ProbeSettings,
+    probe_settings: Callable[[], ProbeSettings],
     fresh: bool = False,
 ) -> dict[str, _Judgement]:
+    """Judge each directory from the state file, and probe those it says nothing (fresh) about.
+
+    `probe_settings` is called only when something has to be probed: the common case, a fresh
+    state file, should not pay for building probe settings it does not use.
+    """
     judgements: dict[str, _Judgement] = {}
     unanswered = []
     for directory in dict.fromkeys(directories):
@@ -369,14 +407,20 @@ def _judge_all(
             unanswered.append(directory)
         else:
             judgements[directory] = judgement
+    if not unanswered:
+        return judgements
+    settings = probe_settings()
     now = time.time()
     for directory, snapshot in _probe_inline(unanswered, settings, fresh).items():
         verdict = evaluate(snapshot, settings.thresholds, now)
-        judgements[directory] = _with_fit(
-            _Judgement(directory, verdict.status, verdict.reasons, None, "probe"),
+        judgements[directory] = _judged(
+            directory,
+            verdict.status,
+            verdict.reasons,
             verdict.headroom,
             need_bytes,
             need_inodes,
+            "probe",
         )
     return judgements
 
@@ -394,13 +438,13 @@ def _wait_for_recovery(
         "preflight: %s is %s (%s); waiting up to %s for it to recover",
         directory,
         judgement.status.label,
-        ", ".join(r.code for r in judgement.passing()),
+        ", ".join(r.code for r in judgement.passing),
         format_seconds(max_wait),
     )
     while (remaining := until - time.monotonic()) > 0:
         time.sleep(min(POLL_SECONDS, remaining))
         judgement = judge(max(0.05, until - time.monotonic()))
-        if not judgement.passing() or judgement.refusing():
+        if not judgement.passing or judgement.refusing:
             break
     return judgement, time.monotonic() - start
 
@@ -419,7 +463,7 @@ class _Candidate:
 
 
 def _candidates(
-    requested: str, fallback_dirs: Iterable[str | os.PathLike[str]], deadline: float
+    requested: str, fallback_dirs: Sequence[str | os.PathLike[str]], deadline: float
 ) -> list[_Candidate]:
     """Where `requested` would land in each of these fallbacks, in order.
 
@@ -427,8 +471,10 @@ def _candidates(
     probes would not notice: they judge the nearest existing ancestor. So its existence is
     checked too, in the probe runner, so that a hung fallback does not hang the caller.
     """
+    candidates: list[_Candidate] = []
+    if not fallback_dirs:
+        return candidates
     directory = os.path.dirname(requested)
-    candidates = []
     for fallback in map(os.fspath, fallback_dirs):
         path = redirect_path(fallback, requested)
         if os.path.dirname(path) != directory:
@@ -445,12 +491,12 @@ def _first_acceptable(
     for candidate in candidates:
         judgement = judgements[candidate.directory]
         exists = candidate.exists.result()
-        if exists.ok and exists.value and judgement.acceptable():
+        if exists.ok and exists.value and judgement.acceptable:
             return candidate.path
         if not (exists.ok and exists.value):
             why = exists.message or "it does not exist"
         else:
-            trouble = judgement.refusing() + judgement.passing()
+            trouble = judgement.refusing + judgement.passing
             why = "; ".join(r.message for r in trouble) or judgement.status.label
         log.info("preflight: fallback %s cannot take %s: %s", candidate.fallback, requested, why)
     return None
@@ -476,13 +522,13 @@ def find_fallback(
     """
     requested = os.path.abspath(os.fspath(path))
     need = need_bytes if need_bytes is not None else expected_need(requested)
-    candidates = _candidates(requested, fallback_dirs, timeout)
+    candidates = _candidates(requested, tuple(fallback_dirs), timeout)
     judgements = _judge_all(
         [c.directory for c in candidates],
         need,
         need_inodes,
         state_dir,
-        _inline_settings(settings, quota, timeout),
+        functools.partial(_inline_settings, settings, quota, timeout),
         fresh=True,
     )
     return _first_acceptable(candidates, judgements, requested)
@@ -516,7 +562,7 @@ def preflight(
     requested = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(requested)
     need = need_bytes if need_bytes is not None else expected_need(requested)
-    probe_settings = _inline_settings(settings, quota, timeout)
+    probe_settings = functools.partial(_inline_settings, settings, quota, timeout)
     fallbacks = all_fallback_dirs(fallback_dirs) if redirect else ()
     candidates = _candidates(requested, fallbacks, timeout)
 
@@ -530,43 +576,44 @@ def preflight(
     )
     target = judgements[directory]
     waited = 0.0
-    if max_wait > 0 and target.passing() and not target.refusing():
+    if max_wait > 0 and target.passing and not target.refusing:
 
         def judge_again(deadline: float) -> _Judgement:
-            again = _inline_settings(probe_settings, None, min(timeout, deadline))
+            again = functools.partial(_inline_settings, settings, quota, min(timeout, deadline))
             return _judge_all([directory], need, need_inodes, state_dir, again, fresh=True)[
                 directory
             ]
 
         target, waited = _wait_for_recovery(directory, target, max_wait, judge_again)
 
-    def decided(action: str, where: str) -> Decision:
-        decision = Decision(
-            action=action,
-            path=where,
-            status=target.status,
-            reasons=target.reasons,
-            wait_seconds=waited,
-            source=target.source,
-            requested_path=requested,
-            need_bytes=need,
-            fits=target.fits,
-        )
-        _log_decision(decision)
-        return decision
-
-    if target.blocked():
+    action, where = ("delay" if waited else "proceed"), requested
+    if target.blocked:
         candidate = _first_acceptable(candidates, judgements, requested)
         if candidate is not None:
-            return decided("redirect", candidate)
-    if on_unhealthy == "fail" and (target.blocked() or target.status is Status.UNHEALTHY):
-        return decided("fail", requested)
-    return decided("delay" if waited else "proceed", requested)
+            action, where = "redirect", candidate
+    unhealthy = target.blocked or target.status is Status.UNHEALTHY
+    if action != "redirect" and on_unhealthy == "fail" and unhealthy:
+        action = "fail"
+    decision = Decision(
+        action=action,
+        path=where,
+        status=target.status,
+        reasons=target.reasons,
+        wait_seconds=waited,
+        source=target.source,
+        requested_path=requested,
+        need_bytes=need,
+        fits=target.fits,
+    )
+    _log_decision(decision)
+    return decision
 
 
 def _log_decision(decision: Decision) -> None:
-    need = f" (need {format_bytes(decision.need_bytes)})" if decision.need_bytes else ""
     level = logging.WARNING if decision.concerns or decision.action != "proceed" else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
+    need = f" (need {format_bytes(decision.need_bytes)})" if decision.need_bytes else ""
     log.log(
         level,
         "preflight %s%s from %s: %s",

@@ -59,6 +59,8 @@ def all_fallback_dirs(
     given: Iterable[str] = (), environ: Mapping[str, str] = os.environ
 ) -> tuple[str, ...]:
     """The caller's fallback directories, then those of the environment, each once, absolute."""
+    if not given and not environ.get(FALLBACK_ENV):
+        return ()  # the common case, on the path of every save
     seen: dict[str, None] = {}
     for directory in (*given, *fallback_dirs_from_env(environ)):
         seen.setdefault(os.path.abspath(os.fspath(directory)), None)

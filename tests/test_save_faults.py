@@ -4,10 +4,12 @@ tmpfs): transient write errors, a dead filesystem, a saver killed mid-write, $TM
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -181,3 +183,39 @@ def test_temp_file_is_in_the_target_directory_even_with_tmpdir_elsewhere(
     assert seen["size_during"] > 0
     assert_same_state(torch.load(target_dir / "model.pt"), state)
     assert os.listdir(staging.path) == []
+
+
+def test_a_brief_quota_bounce_is_ridden_out_by_the_retry(faultfs):
+    target = faultfs.mountpoint / "model.pt"
+    state = model_state()
+    used = faultfs.ctl.quota()["bytes"]["used"]
+    faultfs.ctl.set_quota("bytes", hard=used + 64 * 1024)  # a sibling job filled the quota
+
+    def sleep(seconds: float) -> None:  # ... and cleaned up while this save backed off
+        sleeps.append(seconds)
+        faultfs.ctl.lift_quota()
+
+    sleeps: list[float] = []
+    result = fsprobe.save(state, target, backoff=Backoff(sleep=sleep))
+    assert result.errors == ("EDQUOT",) and result.attempts == 2 and not result.redirected
+    assert len(sleeps) == 1
+    assert_same_state(torch.load(target), state)
+    assert temp_files(faultfs.mountpoint) == []
+
+
+def test_a_hung_mount_is_waited_out_and_the_save_completes(faultfs, caplog):
+    target_dir = faultfs.mountpoint / "ckpt"
+    target_dir.mkdir()
+    state = model_state()
+    rule = faultfs.ctl.block("*")  # every call hangs, as on a Lustre server failover
+    release = threading.Timer(2.5, faultfs.ctl.remove, args=(rule,))
+    release.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="fsprobe"):
+            result = fsprobe.save(state, target_dir / "model.pt", max_wait=30, timeout=1.0)
+    finally:
+        release.cancel()
+    assert result.attempts == 1 and result.errors == ()
+    assert_same_state(torch.load(target_dir / "model.pt"), state)
+    assert "mount_stuck" in caplog.text and "waiting up to 30.0 s" in caplog.text
+    assert "delay (target" in caplog.text

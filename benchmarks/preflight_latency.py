@@ -1,0 +1,93 @@
+"""Preflight latency with a fresh state file, against a bare `os.statvfs` of the same directory.
+
+DESIGN §10: the hook a trainer calls before every save must cost about what a statvfs costs
+(goal: median within 8x). Both are timed call by call, interleaved in rounds so that both see
+the same machine; the medians and their ratio are printed.
+
+    python benchmarks/preflight_latency.py [--dir DIR] [--calls 20000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import fsprobe
+from fsprobe.state import write_state
+
+
+def publish_fresh_state(state_dir: str, target: str) -> None:
+    """A state file as the daemon writes it, for `target`, just updated."""
+    entry = fsprobe.check(target, write_probe=False, quota_provider="none").to_dict()
+    entry.update(intervals={"statvfs": 15.0, "tmpdir": 60.0}, updated_at=time.time())
+    write_state(state_dir, {"generated_at": time.time(), "targets": {target: entry}})
+
+
+def timed(function, calls: int) -> list[float]:
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(calls):
+        start = clock()
+        function()
+        samples.append((clock() - start) / 1e3)
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", help="target directory (default: a new temp dir)")
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
+    options = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="fsprobe-bench-") as scratch:
+        target = os.path.abspath(options.dir or os.path.join(scratch, "ckpt"))
+        os.makedirs(target, exist_ok=True)
+        state_dir = os.path.join(scratch, "state")
+        publish_fresh_state(state_dir, target)
+        path = os.path.join(target, "model.pt")
+        decision = fsprobe.preflight(path, need_bytes=1 << 30, state_dir=state_dir)
+        if decision.source != "state":
+            print(f"the state file was not used: {decision}", file=sys.stderr)
+            return 1
+
+        per_round = max(1, options.calls // options.rounds)
+        bare, hook = [], []
+        for _ in range(options.rounds):
+            bare += timed(lambda: os.statvfs(target), per_round)
+            hook += timed(
+                lambda: fsprobe.preflight(path, need_bytes=1 << 30, state_dir=state_dir),
+                per_round,
+            )
+    result = {
+        "calls": len(hook),
+        "statvfs_median_us": statistics.median(bare),
+        "preflight_median_us": statistics.median(hook),
+        "statvfs_p99_us": statistics.quantiles(bare, n=100)[98],
+        "preflight_p99_us": statistics.quantiles(hook, n=100)[98],
+    }
+    result["median_ratio"] = result["preflight_median_us"] / result["statvfs_median_us"]
+    if options.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['calls']} calls each, interleaved in {options.rounds} rounds")
+        print(
+            f"os.statvfs          median {result['statvfs_median_us']:8.2f} us"
+            f"   p99 {result['statvfs_p99_us']:8.2f} us"
+        )
+        print(
+            f"fsprobe.preflight   median {result['preflight_median_us']:8.2f} us"
+            f"   p99 {result['preflight_p99_us']:8.2f} us"
+        )
+        print(f"median ratio        {result['median_ratio']:.2f}x  (goal: within 8x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
