@@ -49,7 +49,6 @@ from fsprobe.units import format_bytes, format_duration, format_seconds
 
 log = logging.getLogger("fsprobe.preflight")
 
-ACTIONS = ("proceed", "delay", "redirect", "fail")
 ON_UNHEALTHY = ("proceed", "fail")
 DEFAULT_TIMEOUT = 10.0
 #: How long an inline probe result is reused: about one statvfs interval of the daemon.
@@ -187,13 +186,25 @@ class _Judgement:
 
 _lock = threading.Lock()
 _last_sizes: dict[str, int] = {}  # by file path and by directory
+#: The per-directory memories below are bounded: a run saving into ``epoch-<n>/`` directories
+#: for weeks must not grow them without end. The oldest entry goes first.
+MEMORY_ENTRIES = 1024
+
+
+def _remember(memory: dict, key: object, value: object) -> None:
+    """Set `memory[key]`, forgetting the oldest entry once there are too many."""
+    memory.pop(key, None)  # re-inserted last: the most recently used is kept longest
+    memory[key] = value
+    while len(memory) > MEMORY_ENTRIES:
+        memory.pop(next(iter(memory)))
 
 
 def remember_save(path: str, nbytes: int) -> None:
     """Remember the size of a successful save, as the default need of the next one there."""
     path = os.path.abspath(path)
     with _lock:
-        _last_sizes[path] = _last_sizes[os.path.dirname(path)] = nbytes
+        _remember(_last_sizes, path, nbytes)
+        _remember(_last_sizes, os.path.dirname(path), nbytes)
 
 
 def expected_need(path: str) -> int | None:
@@ -214,11 +225,12 @@ _readers: dict[str, StateReader] = {}
 _warned: set[str] = set()
 
 
-def _warn_once(message: str, level: int = logging.WARNING) -> None:
+def _warn_once(key: str, message: str, level: int = logging.WARNING) -> None:
+    """Log `message` the first time `key` comes up in this process: a trainer saves often."""
     with _lock:
-        if message in _warned:
+        if key in _warned:
             return
-        _warned.add(message)
+        _warned.add(key)
     log.log(level, "%s", message)
 
 
@@ -302,10 +314,13 @@ def _from_state(
     try:
         state = reader.read()
     except (StateFileError, OSError) as error:
-        _warn_once(f"not using the fsprobe state file: {error}; probing inline instead")
+        _warn_once(
+            f"state:{error}", f"not using the fsprobe state file: {error}; probing inline instead"
+        )
         return None
     if state is None:
         _warn_once(
+            f"absent:{reader.path}",
             f"no fsprobe state file at {reader.path} (no `fsprobe run` on this node?); "
             "probing inline instead",
             logging.INFO,
@@ -325,17 +340,23 @@ def _from_state(
                 target, document, state.generated_at, need_bytes, need_inodes
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
-            _warn_once(f"the fsprobe state for {target} is malformed ({error!r}); probing inline")
+            _warn_once(
+                f"malformed:{target}",
+                f"the fsprobe state for {target} is malformed ({error!r}); probing inline",
+            )
             return None
-        _state_judgements[directory] = (state, need, judgement)
+        with _lock:
+            _remember(_state_judgements, directory, (state, need, judgement))
     if judgement.status is Status.UNKNOWN:
         return None  # the daemon has seen nothing yet; a probe of our own says more
     now = time.time()
     if now > judgement.fresh_until:
         _warn_once(
-            f"the fsprobe state for {judgement.directory} is stale (last updated "
-            f"{format_duration(now - judgement.fresh_until)} past its freshness): "
-            "is `fsprobe run` still running? probing inline"
+            f"stale:{judgement.directory}",
+            f"the fsprobe state for {judgement.directory} went stale "
+            f"{format_duration(now - judgement.fresh_until)} ago (no update for "
+            f"{STALE_AFTER_INTERVALS:g} daemon intervals): is `fsprobe run` still running? "
+            "probing inline",
         )
         return None
     return judgement
@@ -344,7 +365,7 @@ def _from_state(
 # -- inline probes --------------------------------------------------------------------------------
 
 _runner = ProbeRunner()
-_inline_cache: dict[str, tuple[float, Snapshot]] = {}
+_inline_cache: dict[tuple[str, QuotaSettings], tuple[float, Snapshot]] = {}
 
 
 def _inline_settings(
@@ -369,8 +390,9 @@ def _probe_inline(
     runs = {}
     now = time.monotonic()
     for directory in directories:
+        key = (directory, settings.quota)  # a probe with quota is not one without
         with _lock:
-            cached = _inline_cache.get(directory)
+            cached = _inline_cache.get(key)
         if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
             snapshots[directory] = cached[1]
             continue
@@ -381,7 +403,7 @@ def _probe_inline(
     for directory, by_kind in runs.items():
         snapshot = Snapshot(directory, {kind: run.result() for kind, run in by_kind.items()})
         with _lock:
-            _inline_cache[directory] = (time.monotonic(), snapshot)
+            _remember(_inline_cache, (directory, settings.quota), (time.monotonic(), snapshot))
         snapshots[directory] = snapshot
     return snapshots
 

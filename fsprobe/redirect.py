@@ -342,7 +342,7 @@ def forget(requested: str, fallback_dirs: Iterable[str]) -> list[str]:
                 and info.st_uid == os.geteuid()
             ):
                 os.unlink(entry.actual)
-                _remove_mirrored_dirs(fallback, entry.actual)
+                remove_mirrored_dirs(fallback, entry.actual)
                 removed.append(entry.actual)
         if entries:
             _rewrite(fallback, set(entries))
@@ -351,28 +351,21 @@ def forget(requested: str, fallback_dirs: Iterable[str]) -> list[str]:
 
 # -- sync ---------------------------------------------------------------------------------------
 
-#: What happened to an entry: synced, would_sync (dry run), waiting (target not ready),
-#: superseded (a newer checkpoint is at the original path; kept), pruned (superseded, removed),
-#: replaced (a later save overwrote that fallback file), missing (fallback file gone),
-#: checksum_mismatch, skipped (not ours to touch), failed (the copy failed).
-SYNC_ACTIONS = (
-    "synced",
-    "would_sync",
-    "waiting",
-    "superseded",
-    "pruned",
-    "replaced",
-    "missing",
-    "checksum_mismatch",
-    "skipped",
-    "failed",
-)
 #: Outcomes after which the entry leaves the manifest.
 _DONE = frozenset({"synced", "pruned", "replaced", "missing"})
 
 
 @dataclass(frozen=True)
 class SyncOutcome:
+    """What `sync` did with one entry; `action` is one of:
+
+    ``synced``, ``would_sync`` (dry run), ``waiting`` (the target cannot take it yet),
+    ``superseded`` (a newer checkpoint is at the original path; both kept), ``pruned``
+    (superseded, and the copy removed), ``replaced`` (a later save overwrote that fallback file),
+    ``missing`` (the fallback file is gone), ``checksum_mismatch``, ``skipped`` (not ours to
+    touch), ``failed`` (the copy failed).
+    """
+
     entry: Entry
     action: str
     message: str
@@ -409,7 +402,7 @@ def _copy_verified(source: str, expected: str):
     return write
 
 
-def _remove_mirrored_dirs(fallback: str, actual: str) -> None:
+def remove_mirrored_dirs(fallback: str, actual: str) -> None:
     """Remove the now empty mirrored directories of `actual`, up to (not including) `fallback`."""
     directory = os.path.dirname(actual)
     root = os.path.abspath(fallback)
@@ -472,7 +465,7 @@ def _sync_one(
         if dry_run:
             return outcome("superseded", f"would remove {entry.actual}: the original is newer")
         os.unlink(entry.actual)
-        _remove_mirrored_dirs(entry.fallback, entry.actual)
+        remove_mirrored_dirs(entry.fallback, entry.actual)
         return outcome("pruned", f"removed {entry.actual}: {entry.requested} is newer")
     if dry_run:
         return outcome("would_sync", f"would copy {entry.actual} back to {entry.requested}")
@@ -489,7 +482,7 @@ def _sync_one(
     except SaveError as error:
         return outcome("failed", f"copying back to {entry.requested} failed: {error}")
     os.unlink(entry.actual)
-    _remove_mirrored_dirs(entry.fallback, entry.actual)
+    remove_mirrored_dirs(entry.fallback, entry.actual)
     return outcome("synced", f"copied {entry.actual} back to {entry.requested} (sha256 verified)")
 
 

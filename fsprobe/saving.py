@@ -39,6 +39,8 @@ from fsprobe.redirect import (
     new_entry,
     prepare_directory,
     record,
+    redirect_path,
+    remove_mirrored_dirs,
     sha256_of,
 )
 from fsprobe.stale import remove_stale_temps
@@ -295,12 +297,15 @@ def _remove_temp(temporary: str) -> None:
         log.warning("could not remove the temp file %s: %s", temporary, error)
 
 
-def _fallback_root(path: str, fallbacks: Iterable[str]) -> str | None:
-    """The fallback directory that `path` is a redirect into, or None for the requested path."""
-    for fallback in fallbacks:
-        if path.startswith(fallback.rstrip("/") + "/"):
-            return fallback
-    return None
+def _fallback_of(destination: str, requested: str, fallbacks: Iterable[str]) -> str | None:
+    """The fallback that `destination` is the redirect of `requested` into, or None.
+
+    Compared exactly, not by prefix: a fallback may well contain the target (``/scratch`` and
+    ``/scratch/run7/ckpt``), and a save to the target is then still no redirect.
+    """
+    if destination == requested:
+        return None
+    return next((f for f in fallbacks if redirect_path(f, requested) == destination), None)
 
 
 def _preflight_failure(requested: str, decision: Decision) -> SaveError:
@@ -360,7 +365,7 @@ def atomic_write(
     given_up: set[str] = set()  # fallbacks that failed for capacity or for good
     cleaned: set[str] = set()
     for attempt in range(1, attempts + 1):
-        fallback = _fallback_root(destination, fallbacks)
+        fallback = _fallback_of(destination, requested, fallbacks)
         try:
             if fallback is not None:
                 try:
@@ -373,6 +378,8 @@ def atomic_write(
                 remove_stale_temps(directory)
             size = _write_once(destination, write, fsync)
         except _Failure as failure:
+            if fallback is not None:  # leave no empty mirrored directories in a fallback
+                remove_mirrored_dirs(fallback, destination)
             failures.append(FailedAttempt(failure.errno, failure.step, failure.message))
             kind = classify(failure.errno)
             if attempt == attempts:

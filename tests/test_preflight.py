@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 import threading
 import time
 
@@ -265,3 +267,14 @@ def test_decision_summary_and_dict_say_what_happened(dirs):
 def test_bad_on_unhealthy_is_refused(dirs):
     with pytest.raises(ValueError, match="on_unhealthy"):
         fsprobe.preflight(os.path.join(dirs[0], "m.pt"), on_unhealthy="maybe")
+
+
+def test_remembered_sizes_stay_bounded_for_runs_that_save_into_new_directories(monkeypatch):
+    module = sys.modules["fsprobe.preflight"]  # `fsprobe.preflight` is the function
+    monkeypatch.setattr(module, "MEMORY_ENTRIES", 4)
+    monkeypatch.setattr(module, "_last_sizes", {})
+    for epoch in range(10):
+        module.remember_save(f"/ckpt/epoch-{epoch}/model.pt", 1000 + epoch)
+    assert len(module._last_sizes) == 4
+    assert module.expected_need("/ckpt/epoch-9/model.pt") == math.ceil(1009 * 1.1)
+    assert module.expected_need("/ckpt/epoch-0/model.pt") is None  # forgotten

@@ -323,3 +323,39 @@ def test_sync_human_output_names_each_entry(setup):
     )
     assert done.returncode == 0, done.stderr
     assert "synced" in done.stdout and str(setup.target / "model.pt") in done.stdout
+
+
+def test_a_full_fallback_is_given_up_for_the_next_one(tmpfs, tmp_path):
+    target, first = tmpfs(size="256k"), tmpfs(size="256k")  # both too small for 1 MiB
+    second = tmp_path / "fallback"
+    second.mkdir()
+    result = fsprobe.save(
+        model_state(),
+        target.path / "model.pt",
+        fallback_dirs=[first.path, second],
+        backoff=no_sleep(),
+    )
+    assert result.errors == ("ENOSPC", "ENOSPC") and result.attempts == 3
+    assert result.path == str(second) + str(target.path / "model.pt")
+    assert os.listdir(target.path) == [] and os.listdir(first.path) == []  # nothing left over
+    assert manifest_lines(second)[0]["actual"] == result.path
+
+
+def test_a_read_only_fallback_is_not_chosen(tmpfs, tmp_path, setup):
+    readonly = tmpfs(size="1M")
+    subprocess.run(["mount", "-o", "remount,ro", str(readonly.path)], check=True)
+    setup.mark_target("unhealthy", [("readonly", "the target is mounted read-only")])
+    decision = fsprobe.preflight(
+        setup.target / "model.pt",
+        fallback_dirs=[readonly.path, setup.fallback],
+        state_dir=str(setup.state),
+    )
+    assert decision.action == "redirect" and decision.path.startswith(str(setup.fallback) + "/")
+
+
+def test_a_fallback_that_contains_the_target_is_not_mistaken_for_a_redirect(tmp_path):
+    target = tmp_path / "run" / "ckpt"
+    target.mkdir(parents=True)
+    result = fsprobe.save({"step": 1}, target / "model.pt", fallback_dirs=[tmp_path])
+    assert not result.redirected and result.path == str(target / "model.pt")
+    assert not (tmp_path / redirect.MANIFEST).exists()
