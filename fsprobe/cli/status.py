@@ -73,11 +73,11 @@ def _headroom(target: Mapping[str, Any], resource: str, fmt) -> str:
     left, ratio = headroom.get(resource), headroom.get(f"{resource}_ratio")
     if left is None:
         return "-"
-    text = fmt(left) + (f" ({format_percent(ratio)})" if ratio is not None else "")
+    notes = [format_percent(ratio)] if ratio is not None else []
     limited_by = headroom.get(f"{resource}_limited_by") or "filesystem"
     if limited_by != "filesystem":
-        text += f" {limited_by.split(':', 1)[1]} quota"
-    return text
+        notes.append(f"{limited_by.split(':', 1)[1]} quota")
+    return fmt(left) + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _quota(target: Mapping[str, Any]) -> str:

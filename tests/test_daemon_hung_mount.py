@@ -1,0 +1,150 @@
+"""A hung mount (FUSE `statfs` blocked until released) against a running `fsprobe run`.
+
+The daemon must keep answering scrapes at once, mark the target stuck (and leave its value
+series out), hold its thread count, stop within a second if asked, and recover by itself when
+the mount comes back.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fsprobe.state import StateReader
+from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+
+#: The daemon's own threads beside the probe workers: main, scheduler, HTTP server, and a
+#: connection thread or two while a scrape is being served.
+CONSTANT_THREADS = 5
+KINDS = 3  # statvfs, write, tmpdir (quota and lfs df are off)
+
+
+def start_daemon(tmp_path: Path, target: Path) -> DaemonProcess:
+    config = tmp_path / "fsprobe.toml"
+    config.write_text(
+        "[defaults]\n"
+        "statvfs_interval = 0.3\n"
+        "write_interval = 0.5\n"
+        "tmpdir_interval = 0.5\n"
+        "deadline = 1\n"
+        'write_bytes = "4K"\n'
+        'quota_probe = "never"\n'
+        f'[[targets]]\npath = "{target}"\n'
+    )
+    daemon = DaemonProcess(
+        tmp_path, "--config", str(config), env=clean_environment(TMPDIR=str(target))
+    )
+    daemon.start()
+    path = str(target)
+    daemon.wait_for_value("fsprobe_health_status", 0.0, path=path)
+    daemon.wait_for_value("fsprobe_probe_success", 1.0, path=path, probe="write")
+    assert daemon.value("fsprobe_filesystem_files_free", path=path) is not None
+    return daemon
+
+
+#: The value series that must be left out (not zeroed) while the mount is stuck.
+VALUE_SERIES = (
+    "fsprobe_filesystem_",
+    "fsprobe_headroom_",
+    "fsprobe_quota_",
+    "fsprobe_lustre_",
+    "fsprobe_tmpdir_",
+)
+
+
+def sample_names(body: bytes) -> set[str]:
+    return {
+        sample.name
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+def timed_scrape(daemon: DaemonProcess) -> tuple[float, bytes]:
+    start = time.monotonic()
+    status, body = daemon.get(timeout=2.0)
+    elapsed = time.monotonic() - start
+    assert status == 200
+    return elapsed, body
+
+
+def test_a_hung_mount_blocks_one_worker_never_the_daemon_and_recovers(tmp_path, faultfs):
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    path = str(target)
+    daemon = start_daemon(tmp_path, target)
+    try:
+        rule = faultfs.ctl.block("statfs")
+        daemon.wait_for_value("fsprobe_mount_stuck", 1.0, timeout=5.0, path=path)
+        assert daemon.value("fsprobe_health_status", path=path) == 2.0
+        assert daemon.value("fsprobe_probe_success", path=path, probe="statvfs") == 0.0
+
+        latencies, threads = [], []
+        watch_until = time.monotonic() + 4.0  # 13 statvfs intervals, 8 of the others
+        while time.monotonic() < watch_until:
+            elapsed, body = timed_scrape(daemon)
+            latencies.append(elapsed)
+            threads.append(daemon.threads())
+            values = sample_names(body)
+            assert "fsprobe_mount_stuck" in values and "fsprobe_health_status" in values
+            hidden = {name for name in values if name.startswith(VALUE_SERIES)}
+            assert not hidden, f"value series of a stuck mount are exported: {hidden}"
+            time.sleep(0.1)
+        assert max(latencies) < 0.1, f"slowest scrape {max(latencies) * 1000:.0f} ms"
+        assert max(threads) <= KINDS + CONSTANT_THREADS, threads
+        assert threads[-1] <= threads[0] + 1, threads  # not growing interval after interval
+        assert faultfs.ctl.rule(rule)["waiting"] == 1  # one blocked worker, not one per interval
+
+        code, out, _err = run_fsprobe("status", "--state-dir", str(daemon.state_dir))
+        assert code == 2 and "unhealthy" in out and "mount_stuck" in out
+
+        faultfs.ctl.remove(rule)
+        daemon.wait_for_value("fsprobe_mount_stuck", 0.0, timeout=5.0, path=path)
+        daemon.wait_for_value("fsprobe_health_status", 0.0, timeout=5.0, path=path)
+        assert daemon.value("fsprobe_filesystem_files_free", path=path) is not None
+        assert daemon.value("fsprobe_headroom_inodes", path=path) is not None
+        log = daemon.log()
+        assert log.count("event=mount_stuck") == 1, log  # published once, not every interval
+        assert f"event=mount_stuck target={path} probe=statvfs errno=TIMEOUT" in log
+        assert "event=probe_returned" in log
+        errors = daemon.value(
+            "fsprobe_probe_errors_total", path=path, probe="statvfs", errno="TIMEOUT"
+        )
+        assert errors is not None and errors >= 1
+    finally:
+        daemon.stop()
+
+
+def test_sigterm_while_a_probe_hangs_stops_serving_within_a_second(tmp_path, faultfs):
+    """The daemon stops everything it controls within a second. The process itself can only
+    exit once the kernel lets go of the thread stuck in `statfs`: a FUSE request already
+    handed to the filesystem is waited out even by a fatal signal (NFS and Lustre hard mounts
+    behave alike). So that is asserted after the release."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    daemon = start_daemon(tmp_path, target)
+    rule = faultfs.ctl.block("statfs")
+    try:
+        faultfs.ctl.wait_blocked(rule, timeout=5.0)
+        daemon.wait_for_value("fsprobe_mount_stuck", 1.0, timeout=5.0, path=str(target))
+        host, port = daemon.url.split("//")[1].split("/")[0].rsplit(":", 1)
+        start = time.monotonic()
+        daemon.send(signal.SIGTERM)
+        daemon.wait_for_log("event=stopped", timeout=5.0)
+        elapsed = time.monotonic() - start
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=1.0)
+        state = StateReader(str(daemon.state_dir)).read()
+    finally:
+        faultfs.ctl.remove(rule)
+    assert daemon.wait(timeout=5) == 0, daemon.log()
+    assert elapsed < 1.0, f"took {elapsed:.2f} s to stop"
+    report = state.targets[str(target)]
+    assert report["status"] == "unhealthy"
+    assert "mount_stuck" in [reason["code"] for reason in report["reasons"]]
+    assert report["probes"]["statvfs"]["stuck"] is True
