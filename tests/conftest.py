@@ -7,9 +7,10 @@
   over an empty backing directory: ``.mountpoint``, ``.backing``, and ``.ctl``, the control
   client (:class:`tests.support.faultctl.FaultControl`) that injects errors, delays, blocked
   calls, quota and statfs numbers.
-- ``faultfs_factory``: ``faultfs_factory(backing=None, mountpoint=None, direct_io=False)`` for
-  more than one fault filesystem, or one over a backing directory of the test's choosing
-  (a tmpfs, say, to combine injected faults with a real ENOSPC).
+- ``faultfs_factory``: ``faultfs_factory(backing=None, mountpoint=None, **options)`` for more
+  than one fault filesystem, or one over a backing directory of the test's choosing (a tmpfs,
+  say, to combine injected faults with a real ENOSPC); `options` go to ``FaultFS``
+  (``direct_io``, ``max_block``).
 
 A test that uses any of them is marked ``mount`` automatically. Where the machine cannot
 mount (not root, no /dev/fuse, no fusermount3, a probe mount fails) such a test is skipped
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -68,7 +69,7 @@ def faultfs_factory(tmp_path: Path) -> Iterator[Callable[..., FaultFS]]:
     started: list[FaultFS] = []
 
     def make(
-        backing: Path | None = None, mountpoint: Path | None = None, direct_io: bool = False
+        backing: Path | None = None, mountpoint: Path | None = None, **options: Any
     ) -> FaultFS:
         home = tmp_path / f"faultfs{len(started)}"
         if backing is None:
@@ -77,7 +78,7 @@ def faultfs_factory(tmp_path: Path) -> Iterator[Callable[..., FaultFS]]:
         if mountpoint is None:
             mountpoint = home / "mnt"
             mountpoint.mkdir(parents=True)
-        fs = FaultFS(backing, mountpoint, direct_io=direct_io)
+        fs = FaultFS(backing, mountpoint, **options)
         started.append(fs)
         return fs.start()
 

@@ -79,7 +79,11 @@ class FaultControl:
         after: int = 0,
         times: int | None = None,
     ) -> int:
-        """Sleep `seconds` before each matching call of `op` (all of them unless `times`)."""
+        """Hold each matching call of `op` for `seconds` (all of them unless `times`).
+
+        Also the way to hang a call that a test must then wait out: a blocked call keeps its
+        process from exiting until the rule is removed, a delayed one ends by itself.
+        """
         return self.request("delay", op=op, seconds=seconds, path=path, after=after, times=times)[
             "id"
         ]
@@ -87,7 +91,11 @@ class FaultControl:
     def block(
         self, op: str, *, path: str | None = None, after: int = 0, times: int | None = None
     ) -> int:
-        """Hold matching calls of `op` until the rule is removed (``block("*")``: a hung mount)."""
+        """Hold matching calls of `op` until the rule is removed (``block("*")``: a hung mount).
+
+        The held thread sleeps uninterruptibly, as on a hung NFS mount: its process cannot
+        exit (nor close its pipes) before :meth:`remove`. See :mod:`tests.support.faults`.
+        """
         return self.request("block", op=op, path=path, after=after, times=times)["id"]
 
     def remove(self, rule_id: int) -> None:
@@ -109,7 +117,7 @@ class FaultControl:
         raise FaultControlError(f"no rule with id {rule_id}")
 
     def wait_blocked(self, rule_id: int, count: int = 1, timeout: float = 10.0) -> None:
-        """Wait until `count` calls are held by block rule `rule_id`; TimeoutError if not."""
+        """Wait until `count` calls are held by block or delay rule `rule_id`, or TimeoutError."""
         deadline = time.monotonic() + timeout
         while self.rule(rule_id)["waiting"] < count:
             if time.monotonic() >= deadline:

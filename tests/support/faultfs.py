@@ -8,7 +8,9 @@ Run it as its own process (a hung operation must never hang the test process)::
 you, and the pytest fixtures ``faultfs`` / ``faultfs_factory`` wrap that). Every operation on
 MOUNTPOINT is carried out on BACKING, after the fault rules (:mod:`tests.support.faults`) and
 the quota (:mod:`tests.support.quota`) had their say. libfuse serves requests on up to
-``--max-threads`` threads, so one blocked call does not block the others.
+``--max-threads`` threads, so one blocked call does not block the others; a blocked call is let
+go after ``--max-block`` seconds (default 120) with an error in the log, a safety net against a
+test that forgets to release it.
 
 Control protocol
 ----------------
@@ -64,12 +66,12 @@ covers the whole tree whichever user, group or project asks.
 Limits of the illusion
 ----------------------
 - FUSE carries no read-only flag in statfs: ``set_readonly`` gives EROFS but ``statvfs`` still
-  shows the mount as writable (remount it read-only for that), and ``f_favail`` always equals
-  ``f_ffree``.
+  shows the mount as writable (``FaultFS.remount(readonly=True)`` sets the flag), and
+  ``f_favail`` always equals ``f_ffree``.
 - Usage is tracked from the calls that pass through the mount; after changing BACKING directly,
   send ``rescan``.
-- renameat2() flags (RENAME_NOREPLACE, RENAME_EXCHANGE) are refused with EINVAL, as the
-  kernel does for filesystems without them; plain rename works.
+- renameat2() supports RENAME_NOREPLACE; RENAME_EXCHANGE and RENAME_WHITEOUT are refused with
+  EINVAL, as the kernel does for filesystems without them.
 - xattrs, ioctls (project IDs) and fallocate are not implemented: they fail with ENOTSUP/ENOTTY.
 """
 
@@ -92,7 +94,7 @@ from typing import Any, Callable
 
 import mfusepy
 
-from .faults import Faults
+from .faults import DEFAULT_MAX_HOLD, Faults
 from .quota import Quota, scan_usage
 
 log = logging.getLogger("faultfs")
@@ -122,6 +124,8 @@ _STAT_FIELDS = (
 )
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
+
+_RENAME_NOREPLACE = 1  # <linux/fs.h>
 
 # utimensat()'s special nanosecond values (<sys/stat.h>).
 _UTIME_NOW = (1 << 30) - 1
@@ -153,9 +157,9 @@ class FaultOperations(mfusepy.Operations):
 
     use_ns = True  # getattr/utimens speak nanoseconds
 
-    def __init__(self, backing: str) -> None:
+    def __init__(self, backing: str, max_hold: float = DEFAULT_MAX_HOLD) -> None:
         self.root = os.path.realpath(backing)
-        self.faults = Faults()
+        self.faults = Faults(max_hold)
         self.quota = Quota()
         self.statfs_overrides: dict[str, int] = {}
         self.mounted = threading.Event()
@@ -296,8 +300,11 @@ class FaultOperations(mfusepy.Operations):
             self._freed(st)
         return 0
 
-    def rename(self, old: str, new: str) -> int:
+    def rename(self, old: str, new: str, flags: int = 0) -> int:
+        """rename(2), and renameat2() with RENAME_NOREPLACE; other flags are refused."""
         self.faults.gate("rename", old, new, mutating=True)
+        if flags & ~_RENAME_NOREPLACE:
+            raise OSError(errno.EINVAL, "only RENAME_NOREPLACE is supported")
         src, dst = self._real(old), self._real(new)
         with self.quota.lock:
             moved = os.lstat(src)
@@ -305,6 +312,8 @@ class FaultOperations(mfusepy.Operations):
                 replaced: os.stat_result | None = os.lstat(dst)
             except FileNotFoundError:
                 replaced = None
+            if replaced is not None and flags & _RENAME_NOREPLACE:
+                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST))
             os.rename(src, dst)
             if replaced is not None and (replaced.st_dev, replaced.st_ino) != (
                 moved.st_dev,
@@ -419,15 +428,14 @@ class FaultOperations(mfusepy.Operations):
 class _FUSE(mfusepy.FUSE):
     """mfusepy's FUSE with two callbacks that keep what mfusepy would lose.
 
-    mfusepy drops the flags of renameat2() (turning RENAME_NOREPLACE into a plain, replacing
+    mfusepy drops the flags of renameat2() (which would turn RENAME_EXCHANGE into a plain
     rename) and folds utimensat()'s timespecs into one number, which loses UTIME_NOW and
     UTIME_OMIT (libfuse leaves their tv_sec uninitialised).
     """
 
     def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
-        if flags:
-            return -errno.EINVAL
-        return super().rename_fuse_3(old, new, flags)
+        decode = self.encoding, self.errors
+        return self.operations.rename(old.decode(*decode), new.decode(*decode), flags)
 
     def utimens_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
         times = None
@@ -613,6 +621,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--direct-io", action="store_true", help="bypass the page cache (no mmap of files)"
     )
+    parser.add_argument(
+        "--max-block",
+        type=float,
+        default=DEFAULT_MAX_HOLD,
+        help="let a blocked call go after this many seconds, with an error in the log",
+    )
+    # libfuse 3.14.0 ignores this (it starts threads as needed); later versions default to 10.
     parser.add_argument("--max-threads", type=int, default=64, help="libfuse worker threads")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
     args = parser.parse_args(argv)
@@ -624,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     os.umask(0)  # modes come from the caller, already masked by the kernel
     mountpoint = os.path.realpath(args.mountpoint)
-    ops = FaultOperations(args.backing)
+    ops = FaultOperations(args.backing, args.max_block)
     server = ControlServer(args.control, Controller(ops, mountpoint))
     threading.Thread(target=server.serve_forever, name="faultfs-control", daemon=True).start()
     finished = threading.Event()

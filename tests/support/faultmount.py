@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from .faultctl import FaultControl, FaultControlError
+from .faults import DEFAULT_MAX_HOLD
 from .mountinfo import is_mounted, unmount
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,10 +37,12 @@ class FaultFS:
         mountpoint: str | os.PathLike[str],
         *,
         direct_io: bool = False,
+        max_block: float = DEFAULT_MAX_HOLD,
     ) -> None:
         self.backing = Path(backing)
         self.mountpoint = Path(mountpoint)
         self.direct_io = direct_io
+        self.max_block = max_block
         # A private short directory: a Unix socket path must fit in 108 bytes.
         self._rundir = Path(tempfile.mkdtemp(prefix="faultfs-"))
         self.socket_path = self._rundir / "control.sock"
@@ -58,6 +61,8 @@ class FaultFS:
             str(self.mountpoint),
             "--control",
             str(self.socket_path),
+            "--max-block",
+            str(self.max_block),
         ]
         if self.direct_io:
             command.append("--direct-io")
@@ -97,7 +102,7 @@ class FaultFS:
         assert self.proc is not None
         if self.proc.poll() is None:
             try:
-                FaultControl(str(self.socket_path), timeout=2.0).shutdown()
+                FaultControl(str(self.socket_path), timeout=1.0).shutdown()
             except FaultControlError:
                 # Hung or dying: kill it first, so that the kernel fails every pending call
                 # and nothing below can wait on the filesystem.
@@ -109,6 +114,22 @@ class FaultFS:
             self.proc.kill()
             self.proc.wait()
         unmount(self.mountpoint)
+
+    def remount(self, *, readonly: bool) -> None:
+        """Remount read-only (or back): statvfs then shows ST_RDONLY and the kernel itself
+        refuses changes with EROFS, as on a client that remounted a failing target read-only.
+        ``ctl.set_readonly`` is the other way, refused by the filesystem, invisible to statvfs.
+        """
+        option = "remount,ro" if readonly else "remount,rw"
+        # -i: no mount.fuse helper, which would try to start the filesystem anew.
+        result = subprocess.run(
+            ["mount", "-i", "-o", option, str(self.mountpoint)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"cannot {option} {self.mountpoint}: {result.stderr.strip()}")
 
     def problems(self) -> list[str]:
         """Lines of the stopped process's output that show a bug in the filesystem itself.

@@ -4,8 +4,18 @@ Every filesystem operation passes through :meth:`Faults.gate` before it touches 
 tree. The gate counts the operation, then applies the rules that match it, oldest first:
 
 - ``fail``: raise an errno; the first rule that fails a call ends the evaluation;
-- ``delay``: sleep, then go on (a slow disk, a congested server);
-- ``block``: wait until the rule is removed or the filesystem shuts down (a hung mount).
+- ``delay``: hold the call for ``seconds``, then go on (a slow disk, a hang that ends);
+- ``block``: hold the call until the rule is removed or the filesystem shuts down (a hung
+  mount). As a safety net, a call is let go after ``max_hold`` seconds (default 120) with an
+  ERROR in the log, which fails the test at teardown: a forgotten rule costs two minutes,
+  not the whole CI run.
+
+Removing a rule (or shutting down) ends every hold at once. A thread held here sleeps in the
+kernel uninterruptibly, as on a hung NFS or Lustre mount: even SIGKILL cannot end it, and a
+process with such a thread cannot exit, so its pipes stay open. A test that waits for a
+process which left a thread behind on a blocked call (``subprocess.run`` of a CLI that
+abandons its probe) must use ``delay`` (a hang that ends by itself) or remove the rule from
+another thread.
 
 A rule matches an operation by name (``op``, a glob over the names in :data:`OPS`, so ``"*"``
 is every operation) and optionally by path (``path``, a glob over the path inside the mount such
@@ -20,6 +30,17 @@ the kernel splits a large ``write(2)`` into requests of at most 1 MiB and turns 
 the first one into a short write, which Python and libstdc++ simply retry: a one-shot fault in
 the middle of a large write is otherwise invisible to the application (as it would be on a
 real filesystem).
+
+The kernel retries some failures by itself, so a one-shot fault there may never reach the
+caller: ESTALE on any path-based call (the VFS tries once more), a failed ``getattr`` of an
+entry it had cached (it drops the entry and looks it up afresh), a failed ``read`` (readahead
+failed, so it reads the page once more). Use ``times=None`` (or enough times) there. The kernel
+also sends ``getattr`` (a lookup is counted as one) ahead of most path-based calls, so getattr
+counts are not one per ``os.stat``.
+
+A blocked call holds whatever the kernel locked for it, as on a real hung mount: a held
+``create``, ``mkdir``, ``unlink`` or ``rename`` holds its directory, so other creations and
+even lookups in that directory wait too. Block in a sub-directory to keep the rest usable.
 """
 
 from __future__ import annotations
@@ -27,6 +48,7 @@ from __future__ import annotations
 import errno as errno_module
 import fnmatch
 import itertools
+import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -65,6 +87,11 @@ OPS = frozenset(
 )
 
 ACTIONS = ("fail", "delay", "block")
+
+#: How long a block holds a call at most before it is let go with an error in the log.
+DEFAULT_MAX_HOLD = 120.0
+
+log = logging.getLogger("faultfs")
 
 #: Operations that a broken (sticky-failed) file handle refuses.
 STICKY_OPS = frozenset({"write", "fsync", "flush"})
@@ -126,7 +153,8 @@ class Rule:
 class Faults:
     """The rule set, the operation counters and the read-only switch; safe across threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_hold: float = DEFAULT_MAX_HOLD) -> None:
+        self.max_hold = max_hold
         self._lock = threading.Lock()
         self._rules: dict[int, Rule] = {}
         self._ids = itertools.count(1)
@@ -170,8 +198,8 @@ class Faults:
             raise ValueError("errno and sticky only apply to fail rules")
         if action == "delay" and (not isinstance(seconds, (int, float)) or seconds <= 0):
             raise ValueError("a delay rule needs seconds > 0")
-        if action == "block" and self._stopping.is_set():
-            raise ValueError("the filesystem is shutting down; it blocks nothing any more")
+        if self._stopping.is_set():
+            raise ValueError("the filesystem is shutting down; it takes no more rules")
         with self._lock:
             rule = Rule(
                 next(self._ids), action, op, path, errno, float(seconds), after, times, sticky
@@ -236,16 +264,14 @@ class Faults:
         for rule in candidates:
             if not self._take(rule):
                 continue
-            if rule.action == "block":
-                self._wait(rule)
-            elif rule.action == "delay":
-                self._stopping.wait(rule.seconds)
-            else:
-                assert rule.errno is not None
-                if rule.sticky and fh is not None:
-                    with self._lock:
-                        self._broken[fh] = rule.errno
-                raise OSError(rule.errno, errno_module.errorcode.get(rule.errno, ""))
+            if rule.action != "fail":
+                self._hold(rule)
+                continue
+            assert rule.errno is not None
+            if rule.sticky and fh is not None:
+                with self._lock:
+                    self._broken[fh] = rule.errno
+            raise OSError(rule.errno, errno_module.errorcode.get(rule.errno, ""))
         if mutating and self.readonly:
             raise OSError(errno_module.EROFS, "read-only (faultfs)")
 
@@ -262,16 +288,23 @@ class Faults:
             rule.seen += 1
             if rule.seen <= rule.after or (rule.times is not None and rule.hits >= rule.times):
                 return False
-            if rule.action == "block" and self._stopping.is_set():
-                return False
             rule.hits += 1
-            if rule.action == "block":
+            if rule.action != "fail":
                 rule.waiting += 1
             return True
 
-    def _wait(self, rule: Rule) -> None:
+    def _hold(self, rule: Rule) -> None:
+        """Hold a call for a delay's seconds or, for a block, until the rule is removed."""
+        limit = rule.seconds if rule.action == "delay" else self.max_hold
         try:
-            rule.released.wait()  # set by remove(), clear() and shutdown()
+            if not rule.released.wait(limit) and rule.action == "block":
+                log.error(
+                    "block rule %d (%s) held a call for %.0f s and let it go: "
+                    "did the test forget to remove the rule?",
+                    rule.id,
+                    rule.op,
+                    limit,
+                )
         finally:
             with self._lock:
                 rule.waiting -= 1
