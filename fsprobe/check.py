@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 from fsprobe.plan import ProbeSettings, probe_once
 from fsprobe.policy import evaluate
 from fsprobe.report import Report
+from fsprobe.runner import ProbeRunner
+from fsprobe.worker import shared_executor
+
+_runner: ProbeRunner | None = None
+
+
+def shared_runner() -> ProbeRunner:
+    """One runner per process: a target still hung from an earlier call is not probed again."""
+    global _runner
+    if _runner is None:
+        _runner = ProbeRunner(shared_executor())
+    return _runner
 
 
 def check(
@@ -28,6 +41,7 @@ def check(
 
     Every probe runs in parallel and is bounded by its deadline; `timeout` caps all of them, so
     on a hung mount this returns after about `timeout` seconds with a `mount_stuck` reason.
+    The probes run in a worker process, so a stuck probe never keeps this process from exiting.
     `settings`, when given, is the base that the keyword arguments refine.
     """
     base = settings or ProbeSettings()
@@ -46,6 +60,6 @@ def check(
         write_probe=base.write_probe and write_probe,
         quota=quota,
     )
-    snapshot = probe_once(path, effective)
+    snapshot = probe_once(os.path.abspath(path), effective, shared_runner())
     verdict = evaluate(snapshot, effective.thresholds, time.time(), need_bytes, need_inodes)
     return Report(path, snapshot, verdict, need_bytes, need_inodes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ from fsprobe.policy import Thresholds
 from fsprobe.probes.lfs_df import probe_lfs_df
 from fsprobe.probes.quota import probe_quota
 from fsprobe.probes.statvfs import probe_statvfs
-from fsprobe.probes.tmpdir import probe_tmpdir
+from fsprobe.probes.tmpdir import TMPDIR_VARIABLES, probe_tmpdir
 from fsprobe.probes.write import DEFAULT_WRITE_BYTES, probe_write
 from fsprobe.quota import QuotaSettings
 from fsprobe.runner import ProbeRunner
@@ -38,11 +39,18 @@ class PlannedProbe:
     deadline: float
 
 
+def _tmpdir_environment() -> dict[str, str]:
+    """This process's $TMPDIR and friends, for a probe that may run in an older worker."""
+    return {name: os.environ[name] for name in TMPDIR_VARIABLES if name in os.environ}
+
+
 def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
     """The probes of `target` by kind. Quota and `lfs df` decide themselves whether they apply."""
     probes = {
         "statvfs": PlannedProbe(functools.partial(probe_statvfs, target), settings.deadline),
-        "tmpdir": PlannedProbe(functools.partial(probe_tmpdir, target), settings.deadline),
+        "tmpdir": PlannedProbe(
+            functools.partial(probe_tmpdir, target, _tmpdir_environment()), settings.deadline
+        ),
     }
     if settings.write_probe:
         probes["write"] = PlannedProbe(
@@ -60,16 +68,25 @@ def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
 
 
 def probe_once(target: str, settings: ProbeSettings, runner: ProbeRunner | None = None) -> Snapshot:
-    """Run every planned probe of `target` at once, each bounded by its deadline."""
+    """Run every planned probe of `target` once, each bounded by its deadline.
+
+    All run in parallel except the write probe, which starts once statvfs has answered: its
+    test file would otherwise be counted in the space and inodes that statvfs reports.
+    """
     runner = runner or ProbeRunner()
+    planned = plan(target, settings)
+    write = planned.pop("write", None)
     runs = {
-        kind: runner.submit(target, kind, planned.function, planned.deadline)
-        for kind, planned in plan(target, settings).items()
+        kind: runner.submit(target, kind, probe.function, probe.deadline)
+        for kind, probe in planned.items()
     }
-    results = {kind: run.result() for kind, run in runs.items()}
-    write = results.get("write")
+    results = {"statvfs": runs.pop("statvfs").result()}
+    if write is not None:
+        runs["write"] = runner.submit(target, "write", write.function, write.deadline)
+    results.update((kind, run.result()) for kind, run in runs.items())
+    written = results.get("write")
     return Snapshot(
         target=target,
         results=results,
-        recent_write_errors=(write.error,) if write is not None else (),
+        recent_write_errors=(written.error,) if written is not None else (),
     )

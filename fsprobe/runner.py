@@ -1,16 +1,20 @@
 """Running probes so that a hung mount blocks a worker, never the caller.
 
 A `statfs` on a hung Lustre or NFS mount can block in the kernel for minutes or forever, and no
-signal gets the thread back. So every probe runs in a daemon thread of its own, and the caller
-waits only until the probe's deadline; after that it gets a *stuck* result and goes on. The
-thread is abandoned, not killed (nothing can kill it), and its eventual answer is still delivered.
+signal gets the thread back. So every probe runs in a thread of its own, and the caller waits
+only until the probe's deadline; after that it gets a *stuck* result and goes on. The thread is
+abandoned, not killed (nothing can kill it), and its eventual answer is still delivered.
+
+Where that thread lives is up to an executor: in this process (`ThreadExecutor`), or in a worker
+process (`fsprobe.worker.ProcessExecutor`) when this process must stay able to exit — a process
+with a thread stuck in the kernel cannot.
 
 The bound on threads comes from a rule: while any probe of a target is stuck past its deadline, no
 new probe of that target starts (it would only hang beside the first one). A hung mount costs one
 blocked thread per target, not one per interval.
 
 Plain daemon threads are used, not a `ThreadPoolExecutor`: the executor's workers are joined at
-interpreter exit, so one thread stuck in `statfs` would keep `fsprobe check` from ever exiting.
+interpreter exit, so one thread stuck in `statfs` would keep the interpreter from finishing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fsprobe.errors import ProbeFailure, name_of
 from fsprobe.model import TIMEOUT, ProbeResult
@@ -87,10 +92,33 @@ class Run:
             return self.stuck_result()
 
 
-class ProbeRunner:
-    """Starts probes in abandonable threads, at most one per (target, probe) at a time."""
+class ThreadExecutor:
+    """Runs each probe in a daemon thread of this process.
 
-    def __init__(self) -> None:
+    Cheap, and enough where nothing has to exit while a mount hangs (tests, short-lived
+    helpers); a thread stuck in the kernel keeps its process from exiting, which is why the
+    CLI, the daemon and the save hook use `fsprobe.worker.ProcessExecutor` instead.
+    """
+
+    def submit(self, probe: str, function: Callable[[], object]) -> Future:
+        future: Future = Future()
+
+        def work() -> None:
+            future.set_result(timed_call(probe, function))
+
+        threading.Thread(target=work, name=f"fsprobe-{probe}", daemon=True).start()
+        return future
+
+
+class Executor(Protocol):
+    def submit(self, probe: str, function: Callable[[], object]) -> Future: ...
+
+
+class ProbeRunner:
+    """Starts probes with deadlines, at most one per (target, probe) at a time."""
+
+    def __init__(self, executor: Executor | None = None) -> None:
+        self.executor = executor or ThreadExecutor()
         self._lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], Run] = {}
 
@@ -113,17 +141,14 @@ class ProbeRunner:
                 return self._blocked_run(target, probe, deadline, blocker)
             run = Run(target, probe, deadline)
             self._in_flight[(target, probe)] = run
-        thread = threading.Thread(
-            target=self._work, args=(run, function), name=f"fsprobe-{probe}", daemon=True
-        )
-        thread.start()
+        outcome = self.executor.submit(probe, function)
+        outcome.add_done_callback(lambda done: self._finish(run, done.result()))
         return run
 
-    def _work(self, run: Run, function: Callable[[], object]) -> None:
-        outcome = timed_call(run.probe, function)
+    def _finish(self, run: Run, result: ProbeResult) -> None:
         with self._lock:
             self._in_flight.pop((run.target, run.probe), None)
-        run.future.set_result(outcome)
+        run.future.set_result(result)
 
     @staticmethod
     def _blocked_run(target: str, probe: str, deadline: float, blocker: Run) -> Run:

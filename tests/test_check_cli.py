@@ -110,14 +110,15 @@ def test_usage_errors_exit_64(args, tmp_path):
     assert "Error" in result.stderr
 
 
-def test_a_path_that_is_a_file_is_a_usage_error(tmp_path):
+def test_a_path_that_is_a_file_is_reported_not_probed(tmp_path):
     regular = tmp_path / "file"
     regular.write_text("x")
-    result = subprocess.run(
-        [sys.executable, "-m", "fsprobe", "check", str(regular)], capture_output=True, text=True
-    )
-    assert result.returncode == 64
-    assert "is a file" in result.stderr
+    result = run(str(regular), "--json")
+    report = json.loads(result.output)
+    assert result.exit_code == 2  # nothing can be written under a file: unhealthy
+    assert report["probes"]["statvfs"]["error"] == "ENOTDIR"
+    assert report["write_probe"]["errno"] == "ENOTDIR"
+    assert regular.read_text() == "x"
 
 
 def test_help_explains_exit_codes():

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import errno
+import functools
+import os
 import threading
 import time
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import TIMEOUT
 from fsprobe.runner import ProbeRunner, timed_call
+from fsprobe.worker import ProcessExecutor
 
 
 def test_timed_call_turns_outcomes_into_results():
@@ -73,3 +76,29 @@ def test_threads_stay_bounded_while_a_target_is_hung():
             runner.submit("/hung", probe, release.wait, deadline=0.01).result()
     assert threading.active_count() - before <= 3
     release.set()
+
+
+def test_process_executor_keeps_this_process_free_of_stuck_calls():
+    executor = ProcessExecutor()
+    runner = ProbeRunner(executor)
+    stuck = runner.submit("/hung", "statvfs", functools.partial(time.sleep, 60), 0.3).result()
+    assert stuck.stuck
+    assert threading.active_count() < 10  # the sleeping thread is in the worker, not here
+    answered = runner.submit("/fine", "statvfs", functools.partial(os.getpid), 5).result()
+    assert answered.ok and answered.value == executor.pid != os.getpid()
+
+
+def test_a_dead_worker_fails_its_probes_and_is_replaced():
+    executor = ProcessExecutor()
+    runner = ProbeRunner(executor)
+    first_pid = runner.submit("/a", "statvfs", functools.partial(os.getpid), 5).result().value
+    lost = runner.submit("/a", "statvfs", functools.partial(os._exit, 3), 5).result()
+    assert lost.error == "EUNKNOWN" and "exited unexpectedly" in lost.message
+    again = runner.submit("/a", "statvfs", functools.partial(os.getpid), 5).result()
+    assert again.ok and again.value != first_pid
+
+
+def test_an_unpicklable_probe_is_an_error_not_a_crash():
+    runner = ProbeRunner(ProcessExecutor())
+    result = runner.submit("/a", "statvfs", lambda: 1, 5).result()
+    assert result.error == "EUNKNOWN" and "cannot hand the probe to the worker" in result.message

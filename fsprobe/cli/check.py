@@ -13,7 +13,8 @@ from fsprobe.render import render_report
 
 
 @click.command()
-@click.argument("path", type=click.Path(file_okay=False, path_type=str))
+# A plain string, not click.Path: validating it would stat it here, and hang on a hung mount.
+@click.argument("path")
 @click.option("--need", type=SIZE, metavar="SIZE", help="Space the checkpoint needs, e.g. 50G.")
 @click.option("--need-inodes", type=click.IntRange(min=0), metavar="N", help="Inodes it needs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object for scripts.")

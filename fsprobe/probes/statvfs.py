@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from fsprobe.model import FilesystemInfo
 from fsprobe.mounts import find_mount, nearest_existing
@@ -15,8 +17,11 @@ def probe_statvfs(target: str) -> FilesystemInfo:
     really take, after the blocks reserved for root.
     """
     probed = nearest_existing(target)
+    info = os.stat(probed)
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", probed)
     stats = os.statvfs(probed)
-    st_dev = os.stat(probed).st_dev
+    st_dev = info.st_dev
     mount = find_mount(probed)
     return FilesystemInfo(
         probed_path=probed,

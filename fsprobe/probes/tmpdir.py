@@ -9,26 +9,30 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 
 from fsprobe.model import TmpdirInfo
 from fsprobe.mounts import nearest_existing
 
+TMPDIR_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 
-def current_tmpdir() -> str:
-    """The directory `tempfile` would use now.
 
-    `tempfile.gettempdir()` caches its first answer for the life of the process; a daemon or a
-    long-lived trainer whose environment changes must see the current one, so the environment is
-    read each time and the stdlib is asked only for its fallback.
+def current_tmpdir(environ: Mapping[str, str] | None = None) -> str:
+    """The directory `tempfile` would use with this environment.
+
+    `tempfile.gettempdir()` caches its first answer for the life of the process, and the probe
+    may run in a worker process started with an older environment, so the variables are passed
+    in and only the stdlib's fallback is asked of `tempfile`.
     """
-    for variable in ("TMPDIR", "TEMP", "TMP"):
-        candidate = os.environ.get(variable)
+    environ = os.environ if environ is None else environ
+    for variable in TMPDIR_VARIABLES:
+        candidate = environ.get(variable)
         if candidate and os.path.isdir(candidate):
             return os.path.abspath(candidate)
     return tempfile.gettempdir()
 
 
-def probe_tmpdir(target: str) -> TmpdirInfo:
-    tmpdir = current_tmpdir()
+def probe_tmpdir(target: str, environ: Mapping[str, str] | None = None) -> TmpdirInfo:
+    tmpdir = current_tmpdir(environ)
     same_device = os.stat(tmpdir).st_dev == os.stat(nearest_existing(target)).st_dev
     return TmpdirInfo(path=tmpdir, same_device=same_device)

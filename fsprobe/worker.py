@@ -1,0 +1,152 @@
+"""A child process that makes the filesystem calls, so that a hung mount cannot hold ours.
+
+On Lustre, and on FUSE, a `statfs` on a hung mount waits in the kernel *uninterruptibly*. A thread
+stuck there cannot be killed, and a process that owns such a thread cannot finish exiting: its
+pipes stay open, its parent's `wait` never returns. `fsprobe check` in a job script would then
+hang exactly when it is needed most, and the daemon could not stop on SIGTERM.
+
+So every filesystem call of a probe is made in this worker process instead: one per fsprobe
+process, started on first use, running each call in a thread of its own. The parent only sends
+pickled probe functions and receives `ProbeResult`s over a socket pair; it never touches the
+probed filesystem itself, so it can always answer, and always exit. A worker left behind with a
+stuck thread exits on its own once the mount recovers (it sees the parent's end of the socket
+closed). The worker's standard streams are /dev/null so that it never keeps a shell's pipe open.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from multiprocessing.connection import Connection, Pipe
+
+from fsprobe.model import ProbeResult
+from fsprobe.runner import timed_call
+
+log = logging.getLogger(__name__)
+
+
+class ProcessExecutor:
+    """Runs probe functions in the worker process; they must be picklable (module functions)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._pending: dict[int, tuple[str, Future]] = {}
+        self._connection: Connection | None = None
+        self._process: subprocess.Popen | None = None
+
+    def submit(self, probe: str, function: Callable[[], object]) -> Future:
+        future: Future = Future()
+        with self._lock:
+            job = next(self._ids)
+            self._pending[job] = (probe, future)
+            try:
+                self._ensure_worker().send((job, probe, function))
+            except (OSError, ValueError, TypeError, AttributeError, pickle.PicklingError) as error:
+                del self._pending[job]
+                future.set_result(_lost(probe, f"cannot hand the probe to the worker: {error}"))
+        return future
+
+    def _ensure_worker(self) -> Connection:
+        if self._connection is not None:
+            return self._connection
+        ours, theirs = Pipe(duplex=True)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "fsprobe.worker", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a ^C meant for us must not kill a probe mid-write
+            )
+        finally:
+            theirs.close()
+        self._connection = ours
+        threading.Thread(
+            target=self._read_results,
+            args=(ours, self._process),
+            name="fsprobe-worker-reader",
+            daemon=True,
+        ).start()
+        return ours
+
+    def _read_results(self, connection: Connection, process: subprocess.Popen) -> None:
+        while True:
+            try:
+                job, result = connection.recv()
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                entry = self._pending.pop(job, None)
+            if entry is not None:
+                entry[1].set_result(result)
+        self._worker_lost(connection, process)
+
+    def _worker_lost(self, connection: Connection, process: subprocess.Popen) -> None:
+        """Fail what the dead worker still owed; the next submission starts a new one."""
+        status = process.poll()
+        with self._lock:
+            if self._connection is connection:
+                self._connection, self._process = None, None
+            owed, self._pending = self._pending, {}
+        connection.close()
+        log.warning(
+            "probe worker %d exited (status %s); %d probes lost", process.pid, status, len(owed)
+        )
+        for probe, future in owed.values():
+            future.set_result(_lost(probe, f"the probe worker exited unexpectedly ({status})"))
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+
+_shared: ProcessExecutor | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_executor() -> ProcessExecutor:
+    """The one worker process of this fsprobe process, started on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ProcessExecutor()
+        return _shared
+
+
+def _lost(probe: str, message: str) -> ProbeResult:
+    return ProbeResult(probe, time.time(), 0.0, error="EUNKNOWN", message=message)
+
+
+def _serve(connection: Connection) -> None:
+    send_lock = threading.Lock()
+
+    def run(job: int, probe: str, function: Callable[[], object]) -> None:
+        result = timed_call(probe, function)
+        with send_lock:
+            connection.send((job, result))
+
+    while True:
+        try:
+            job, probe, function = connection.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        threading.Thread(target=run, args=(job, probe, function), daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    _serve(Connection(int(argv[1])))
+    os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer
+
+
+if __name__ == "__main__":
+    main(sys.argv)
