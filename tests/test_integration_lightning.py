@@ -111,3 +111,8 @@ def test_redirected_checkpoint_is_loaded_and_removed_through_the_plugin(tmp_path
 def test_storage_options_are_refused_like_lightning_does(tmp_path):
     with pytest.raises(TypeError, match="storage_options"):
         FsprobeCheckpointIO().save_checkpoint({}, str(tmp_path / "x.ckpt"), storage_options={})
+
+
+def test_a_misspelt_option_fails_when_the_plugin_is_made():
+    with pytest.raises(TypeError, match="max_wiat"):
+        FsprobeCheckpointIO(max_wiat=30)

@@ -20,6 +20,7 @@ installed, on ``lightning_fabric``, which is what that package's Trainer expects
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterable
 from typing import Any, Callable
@@ -55,6 +56,10 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
         **atomic_write_kwargs: Any,
     ) -> None:
         super().__init__()
+        # A misspelt option must fail here, not at the first checkpoint hours into the run.
+        inspect.signature(atomic_write).bind_partial(
+            attempts=attempts, fallback_dirs=fallback_dirs, max_wait=max_wait, **atomic_write_kwargs
+        )
         self.attempts = attempts
         self.fallback_dirs = tuple(os.fspath(d) for d in fallback_dirs)
         self.max_wait = max_wait
