@@ -239,3 +239,11 @@ def test_lfs_df_failures(tmp_path: Path, fake_lfs: FakeLfs):
         probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs", timeout=1.5))
     assert failure.value.error == "TIMEOUT"
     assert time.monotonic() - started < 1.5 + SLACK
+
+
+def test_a_negative_id_never_reaches_lfs(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure(state={"mountpoint": str(tmp_path)})
+    report = probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=-5, group=1000))
+    assert report is not None and [e.type for e in report.entries] == ["group"]
+    assert report.errors == ("user -5: EINVAL: user ID -5 is negative",)
+    assert [call["argv"][1:3] for call in fake_lfs.calls()] == [["-g", "1000"]]

@@ -164,6 +164,10 @@ class LustreQuotaProvider(QuotaProvider):
         filesystem = (request.mount.device, request.mount.mountpoint) if request.mount else None
         outcomes = []
         for quota_type, quota_id in request.queries:
+            if quota_id < 0:  # it would reach lfs as an option ("-5"), never as an ID
+                failure = Failure("EINVAL", f"{quota_type} ID {quota_id} is negative")
+                outcomes.append(IdOutcome(quota_type, quota_id, failure=failure))
+                continue
             key = (filesystem or request.directory, quota_type, quota_id, binary)
             try:
                 outcome = self.cache.get(
