@@ -384,20 +384,39 @@ class ChecksumMismatch(Exception):
     """The copy does not have the bytes the manifest recorded; it is not renamed into place."""
 
 
-def _copy_verified(source: str, expected: str):
-    """A write callback for `atomic_write`: copy `source`, then verify the copy by re-reading it."""
+class Superseded(Exception):
+    """A newer checkpoint appeared at the original path while the copy was being made."""
+
+
+def _is_superseded(entry: Entry) -> bool:
+    """Whether the original path holds a checkpoint written after the redirected one."""
+    try:
+        return os.stat(entry.requested).st_mtime > entry.time
+    except FileNotFoundError:
+        return False
+
+
+def _copy_verified(entry: Entry):
+    """A write callback for `atomic_write`: copy the fallback file back, verify, re-check.
+
+    The copy is verified by re-reading it; and since copying gigabytes takes a while, during
+    which the trainer may have saved a newer checkpoint to the original path, that is checked
+    again last, just before `atomic_write` renames the copy into place.
+    """
 
     def write(stream) -> None:
-        with open(source, "rb", buffering=0) as origin:
+        with open(entry.actual, "rb", buffering=0) as origin:
             while chunk := origin.read(_READ_CHUNK):
                 stream.write(chunk)
         stream.flush()
         os.fsync(stream.fileno())
         copied = sha256_of(stream.name)
-        if copied != expected:
+        if copied != entry.sha256:
             raise ChecksumMismatch(
-                f"the copy of {source} has sha256 {copied}, the manifest says {expected}"
+                f"the copy of {entry.actual} has sha256 {copied}, the manifest says {entry.sha256}"
             )
+        if _is_superseded(entry):
+            raise Superseded(f"{entry.requested} was saved anew during the copy; kept it")
 
     return write
 
@@ -451,11 +470,7 @@ def _sync_one(
     )
     if decision.action == "fail":
         return outcome("waiting", f"{entry.requested} not ready: {decision.summary()}")
-    try:
-        original = os.stat(entry.requested)
-    except FileNotFoundError:
-        original = None
-    if original is not None and original.st_mtime > entry.time:
+    if _is_superseded(entry):
         if not prune_superseded:
             return outcome(
                 "superseded",
@@ -472,13 +487,15 @@ def _sync_one(
     try:
         atomic_write(
             entry.requested,
-            _copy_verified(entry.actual, entry.sha256),
+            _copy_verified(entry),
             attempts=3,
             preflight=False,
             redirect=False,
         )
     except ChecksumMismatch as error:
         return outcome("checksum_mismatch", f"{error}; {entry.requested} left as it was")
+    except Superseded as error:
+        return outcome("superseded", str(error))
     except SaveError as error:
         return outcome("failed", f"copying back to {entry.requested} failed: {error}")
     os.unlink(entry.actual)

@@ -359,3 +359,30 @@ def test_a_fallback_that_contains_the_target_is_not_mistaken_for_a_redirect(tmp_
     result = fsprobe.save({"step": 1}, target / "model.pt", fallback_dirs=[tmp_path])
     assert not result.redirected and result.path == str(target / "model.pt")
     assert not (tmp_path / redirect.MANIFEST).exists()
+
+
+def test_a_checkpoint_saved_during_the_copy_back_is_not_overwritten(faultfs, tmp_path):
+    setup = Setup(tmp_path)
+    setup.fallback = faultfs.mountpoint  # a slow fallback: the copy back takes a while
+    result = setup.save_redirected(model_state(seed=1))
+    faultfs.ctl.delay("read", 0.05)
+    outcomes = []
+    syncing = threading.Thread(
+        target=lambda: outcomes.extend(
+            redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+        )
+    )
+    syncing.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not [n for n in os.listdir(setup.target) if parse_temp_name(n)]:
+            assert time.monotonic() < deadline, "the copy back never started"
+            time.sleep(0.01)
+        newer = model_state(seed=2)  # the trainer saves again, the target being fine now
+        fsprobe.save(newer, setup.target / "model.pt", state_dir=str(setup.state))
+    finally:
+        syncing.join(60)
+    assert [o.action for o in outcomes] == ["superseded"]
+    assert_same_state(torch.load(setup.target / "model.pt"), newer)
+    assert os.path.exists(result.path)
+    assert sorted(os.listdir(setup.target)) == ["model.pt"]
