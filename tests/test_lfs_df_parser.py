@@ -24,7 +24,7 @@ def _text(lines: list[str]) -> str:
 def close(amount: Amount, expected: int, where: str) -> None:
     assert abs(amount.value - expected) <= amount.tolerance, f"{where}: {amount} != {expected}"
     # One decimal of a 1024 (or 1000) multiple: at most 5 % of the value, half a unit.
-    assert amount.tolerance <= max(expected * 0.05, 1), where
+    assert amount.tolerance <= expected * 0.05 + 1, where
 
 
 def parse_case(case: dict[str, Any]):
