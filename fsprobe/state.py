@@ -73,13 +73,34 @@ def _check_trusted(info: os.stat_result, path: str, what: str, directory: bool) 
 
 def write_state(state_dir: str, document: Mapping[str, Any]) -> str:
     """Replace the state file atomically: a reader sees the old file or the new, never half."""
+    data = json.dumps({"schema": SCHEMA, **document}, separators=(",", ":"))
+    return replace_state_file(state_dir, data.encode("utf-8"))
+
+
+def write_state_targets(
+    state_dir: str, header: Mapping[str, Any], targets: Mapping[str, str]
+) -> str:
+    """`write_state` for a writer that keeps each target's JSON text between writes.
+
+    The daemon rewrites the file after every probe result, yet only one target changed: with
+    100 targets, encoding them all again would cost milliseconds each time, joining their
+    cached texts costs microseconds. `header` holds the top-level keys except "targets";
+    `targets` maps each target path to its JSON object as text.
+    """
+    head = json.dumps({"schema": SCHEMA, **header}, separators=(",", ":"))
+    body = ",".join(f"{json.dumps(path)}:{text}" for path, text in targets.items())
+    return replace_state_file(state_dir, f'{head[:-1]},"targets":{{{body}}}}}'.encode())
+
+
+def replace_state_file(state_dir: str, data: bytes) -> str:
+    """Write `data` as the state file, atomically (temporary file in the same dir, rename)."""
     ensure_state_dir(state_dir)
     path = os.path.join(state_dir, STATE_FILE)
     fd, temporary = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=state_dir)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        with os.fdopen(fd, "wb") as stream:
             os.fchmod(stream.fileno(), 0o644)  # a node daemon running as root serves every user
-            json.dump({"schema": SCHEMA, **document}, stream, separators=(",", ":"))
+            stream.write(data)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)

@@ -14,6 +14,7 @@ from fsprobe.state import (
     StateReader,
     UntrustedStateFile,
     write_state,
+    write_state_targets,
 )
 
 NOBODY = 65534
@@ -138,3 +139,19 @@ def test_target_for_picks_the_closest_watched_ancestor(state_dir):
     assert state.target_for("/ckpt/run10")[0] == "/ckpt"
     assert state.target_for("/ckpt")[0] == "/ckpt"
     assert state.target_for("/elsewhere") is None
+
+
+def test_write_state_targets_writes_the_same_document_as_write_state(tmp_path):
+    targets = {"/ckpt": {"status": "ok", "path": "/ckpt"}, '/we"ird\\ü': {"status": "degraded"}}
+    header = {"generated_at": 1.5, "host": "h", "pid": 7, "version": "0.1.0"}
+    write_state(str(tmp_path / "a"), {**header, "targets": targets})
+    write_state_targets(
+        str(tmp_path / "b"),
+        header,
+        {path: json.dumps(target) for path, target in targets.items()},
+    )
+    first = StateReader(str(tmp_path / "a")).read().document
+    second = StateReader(str(tmp_path / "b")).read().document
+    assert first == second
+    assert list(second) == ["schema", "generated_at", "host", "pid", "version", "targets"]
+    assert second["targets"]['/we"ird\\ü'] == {"status": "degraded"}

@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from fsprobe.cli import main
 from fsprobe.daemon.publish import Publisher
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.exporters.exposition import Exposition
@@ -29,7 +31,11 @@ from tests.daemon_process import clean_environment, run_fsprobe
 
 
 def status(state_dir: Path, *args: str) -> tuple[int, str, str]:
-    return run_fsprobe("status", "--state-dir", str(state_dir), *args)
+    """`fsprobe status` in this process; an exception (a crash) fails the test."""
+    result = CliRunner(catch_exceptions=False).invoke(
+        main, ["status", "--state-dir", str(state_dir), *args]
+    )
+    return result.exit_code, result.stdout, result.stderr
 
 
 def dead_pid() -> int:

@@ -151,7 +151,7 @@ def _writer(state: StateFile) -> str:
     return f"pid {document.get('pid')} on {document.get('host')}"
 
 
-def _problem(state_dir: str, path: str, message: str, as_json: bool) -> int:
+def _problem(path: str, message: str, as_json: bool) -> int:
     if as_json:
         click.echo(
             json.dumps({"state_file": path, "status": "unknown", "error": message}, indent=2)
@@ -182,10 +182,9 @@ def status(state_dir: str | None, as_json: bool) -> int:
     try:
         state = reader.read()
     except StateFileError as error:
-        return _problem(state_dir, reader.path, f"cannot use the state file: {error}", as_json)
+        return _problem(reader.path, f"cannot use the state file: {error}", as_json)
     if state is None:
         return _problem(
-            state_dir,
             reader.path,
             f"no fsprobe daemon has written state in {state_dir}: start one with "
             "`fsprobe run PATH` or point --state-dir / FSPROBE_STATE_DIR at it",
@@ -197,7 +196,7 @@ def status(state_dir: str | None, as_json: bool) -> int:
         message = (
             f"state file {state.path} has unexpected content ({type(error).__name__}: {error})"
         )
-        return _problem(state_dir, state.path, message, as_json)
+        return _problem(state.path, message, as_json)
 
 
 def _show(state: StateFile, now: float, as_json: bool) -> int:
@@ -228,6 +227,7 @@ def _show(state: StateFile, now: float, as_json: bool) -> int:
             )
         )
         return int(overall)
+    table = render_table(state, now)  # before printing anything: it may find bad content
     if stale:
         running = {
             True: "which is still running but has stopped writing it (hung?)",
@@ -243,5 +243,5 @@ def _show(state: StateFile, now: float, as_json: bool) -> int:
         )
     else:
         click.echo(f"fsprobe daemon {_writer(state)}, state written {short_age(age)} ago\n")
-    click.echo(render_table(state, now))
+    click.echo(table)
     return int(overall)

@@ -1,0 +1,153 @@
+"""Footprint of `fsprobe run`: RSS and CPU with 1, 10 and 100 targets, and /metrics latency.
+
+Each run starts a real daemon (a subprocess) on N fresh directories at the default intervals
+(statvfs 15 s, write and $TMPDIR 60 s, quota and lfs df 300 s), lets it settle, then measures
+its CPU time and peak RSS over `--duration` seconds without disturbing it, and finally scrapes
+/metrics `--scrapes` times one after the other for the latency percentiles.
+
+    .venv/bin/python benchmarks/daemon_footprint.py                 # 2 minutes per size
+    .venv/bin/python benchmarks/daemon_footprint.py --duration 30 --targets 1 10
+
+Goals (DESIGN §10, issue 4): /metrics p99 under 5 ms at 100 targets, RSS under 45 MB at 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Measurement:
+    targets: int
+    rss_max_mib: float
+    rss_end_mib: float
+    cpu_percent: float
+    threads: int
+    p50_ms: float
+    p99_ms: float
+    body_kib: float
+
+
+def start_daemon(home: Path, targets: int) -> tuple[subprocess.Popen, str, int]:
+    config = home / "fsprobe.toml"
+    lines = []
+    for index in range(targets):
+        target = home / "targets" / f"job{index:03d}" / "checkpoints"
+        target.mkdir(parents=True)
+        lines.append(f'[[targets]]\npath = "{target}"\n')
+    config.write_text("\n".join(lines))
+    log = home / "daemon.log"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FSPROBE_")}
+    env["TMPDIR"] = str(home)
+    with open(log, "wb") as stream:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fsprobe", "run", "--config", str(config),
+             "--listen", "127.0.0.1:0", "--state-dir", str(home / "state")],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        match = re.search(r"metrics=\"?http://([^/\"]+)/metrics", log.read_text())
+        if match:
+            host, port = match[1].rsplit(":", 1)
+            return proc, host, int(port)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"fsprobe run did not start:\n{log.read_text()}")
+
+
+def scrape(host: str, port: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    connection = http.client.HTTPConnection(host, port, timeout=10)
+    connection.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    elapsed = time.perf_counter() - start
+    assert response.status == 200, response.status
+    return elapsed, len(body)
+
+
+def measure(targets: int, duration: float, settle: float, scrapes: int) -> Measurement:
+    home = Path(tempfile.mkdtemp(prefix=f"fsprobe-bench-{targets}-"))
+    proc, host, port = start_daemon(home, targets)
+    process = psutil.Process(proc.pid)
+    try:
+        time.sleep(settle)  # the first round of every probe, and the imports, are behind us
+        cpu_start = sum(process.cpu_times()[:2])
+        rss = []
+        end = time.monotonic() + duration
+        while time.monotonic() < end:
+            rss.append(process.memory_info().rss)
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+        rss.append(process.memory_info().rss)
+        cpu = (sum(process.cpu_times()[:2]) - cpu_start) / duration * 100
+        threads = process.num_threads()
+        latencies, size = [], 0
+        for _ in range(scrapes):
+            elapsed, size = scrape(host, port)
+            latencies.append(elapsed)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(home, ignore_errors=True)
+    latencies.sort()
+    return Measurement(
+        targets=targets,
+        rss_max_mib=max(rss) / 2**20,
+        rss_end_mib=rss[-1] / 2**20,
+        cpu_percent=cpu,
+        threads=threads,
+        p50_ms=statistics.median(latencies) * 1000,
+        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        body_kib=size / 1024,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", type=int, nargs="+", default=[1, 10, 100])
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds measured per size")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds before measuring")
+    parser.add_argument("--scrapes", type=int, default=1000, help="scrapes for the percentiles")
+    args = parser.parse_args()
+
+    print(f"fsprobe run at default intervals, {args.duration:g} s per size, "
+          f"{args.scrapes} sequential scrapes; {os.cpu_count()} CPUs, Python "
+          f"{sys.version.split()[0]}")  # fmt: skip
+    header = (
+        f"{'targets':>7}  {'RSS max':>9}  {'RSS end':>9}  {'CPU':>7}  {'threads':>7}  "
+        f"{'/metrics p50':>12}  {'p99':>8}  {'body':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for targets in args.targets:
+        m = measure(targets, args.duration, args.settle, args.scrapes)
+        print(
+            f"{m.targets:>7}  {m.rss_max_mib:>5.1f} MiB  {m.rss_end_mib:>5.1f} MiB  "
+            f"{m.cpu_percent:>5.2f} %  {m.threads:>7}  {m.p50_ms:>9.2f} ms  "
+            f"{m.p99_ms:>5.2f} ms  {m.body_kib:>5.0f} KiB",
+            flush=True,
+        )
+    print("\nGoals: p99 < 5 ms at 100 targets; RSS < 45 MB (42.9 MiB) at 10 targets.")
+
+
+if __name__ == "__main__":
+    main()
