@@ -5,8 +5,9 @@ ratio at most 1.03x). "By hand" is what a careful trainer writes: `torch.save` t
 on a temp file in the same directory, flush, fsync, `os.replace`, fsync the directory. Plain
 `torch.save(obj, path)` (no temp file, no fsync: neither atomic nor durable) is shown too, for
 an honest view of what durability itself costs. The three are run interleaved, in a rotating
-order, so that all see the same page cache and disk; each overwrites its own file, as a trainer
-saving `last.pt` does.
+order, so that all see the same page cache and disk, and every save starts with nothing dirty
+(an untimed `sync` after each); each overwrites its own file, as a trainer saving `last.pt`
+does.
 
     python benchmarks/save_overhead.py [--dir DIR] [--sizes 64M,512M] [--runs 7] [--json]
 """
@@ -77,6 +78,9 @@ def measure(size: int, runs: int, directory: str) -> dict[str, object]:
             METHODS[name](obj, path)
             if run:
                 times[name].append(time.perf_counter() - start)
+            # Untimed: write back what plain torch.save left dirty, or the next method's fsync
+            # would pay for it (and which method comes next depends on the rotation).
+            os.sync()
     medians = {name: statistics.median(samples) for name, samples in times.items()}
     paired = [
         ours / hand for ours, hand in zip(times["fsprobe.save"], times["hand-written durable"])
