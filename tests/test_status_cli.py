@@ -32,8 +32,12 @@ from tests.daemon_process import clean_environment, run_fsprobe
 
 def status(state_dir: Path, *args: str) -> tuple[int, str, str]:
     """`fsprobe status` in this process; an exception (a crash) fails the test."""
-    result = CliRunner(catch_exceptions=False).invoke(
-        main, ["status", "--state-dir", str(state_dir), *args]
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2 mixes stderr into stdout otherwise
+    except TypeError:
+        runner = CliRunner()  # click >= 8.2 keeps them apart, and has no such argument
+    result = runner.invoke(
+        main, ["status", "--state-dir", str(state_dir), *args], catch_exceptions=False
     )
     return result.exit_code, result.stdout, result.stderr
 
