@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +280,17 @@ def test_remembered_sizes_stay_bounded_for_runs_that_save_into_new_directories(m
     assert len(module._last_sizes) == 4
     assert module.expected_need("/ckpt/epoch-9/model.pt") == math.ceil(1009 * 1.1)
     assert module.expected_need("/ckpt/epoch-0/model.pt") is None  # forgotten
+
+
+def test_reads_the_state_file_that_fsprobe_run_writes(dirs):
+    target, _, state = dirs
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "run", target, "--once", "--state-dir", state],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert os.path.exists(os.path.join(state, "state.json")), done.stderr
+    decision = fsprobe.preflight(os.path.join(target, "model.pt"), state_dir=state)
+    assert decision.source == "state" and decision.action == "proceed"
