@@ -9,18 +9,7 @@ import time
 from fsprobe.plan import ProbeSettings, probe_once
 from fsprobe.policy import evaluate
 from fsprobe.report import Report
-from fsprobe.runner import ProbeRunner
-from fsprobe.worker import shared_executor
-
-_runner: ProbeRunner | None = None
-
-
-def shared_runner() -> ProbeRunner:
-    """One runner per process: a target still hung from an earlier call is not probed again."""
-    global _runner
-    if _runner is None:
-        _runner = ProbeRunner(shared_executor())
-    return _runner
+from fsprobe.worker import shared_runner
 
 
 def check(

@@ -3,8 +3,10 @@
 It asks the daemon first: a fresh, trusted state file answers in microseconds (one `lstat` and
 a cached parse). Without one (no daemon, a stale or untrusted file, a target the daemon does not
 watch) it probes inline, cheaply: statvfs and the $TMPDIR check, no test write, no quota unless
-configured. Inline probes run in a module-wide `ProbeRunner`, so a hung mount costs one blocked
-thread however often a trainer asks, and their result is reused for `INLINE_CACHE_SECONDS`.
+configured. Inline probes run in the process's shared runner (`fsprobe.worker`): in a worker
+process, so that a hung mount costs one blocked thread there however often a trainer asks, and
+never a thread in the trainer that would keep it from exiting at the end of the job. Their
+result is reused for `INLINE_CACHE_SECONDS`.
 
 The answer is a `Decision`:
 
@@ -43,9 +45,10 @@ from fsprobe.policy import Headroom, Reason, evaluate, fit
 from fsprobe.quota import QuotaSettings
 from fsprobe.redirect import all_fallback_dirs, redirect_path
 from fsprobe.report import reason_to_dict
-from fsprobe.runner import ProbeRunner, Run
+from fsprobe.runner import Run
 from fsprobe.state import StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
+from fsprobe.worker import shared_runner
 
 log = logging.getLogger("fsprobe.preflight")
 
@@ -364,7 +367,6 @@ def _from_state(
 
 # -- inline probes --------------------------------------------------------------------------------
 
-_runner = ProbeRunner()
 _inline_cache: dict[tuple[str, QuotaSettings], tuple[float, Snapshot]] = {}
 
 
@@ -397,7 +399,7 @@ def _probe_inline(
             snapshots[directory] = cached[1]
             continue
         runs[directory] = {
-            kind: _runner.submit(directory, kind, probe.function, probe.deadline)
+            kind: shared_runner().submit(directory, kind, probe.function, probe.deadline)
             for kind, probe in plan(directory, settings).items()
         }
     for directory, by_kind in runs.items():
@@ -500,7 +502,7 @@ def _candidates(
     for fallback in map(os.fspath, fallback_dirs):
         path = redirect_path(fallback, requested)
         if os.path.dirname(path) != directory:
-            exists = _runner.submit(
+            exists = shared_runner().submit(
                 fallback, "exists", functools.partial(os.path.isdir, fallback), deadline
             )
             candidates.append(_Candidate(fallback, path, exists))

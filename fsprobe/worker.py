@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection, Pipe
 
 from fsprobe.model import ProbeResult
-from fsprobe.runner import timed_call
+from fsprobe.runner import ProbeRunner, timed_call
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +110,20 @@ class ProcessExecutor:
         return self._process.pid if self._process is not None else None
 
 
-_shared: ProcessExecutor | None = None
+_shared: ProbeRunner | None = None
 _shared_lock = threading.Lock()
 
 
-def shared_executor() -> ProcessExecutor:
-    """The one worker process of this fsprobe process, started on first use."""
+def shared_runner() -> ProbeRunner:
+    """The probe runner of this process, with its one worker process (started on first use).
+
+    Shared by `fsprobe.check`, the save hook and the daemon, so that a target already hung is
+    not probed again by anyone in this process: one blocked call per target, whoever asks.
+    """
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = ProcessExecutor()
+            _shared = ProbeRunner(ProcessExecutor())
         return _shared
 
 
