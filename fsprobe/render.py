@@ -110,7 +110,7 @@ def _need_line(report: Mapping[str, Any]) -> list[str]:
     if need.get("bytes") is not None:
         parts.append(format_bytes(need["bytes"]))
     if need.get("inodes") is not None:
-        parts.append(f"{format_count(need['inodes'])} inodes")
+        parts.append(f"{format_count(need['inodes'])} inode{'s' if need['inodes'] != 1 else ''}")
     fits = report.get("fits")
     answer = {True: click.style("fits", fg="green"), False: click.style("does NOT fit", fg="red")}
     return [_line("need", f"{' + '.join(parts)}: {answer.get(fits, 'cannot tell')}")]

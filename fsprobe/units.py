@@ -32,7 +32,7 @@ def format_bytes(value: float) -> str:
         exponent, scaled = exponent + 1, scaled / 1024
     if scaled >= 1023.5 and exponent < len(_UNITS) - 1:  # not "1024 MiB" but "1 GiB"
         exponent, scaled = exponent + 1, scaled / 1024
-    digits = 0 if scaled >= 100 else 1 if scaled >= 10 else 2
+    digits = 0 if round(scaled, 1) >= 100 else 1 if round(scaled, 2) >= 10 else 2
     return f"{scaled:.{digits}f} {_UNITS[exponent]}".replace(".00 ", " ")
 
 
