@@ -65,25 +65,46 @@ def _usage_text(usage: Mapping[str, Any], fmt, now: float) -> str:
     if limit:
         text += f" ({format_percent(usage['used'] / limit)})"
     if usage.get("state") == "grace_expired":
-        text += click.style(" grace expired", fg="red")
+        text += click.style(", grace expired", fg="red")
     elif usage.get("state") == "hard_reached":
-        text += click.style(" hard limit reached", fg="red")
+        text += click.style(", hard limit reached", fg="red")
     elif usage.get("grace_expires_at"):
         left = format_duration(usage["grace_expires_at"] - now)
-        text += click.style(f" grace ends in {left}", fg="yellow")
+        text += click.style(f", grace ends in {left}", fg="yellow")
     return text
 
 
+def _has_limits(usage: Mapping[str, Any]) -> bool:
+    return usage.get("soft") is not None or usage.get("hard") is not None
+
+
 def quota_lines(entries: list[Mapping[str, Any]], now: float) -> list[str]:
-    """One line per quota ID: bytes, then inodes, with limits and grace in words."""
+    """Per quota ID: one line when it has no limits, else one line per limited resource."""
     lines = []
-    for index, entry in enumerate(entries):
+    for entry in entries:
         who = f"{entry['type']} {entry.get('name') or entry['id']}"
-        text = (
-            f"{who:<16} {_usage_text(entry['bytes'], format_bytes, now)}; "
-            f"inodes {_usage_text(entry['inodes'], format_count, now)}"
-        )
-        lines.append(_line("quota" if index == 0 else "", text))
+        label = "" if lines else "quota"
+        space, inodes = entry["bytes"], entry["inodes"]
+        if not (_has_limits(space) or _has_limits(inodes)):
+            used = f"{format_bytes(space['used'])}, {format_count(inodes['used'])} inodes"
+            lines.append(_line(label, f"{who:<16} {used}  (no limits)"))
+            continue
+        limited = [
+            (noun, usage, fmt)
+            for noun, usage, fmt in (
+                ("space", space, format_bytes),
+                ("inodes", inodes, format_count),
+            )
+            if _has_limits(usage)
+        ]
+        for index, (noun, usage, fmt) in enumerate(limited):
+            name = who if index == 0 else ""
+            lines.append(
+                _line(
+                    label if index == 0 else "",
+                    f"{name:<16} {noun:<6} {_usage_text(usage, fmt, now)}",
+                )
+            )
     return lines
 
 
