@@ -349,3 +349,20 @@ def test_textfile_write_refuses_to_follow_a_planted_symlink(tmp_path):
     write_textfile(str(tmp_path), b"fsprobe_build_info 1\n")
     assert victim.read_text() == "precious"
     assert not (tmp_path / TEXTFILE_NAME).is_symlink()
+
+
+def test_warming_one_changed_target_keeps_the_others_cached():
+    store = Store(clock=lambda: NOW)
+    store.configure([TargetSpec(f"/t{index}") for index in range(5)])
+    exposition = Exposition(store.views, process_metrics=False)
+    exposition.warm(store.views())
+    cached = dict(exposition._cache)
+    changed = store.record("/t3", result("statvfs", FS))
+    exposition.warm([changed])
+    assert {path: entry for path, entry in exposition._cache.items() if path != "/t3"} == {
+        path: entry for path, entry in cached.items() if path != "/t3"
+    }
+    assert exposition._cache["/t3"][0] == changed.version
+    store.configure([TargetSpec("/t1")])
+    exposition.warm([])
+    assert set(exposition._cache) == {"/t1"}

@@ -104,7 +104,7 @@ class Daemon:
                 wanted=config.listen,
                 message="a new listen address takes effect on restart",
             )
-            config = _with_listen(config, self.config.listen)
+            config = dataclasses.replace(config, listen=self.config.listen)
         logs.configure(config.log_level)
         self.publisher.state_dir = config.state_dir
         self.publisher.textfile_dir = config.textfile_dir
@@ -134,10 +134,6 @@ class Daemon:
                         return
             finally:
                 self.stop()
-
-
-def _with_listen(config: Config, listen: str) -> Config:
-    return dataclasses.replace(config, listen=listen)
 
 
 @contextlib.contextmanager

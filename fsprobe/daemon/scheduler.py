@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -70,17 +69,11 @@ _STOP = object()
 class Scheduler:
     """Runs the probes of every target on their intervals; `publish` gets the changed views."""
 
-    def __init__(
-        self,
-        store: Store,
-        publish: Callable[[Sequence[TargetView]], None],
-        runner: ProbeRunner | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
+    def __init__(self, store: Store, publish: Callable[[Sequence[TargetView]], None]) -> None:
         self.store = store
-        self.runner = runner or ProbeRunner()
+        self.runner = ProbeRunner()
         self._publish = publish
-        self._schedule = Schedule(rng)
+        self._schedule = Schedule()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._probes: dict[str, dict[str, PlannedProbe]] = {}
         self._running: dict[Key, Run] = {}

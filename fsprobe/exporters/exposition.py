@@ -96,15 +96,14 @@ class Exposition:
             self._cache[view.path] = (view.version, samples)
         return samples
 
-    def warm(self, views: Iterable[TargetView]) -> None:
-        """Render changed targets now (the daemon calls this after each result), so that a
-        scrape finds everything cached; forget targets that are gone."""
-        views = list(views)
-        for view in views:
+    def warm(self, changed: Iterable[TargetView]) -> None:
+        """Render the changed targets now (the daemon calls this after each batch of results),
+        so that a scrape finds everything cached; forget targets that are no longer watched."""
+        for view in changed:
             self._samples(view)
-        paths = {view.path for view in views}
+        watched = {view.path for view in self._views()}
         with self._lock:
-            for path in [path for path in self._cache if path not in paths]:
+            for path in [path for path in self._cache if path not in watched]:
                 del self._cache[path]
 
     def fsprobe_text(self) -> bytes:
