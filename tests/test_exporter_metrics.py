@@ -310,6 +310,13 @@ def test_the_fast_exposition_is_byte_for_byte_what_the_registry_renders():
         exposition.fsprobe_text()
     )
 
+    for latest in (result("write", WRITE), result("statvfs", FS), result("write", error="EIO")):
+        exposition.warm([store.record("/a", latest)])  # the histogram changes, or not
+        assert exposition.fsprobe_text() == generate_latest(exposition.registry)
+    assert b'fsprobe_write_latency_seconds_count{op="total",path="/a"} 1.0' in (
+        exposition.fsprobe_text()
+    )  # the failed write recorded no timings
+
     store.configure([TargetSpec("/a")])  # a target removed on reload
     exposition.warm(store.views())
     assert exposition.fsprobe_text() == generate_latest(exposition.registry)
@@ -318,10 +325,12 @@ def test_the_fast_exposition_is_byte_for_byte_what_the_registry_renders():
 
 def test_render_adds_process_metrics_in_front():
     exposition = Exposition(full_store().views)
-    families = parse(exposition.render())
+    process, fsprobe = exposition.render()
+    families = parse(process + fsprobe)
     assert families["process_resident_memory_bytes"].samples[0].value > 0
     assert "fsprobe_health_status" in families
-    assert exposition.render().endswith(exposition.fsprobe_text())
+    assert fsprobe == exposition.fsprobe_text()
+    assert "fsprobe_health_status" not in parse(process)
 
 
 def test_textfile_is_replaced_atomically_without_timestamps(tmp_path):
@@ -362,7 +371,7 @@ def test_warming_one_changed_target_keeps_the_others_cached():
     assert {path: entry for path, entry in exposition._cache.items() if path != "/t3"} == {
         path: entry for path, entry in cached.items() if path != "/t3"
     }
-    assert exposition._cache["/t3"][0] == changed.version
+    assert exposition._cache["/t3"].version == changed.version
     store.configure([TargetSpec("/t1")])
     exposition.warm([])
     assert set(exposition._cache) == {"/t1"}

@@ -105,7 +105,7 @@ def test_tls_and_basic_auth_on_a_running_daemon(tmp_path):
 
 def test_unauthorized_answer_asks_for_basic_auth(tmp_path):
     server = MetricsServer(
-        ("127.0.0.1", 0), lambda: b"m 1\n", WebConfig(users={"u": hashed("p").encode()})
+        ("127.0.0.1", 0), lambda: (b"m 1\n",), WebConfig(users={"u": hashed("p").encode()})
     )
     server.start()
     try:
@@ -119,7 +119,7 @@ def test_unauthorized_answer_asks_for_basic_auth(tmp_path):
 
 
 def test_plain_http_without_web_config_paths_and_methods(tmp_path):
-    server = MetricsServer(("127.0.0.1", 0), lambda: b"fsprobe_x 1\n", WebConfig())
+    server = MetricsServer(("127.0.0.1", 0), lambda: (b"fsprobe_x 1\n",), WebConfig())
     server.start()
     host, port = server.address
     try:
@@ -144,7 +144,7 @@ def test_a_silent_client_does_not_stall_other_scrapes(tmp_path):
     cert, key = self_signed(tmp_path)
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-    server = MetricsServer(("127.0.0.1", 0), lambda: b"m 1\n", load_web_config(str(web)))
+    server = MetricsServer(("127.0.0.1", 0), lambda: (b"m 1\n",), load_web_config(str(web)))
     server.start()
     try:
         with socket.create_connection(server.address, timeout=5):  # connects, never handshakes
@@ -172,7 +172,7 @@ def test_client_certificates_are_required_and_verified(tmp_path):
         "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
         "  min_version: TLS13\n"
     )
-    server = MetricsServer(("127.0.0.1", 0), lambda: b"m 1\n", load_web_config(str(web)))
+    server = MetricsServer(("127.0.0.1", 0), lambda: (b"m 1\n",), load_web_config(str(web)))
     server.start()
 
     def scrape(context: ssl.SSLContext) -> bytes:

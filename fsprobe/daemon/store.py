@@ -38,6 +38,7 @@ class _Target:
     recent_write_errors: deque = field(default_factory=deque)
     errors: Counter = field(default_factory=Counter)
     latency: dict[str, Histogram] = field(default_factory=dict)
+    latency_version: int = 0
     last_success: dict[str, float] = field(default_factory=dict)
     redirected_pending_bytes: int | None = None
 
@@ -85,6 +86,8 @@ class Store:
                 if isinstance(result.value, WriteProbeResult):
                     for op, seconds in result.value.latency_seconds.items():
                         target.latency[op] = target.latency.get(op, Histogram()).observe(seconds)
+                    self._version += 1
+                    target.latency_version = self._version
             return self._publish(target)
 
     def set_redirected_pending_bytes(self, path: str, pending: int | None) -> None:
@@ -115,6 +118,7 @@ class Store:
             last_success=dict(target.last_success),
             errors=dict(target.errors),
             write_latency=dict(target.latency),
+            latency_version=target.latency_version,
             redirected_pending_bytes=target.redirected_pending_bytes,
             updated_at=now,
             version=self._version,

@@ -223,11 +223,13 @@ def target_families(views: Iterable[TargetView]) -> list[Metric]:
     """The per-target families of DESIGN §6 for `views`, in a fixed order."""
     families = empty_families()
     for view in views:
-        _add_target(families, view)
+        add_values(families, view)
+        add_latency(families, view)
     return list(families.values())
 
 
-def _add_target(families: dict[str, Metric], view: TargetView) -> None:
+def add_values(families: dict[str, Metric], view: TargetView) -> None:
+    """Every sample of `view` except the write-latency histogram."""
     path = _label(view.path)
     families["fsprobe_health_status"].add_metric([path], float(view.verdict.status))
     _add_probes(families, view, path)
@@ -246,13 +248,19 @@ def _add_target(families: dict[str, Metric], view: TargetView) -> None:
         if tmpdir is not None:
             families["fsprobe_tmpdir_same_device"].add_metric([path], float(tmpdir.same_device))
 
-    for op, histogram in view.write_latency.items():
-        buckets = [(floatToGoString(bound), count) for bound, count in histogram.cumulative()]
-        families["fsprobe_write_latency_seconds"].add_metric([path, op], buckets, histogram.total)
     if view.redirected_pending_bytes is not None:
         families["fsprobe_redirected_pending_bytes"].add_metric(
             [path], float(view.redirected_pending_bytes)
         )
+
+
+def add_latency(families: dict[str, Metric], view: TargetView) -> None:
+    """The write-latency histogram of `view`: most of its lines, and it changes only when a
+    write probe ends, so renderers can keep it apart from the rest."""
+    path = _label(view.path)
+    for op, histogram in view.write_latency.items():
+        buckets = [(floatToGoString(bound), count) for bound, count in histogram.cumulative()]
+        families["fsprobe_write_latency_seconds"].add_metric([path, op], buckets, histogram.total)
 
 
 def _add_probes(families: dict[str, Metric], view: TargetView, path: str) -> None:

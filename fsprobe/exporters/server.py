@@ -5,8 +5,8 @@ What differs from `prometheus_client.start_http_server`, and why:
 - the TLS handshake happens in the connection's own thread, not in the accepting loop, so a
   client that connects and stays silent cannot stall every other scrape;
 - basic auth (bcrypt) in front of every path, as exporter-toolkit does;
-- the body comes from `Exposition.render()`, the cached rendering, so a scrape costs a join of
-  bytes and never waits for a probe;
+- the body comes from `Exposition.render()`, the cached rendering, so a scrape sends bytes that
+  are ready and never waits for a probe;
 - no reverse DNS lookup of the listen address at start (`HTTPServer.server_bind` does one);
 - the security settings can be swapped on a reload without dropping the socket.
 
@@ -21,7 +21,7 @@ import socket
 import socketserver
 import ssl
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
@@ -91,8 +91,9 @@ class MetricsServer:
     """Serves `render()` at /metrics on `address`, as the web config says."""
 
     def __init__(
-        self, address: tuple[str, int], render: Callable[[], bytes], web: WebConfig
+        self, address: tuple[str, int], render: Callable[[], Sequence[bytes]], web: WebConfig
     ) -> None:
+        """`render` returns the body of /metrics, in one or more pieces."""
         self._render = render
         host, port = address
         family, _type, _proto, _name, sockaddr = socket.getaddrinfo(
@@ -150,14 +151,18 @@ class MetricsServer:
             start_response("405 Method Not Allowed", [*headers, ("Allow", "GET, HEAD")])
             return [b""]
         if path == "/metrics":
-            body, content_type = self._render(), CONTENT_TYPE_PLAIN_0_0_4
+            body, content_type = list(self._render()), CONTENT_TYPE_PLAIN_0_0_4
         elif path == "/":
-            body, content_type = _LANDING, "text/html; charset=utf-8"
+            body, content_type = [_LANDING], "text/html; charset=utf-8"
         else:
             start_response("404 Not Found", [*headers, ("Content-Type", "text/plain")])
             return [b"Not found: try /metrics\n"]
         start_response(
             "200 OK",
-            [*headers, ("Content-Type", content_type), ("Content-Length", str(len(body)))],
+            [
+                *headers,
+                ("Content-Type", content_type),
+                ("Content-Length", str(sum(len(piece) for piece in body))),
+            ],
         )
-        return [body if method == "GET" else b""]
+        return body if method == "GET" else [b""]

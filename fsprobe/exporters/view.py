@@ -69,7 +69,9 @@ class Histogram:
 class TargetView:
     """One target: the latest snapshot and verdict, and the counters kept since the start.
 
-    `version` grows with every change, so that renderers can cache per target.
+    `version` grows with every change, `latency_version` with every change of the histogram
+    (a write probe ending), so that renderers can cache per target and keep the histogram's
+    many lines apart; both are unique across targets.
     """
 
     path: str
@@ -79,6 +81,7 @@ class TargetView:
     last_success: Mapping[str, float] = field(default_factory=dict)
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, errno) -> n
     write_latency: Mapping[str, Histogram] = field(default_factory=dict)  # op -> histogram
+    latency_version: int = 0
     redirected_pending_bytes: int | None = None
     updated_at: float = 0.0
     version: int = 0
