@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -135,12 +136,13 @@ class DaemonProcess:
                 raise AssertionError(f"{name}{labels} is {value}, not {expected}:\n{self.log()}")
             time.sleep(0.05)
 
+    def workers(self) -> list[psutil.Process]:
+        """The daemon's child processes: its probe worker."""
+        return psutil.Process(self.pid).children(recursive=True)
+
     def threads(self) -> int:
-        with open(f"/proc/{self.pid}/status") as status:
-            for line in status:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-        raise AssertionError("no Threads: line")
+        """Threads of the daemon and of its probe worker together."""
+        return sum(process.num_threads() for process in [psutil.Process(self.pid), *self.workers()])
 
     def send(self, number: int) -> None:
         assert self.proc is not None

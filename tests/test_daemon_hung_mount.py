@@ -8,19 +8,17 @@ the mount comes back.
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fsprobe.state import StateReader
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
-#: The daemon's own threads beside the probe workers: main, scheduler, HTTP server, and a
-#: connection thread or two while a scrape is being served.
-CONSTANT_THREADS = 5
+#: Threads beside the probes' own: the daemon's main, scheduler, HTTP server and worker reader
+#: threads, a connection thread or two while a scrape is served, the worker's main thread.
+CONSTANT_THREADS = 7
 KINDS = 3  # statvfs, write, tmpdir (quota and lfs df are off)
 
 
@@ -120,11 +118,9 @@ def test_a_hung_mount_blocks_one_worker_never_the_daemon_and_recovers(tmp_path, 
         daemon.stop()
 
 
-def test_sigterm_while_a_probe_hangs_stops_serving_within_a_second(tmp_path, faultfs):
-    """The daemon stops everything it controls within a second. The process itself can only
-    exit once the kernel lets go of the thread stuck in `statfs`: a FUSE request already
-    handed to the filesystem is waited out even by a fatal signal (NFS and Lustre hard mounts
-    behave alike). So that is asserted after the release."""
+def test_sigterm_while_a_probe_hangs_still_stops_within_a_second(tmp_path, faultfs):
+    """The probe stuck in `statfs` is a thread of the probe worker process, never of the
+    daemon: the daemon exits at once, the worker when the kernel lets go of that thread."""
     target = faultfs.mountpoint / "ckpt"
     target.mkdir()
     daemon = start_daemon(tmp_path, target)
@@ -132,18 +128,18 @@ def test_sigterm_while_a_probe_hangs_stops_serving_within_a_second(tmp_path, fau
     try:
         faultfs.ctl.wait_blocked(rule, timeout=5.0)
         daemon.wait_for_value("fsprobe_mount_stuck", 1.0, timeout=5.0, path=str(target))
-        host, port = daemon.url.split("//")[1].split("/")[0].rsplit(":", 1)
+        (worker,) = daemon.workers()
         start = time.monotonic()
         daemon.send(signal.SIGTERM)
-        daemon.wait_for_log("event=stopped", timeout=5.0)
+        code = daemon.wait(timeout=5)
         elapsed = time.monotonic() - start
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection((host, int(port)), timeout=1.0)
-        state = StateReader(str(daemon.state_dir)).read()
+        assert worker.is_running()  # still in the kernel, left behind
     finally:
         faultfs.ctl.remove(rule)
-    assert daemon.wait(timeout=5) == 0, daemon.log()
+    assert code == 0, daemon.log()
     assert elapsed < 1.0, f"took {elapsed:.2f} s to stop"
+    worker.wait(timeout=5)  # the released call returns, the worker sees us gone and exits
+    state = StateReader(str(daemon.state_dir)).read()
     report = state.targets[str(target)]
     assert report["status"] == "unhealthy"
     assert "mount_stuck" in [reason["code"] for reason in report["reasons"]]

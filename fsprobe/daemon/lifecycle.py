@@ -3,9 +3,10 @@
 Signals are taken through a wakeup pipe and handled in the main thread, between waits: a
 handler itself only wakes the loop, so no lock can be taken half-way by a signal. SIGTERM and
 SIGINT stop the daemon within a second: the scheduler and the HTTP server are asked to stop,
-probes stuck in the kernel are abandoned (they are daemon threads), and the state file — always
-replaced atomically — stays valid. SIGHUP re-reads the configuration; a configuration that does
-not pass its checks is logged and the running one kept.
+probes stuck in the kernel are abandoned (they block a thread of the probe worker process,
+never one of ours), and the state file — always replaced atomically — stays valid. SIGHUP
+re-reads the configuration; a configuration that does not pass its checks is logged and the
+running one kept.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
 from fsprobe.model import Status
-from fsprobe.runner import ProbeRunner, Run
+from fsprobe.runner import Run
 from fsprobe.state import StateFileError, ensure_state_dir
+from fsprobe.worker import shared_runner
 
 
 class StartupError(Exception):
@@ -168,7 +170,7 @@ def run_once(config: Config) -> Status:
     exposition = Exposition(store.views, process_metrics=False)
     publisher = Publisher(store.views, exposition, config.state_dir, config.textfile_dir)
     store.configure(target_spec(target) for target in config.targets)
-    runner = ProbeRunner()
+    runner = shared_runner()
     plans = {target.path: planned_probes(target) for target in config.targets}
     runs: dict[tuple[str, str], Run] = {
         (path, kind): runner.submit(path, kind, probe.function, probe.deadline)

@@ -1,11 +1,13 @@
 """The scheduler: one thread that starts every probe on time and never waits for one.
 
-Probes run in the `ProbeRunner`'s abandonable threads; their results come back through the
-future's done-callback into this thread's inbox. The loop sleeps until the next probe is due,
-a result arrives, or a run in flight reaches its deadline, whichever is first. So a hung mount
-costs one blocked worker per probe kind at most (the runner starts nothing new on a target
-while one of its probes is overdue), a `stuck` mark published once by the watchdog, and
-nothing else: the other targets, the scrapes and the signals go on.
+Probes run in the process's shared `ProbeRunner`, whose worker process makes the filesystem
+calls (so that a thread stuck in the kernel is never one of ours, and the daemon can always
+exit); their results come back through the future's done-callback into this thread's inbox.
+The loop sleeps until the next probe is due, a result arrives, or a run in flight reaches its
+deadline, whichever is first. So a hung mount costs one blocked worker thread per probe kind at
+most (the runner starts nothing new on a target while one of its probes is overdue), a `stuck`
+mark published once by the watchdog, and nothing else: the other targets, the scrapes and the
+signals go on.
 
 When a run that was marked stuck finally returns, the target's other probes, which were refused
 while it hung, run again at once: the target recovers by itself, without waiting an interval.
@@ -28,7 +30,8 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
 from fsprobe.plan import PlannedProbe, plan
-from fsprobe.runner import ProbeRunner, Run
+from fsprobe.runner import Run
+from fsprobe.worker import shared_runner
 
 #: Wake this long after a run's deadline, so that the run reads as overdue when checked.
 _DEADLINE_SLACK = 0.01
@@ -71,7 +74,7 @@ class Scheduler:
 
     def __init__(self, store: Store, publish: Callable[[Sequence[TargetView]], None]) -> None:
         self.store = store
-        self.runner = ProbeRunner()
+        self.runner = shared_runner()
         self._publish = publish
         self._schedule = Schedule()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
