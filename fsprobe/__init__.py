@@ -19,7 +19,19 @@ __version__ = "0.1.0"
 from fsprobe.check import check
 from fsprobe.preflight import Decision, preflight
 from fsprobe.report import Report
-from fsprobe.saving import SaveError, SaveResult, atomic_write, save
+
+#: Loaded on first use: the save path pulls in psutil and the checksum code, which the probe
+#: worker process (it imports this package too) and a plain `fsprobe check` never need.
+_SAVING = ("SaveError", "SaveResult", "atomic_write", "save")
+
+
+def __getattr__(name: str):
+    if name in _SAVING:
+        from fsprobe import saving
+
+        return getattr(saving, name)
+    raise AttributeError(f"module 'fsprobe' has no attribute {name!r}")
+
 
 __all__ = [
     "Decision",

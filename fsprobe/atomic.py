@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import socket
 from dataclasses import dataclass
 
@@ -46,7 +45,7 @@ def hostname() -> str:
 
 def temp_name(base: str) -> str:
     """A fresh hidden temporary name for a file that will be renamed to `base`."""
-    return f"{_PREFIX}{hostname()}~{os.getpid()}~{secrets.token_hex(4)}~{base[:_MAX_BASE]}{_SUFFIX}"
+    return f"{_PREFIX}{hostname()}~{os.getpid()}~{os.urandom(4).hex()}~{base[:_MAX_BASE]}{_SUFFIX}"
 
 
 def parse_temp_name(name: str) -> TempName | None:

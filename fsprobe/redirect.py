@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -84,6 +83,10 @@ def prepare_directory(fallback: str, actual: str) -> None:
 
 
 def sha256_of(path: str) -> str:
+    # Imported here: hashlib loads OpenSSL (several MiB), and this module is imported by every
+    # preflight, also in the probe worker, while only a redirect or a sync ever hashes.
+    import hashlib
+
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as stream:
         while chunk := stream.read(_READ_CHUNK):

@@ -19,18 +19,52 @@ import itertools
 import logging
 import os
 import pickle
+import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from multiprocessing.connection import Connection, Pipe
 
 from fsprobe.model import ProbeResult
 from fsprobe.runner import ProbeRunner, timed_call
 
 log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("!I")
+
+
+class Channel:
+    """Pickled messages over a socket pair, each preceded by its length.
+
+    `multiprocessing.connection` would do the same, but it imports `hmac`, which loads
+    OpenSSL: several MiB in every worker beside every training job, for a pipe between two of
+    our own processes.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._reader = sock.makefile("rb")
+
+    def send(self, message: object) -> None:
+        payload = pickle.dumps(message)
+        self.sock.sendall(_LENGTH.pack(len(payload)) + payload)
+
+    def recv(self) -> object:
+        header = self._reader.read(_LENGTH.size)
+        if len(header) < _LENGTH.size:
+            raise EOFError("the other end closed the channel")
+        (length,) = _LENGTH.unpack(header)
+        payload = self._reader.read(length)
+        if len(payload) < length:
+            raise EOFError("the channel closed in the middle of a message")
+        return pickle.loads(payload)
+
+    def close(self) -> None:
+        self._reader.close()
+        self.sock.close()
 
 
 class ProcessExecutor:
@@ -40,7 +74,7 @@ class ProcessExecutor:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._pending: dict[int, tuple[str, Future]] = {}
-        self._connection: Connection | None = None
+        self._connection: Channel | None = None
         self._process: subprocess.Popen | None = None
 
     def submit(self, probe: str, function: Callable[[], object]) -> Future:
@@ -55,10 +89,11 @@ class ProcessExecutor:
                 future.set_result(_lost(probe, f"cannot hand the probe to the worker: {error}"))
         return future
 
-    def _ensure_worker(self) -> Connection:
+    def _ensure_worker(self) -> Channel:
         if self._connection is not None:
             return self._connection
-        ours, theirs = Pipe(duplex=True)
+        parent_end, theirs = socket.socketpair()
+        ours = Channel(parent_end)
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "fsprobe.worker", str(theirs.fileno())],
@@ -79,7 +114,7 @@ class ProcessExecutor:
         ).start()
         return ours
 
-    def _read_results(self, connection: Connection, process: subprocess.Popen) -> None:
+    def _read_results(self, connection: Channel, process: subprocess.Popen) -> None:
         while True:
             try:
                 job, result = connection.recv()
@@ -91,7 +126,7 @@ class ProcessExecutor:
                 entry[1].set_result(result)
         self._worker_lost(connection, process)
 
-    def _worker_lost(self, connection: Connection, process: subprocess.Popen) -> None:
+    def _worker_lost(self, connection: Channel, process: subprocess.Popen) -> None:
         """Fail what the dead worker still owed; the next submission starts a new one."""
         status = process.poll()
         with self._lock:
@@ -131,7 +166,7 @@ def _lost(probe: str, message: str) -> ProbeResult:
     return ProbeResult(probe, time.time(), 0.0, error="EUNKNOWN", message=message)
 
 
-def _serve(connection: Connection) -> None:
+def _serve(connection: Channel) -> None:
     send_lock = threading.Lock()
 
     def run(job: int, probe: str, function: Callable[[], object]) -> None:
@@ -148,7 +183,7 @@ def _serve(connection: Connection) -> None:
 
 
 def main(argv: list[str]) -> None:
-    _serve(Connection(int(argv[1])))
+    _serve(Channel(socket.socket(fileno=int(argv[1]))))
     os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer
 
 
