@@ -442,9 +442,14 @@ def evaluate(
     return Verdict(_status(reasons, fresh), _ordered(reasons), headroom, fits)
 
 
-def _status(reasons: list[Reason], fresh: Mapping[str, object]) -> Status:
+#: The probes whose success says something about the target's health on its own; the $TMPDIR
+#: check alone does not (a target must not read "ok" because only that one has answered yet).
+_HEALTH_PROBES = ("statvfs", "write", "quota", "lfs_df")
+
+
+def _status(reasons: list[Reason], fresh: Mapping[str, ProbeResult]) -> Status:
     worst = max((reason.severity for reason in reasons), default=Status.OK)
-    anything_usable = any(result.ok for result in fresh.values())
+    anything_usable = any(fresh[kind].ok for kind in _HEALTH_PROBES if kind in fresh)
     if not anything_usable and worst is not Status.UNHEALTHY:
         return Status.UNKNOWN
     return worst

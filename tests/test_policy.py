@@ -91,6 +91,10 @@ def test_nothing_probed_is_unknown():
     assert judge().status is Status.UNKNOWN
 
 
+def test_the_tmpdir_check_alone_says_nothing_about_health():
+    assert judge(result("tmpdir", TmpdirInfo("/ckpt", True))).status is Status.UNKNOWN
+
+
 def test_every_probe_failed_is_unknown_with_the_reason():
     verdict = judge(result("statvfs", error="EACCES", message="Permission denied"))
     assert verdict.status is Status.UNKNOWN
