@@ -23,6 +23,7 @@ from typing import Any
 from fsprobe.plan import ProbeSettings
 from fsprobe.policy import DEFAULT_INTERVALS, Thresholds
 from fsprobe.quota import QuotaSettings
+from fsprobe.redirect import all_fallback_dirs
 from fsprobe.state import default_state_dir
 from fsprobe.units import parse_size
 
@@ -62,6 +63,7 @@ class TargetConfig:
     quota_probe: str = "auto"
     quota_enabled: bool = True
     fallback_dirs: tuple[str, ...] = ()
+    sync_redirected: bool = False  # copy redirected checkpoints back once the target is healthy
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Overrides:
     web_config: str | None = None
     lfs: str | None = None
     log_level: str | None = None
+    sync_redirected: bool | None = None
 
 
 # -- value checkers: (value) -> converted value, or _Invalid(reason) ---------------------------
@@ -455,6 +458,7 @@ def _target(
     thresholds: Mapping[str, Any],
     lfs_override: str | None,
     environ: Mapping[str, str],
+    sync_redirected: bool,
 ) -> TargetConfig:
     """Build one target from the merged defaults and its own keys."""
     intervals = {
@@ -485,7 +489,8 @@ def _target(
         intervals=intervals,
         quota_probe=mode,
         quota_enabled=quota_probes_enabled(mode, environ),
-        fallback_dirs=tuple(values.get("fallback_dirs", ())),
+        fallback_dirs=all_fallback_dirs(values.get("fallback_dirs", ()), environ),
+        sync_redirected=sync_redirected,
     )
 
 
@@ -524,6 +529,11 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
         return in_file
 
     lfs = overrides.lfs or environ.get("FSPROBE_LFS") or None
+    sync_redirected = bool(
+        overrides.sync_redirected
+        if overrides.sync_redirected is not None
+        else file.top.get("sync_redirected", False)
+    )
     targets = [
         _target(
             _absolute(values["path"], file.base_dir),
@@ -531,6 +541,7 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
             {**file.default_thresholds, **thresholds},
             lfs,
             environ,
+            sync_redirected,
         )
         for values, thresholds in file.targets
     ]
@@ -539,7 +550,11 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
         absolute = os.path.abspath(os.path.expanduser(path))
         if absolute not in listed:
             listed.add(absolute)
-            targets.append(_target(absolute, file.defaults, file.default_thresholds, lfs, environ))
+            targets.append(
+                _target(
+                    absolute, file.defaults, file.default_thresholds, lfs, environ, sync_redirected
+                )
+            )
     if not targets:
         raise ConfigError(
             "no target to watch: give a directory (`fsprobe run /path/to/ckpt`) or a config "
@@ -554,7 +569,7 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
         textfile_dir=_abspath_or_none(pick("textfile_dir")),
         web_config=_abspath_or_none(pick("web_config")),
         log_level=overrides.log_level or file.top.get("log_level", "info"),
-        sync_redirected=file.top.get("sync_redirected", False),
+        sync_redirected=sync_redirected,
         source=os.path.abspath(config_file) if config_file else None,
     )
 

@@ -300,6 +300,16 @@ def pending_bytes(fallback_dirs: Iterable[str], under: str) -> int:
     return sum(entry.bytes for entry in pending(fallback_dirs) if _is_under(entry.requested, under))
 
 
+def pending_after_sync(target: str, fallback_dirs: Iterable[str], sync_back: bool) -> int:
+    """The daemon's redirect probe: sync back what `target` can take now (if asked), then count.
+
+    Returns the bytes still waiting in the fallback directories to go back to `target`.
+    """
+    if sync_back:
+        sync(fallback_dirs, under=target)
+    return pending_bytes(fallback_dirs, under=target)
+
+
 def newest_copy(requested: str, fallback_dirs: Iterable[str]) -> str:
     """The path holding the newest checkpoint saved as `requested`: itself or a redirected copy.
 
@@ -513,12 +523,14 @@ def sync(
     prune_superseded: bool = False,
     state_dir: str | None = None,
     timeout: float = 10.0,
+    under: str | None = None,
 ) -> list[SyncOutcome]:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
     Newest first, so that an older redirected copy of the same path finds the newer one already
     in place and is reported as superseded instead of overwriting it. Settled entries (synced,
-    pruned, replaced, missing) leave the manifest; the rest stay for the next run.
+    pruned, replaced, missing) leave the manifest; the rest stay for the next run. With `under`,
+    only the checkpoints that were meant for that directory (or below it) are handled.
     """
     outcomes: list[SyncOutcome] = []
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
@@ -527,6 +539,9 @@ def sync(
         except (UntrustedManifest, OSError) as error:
             log.warning("skipping the redirect manifest in %s: %s", fallback, error)
             continue
+        if under is not None:
+            live = [entry for entry in live if _is_under(entry.requested, under)]
+            replaced = [entry for entry in replaced if _is_under(entry.requested, under)]
         outcomes += [
             SyncOutcome(entry, "replaced", f"{entry.actual} was overwritten by a later save")
             for entry in replaced

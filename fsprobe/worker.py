@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from fsprobe.model import ProbeResult
-from fsprobe.runner import ProbeRunner, timed_call
+from fsprobe.runner import ProbeRunner, ThreadExecutor, timed_call
 
 log = logging.getLogger(__name__)
 
@@ -149,16 +149,21 @@ _shared: ProbeRunner | None = None
 _shared_lock = threading.Lock()
 
 
+_in_worker = False
+
+
 def shared_runner() -> ProbeRunner:
     """The probe runner of this process, with its one worker process (started on first use).
 
     Shared by `fsprobe.check`, the save hook and the daemon, so that a target already hung is
     not probed again by anyone in this process: one blocked call per target, whoever asks.
+    Inside the worker process itself (a sync that runs a preflight) probes run in threads: the
+    worker is already the process that may be left behind.
     """
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = ProbeRunner(ProcessExecutor())
+            _shared = ProbeRunner(ThreadExecutor() if _in_worker else ProcessExecutor())
         return _shared
 
 
@@ -183,9 +188,15 @@ def _serve(connection: Channel) -> None:
 
 
 def main(argv: list[str]) -> None:
+    global _in_worker
+    _in_worker = True
     _serve(Channel(socket.socket(fileno=int(argv[1]))))
     os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    # Run as `python -m fsprobe.worker`, this file is `__main__`; the state that `shared_runner`
+    # reads lives in the module `fsprobe.worker`, which the probes import, so start from there.
+    from fsprobe.worker import main as worker_main
+
+    worker_main(sys.argv)

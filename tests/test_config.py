@@ -42,6 +42,7 @@ def test_a_path_alone_needs_no_file(tmp_path):
         "quota": 300.0,
         "lfs_df": 300.0,
         "tmpdir": 60.0,
+        "redirect": 60.0,
     }
     assert target.settings.deadline == 10.0
     assert target.settings.write_bytes == 1024 * 1024
@@ -342,3 +343,18 @@ def test_the_shipped_systemd_example_is_accepted():
     config = load(Overrides(config_file=str(example)), environ={})
     assert len(config.targets) >= 1
     assert all(target.quota_enabled for target in config.targets)
+
+
+def test_fallback_dirs_come_from_the_target_and_the_environment(tmp_path):
+    config = load(
+        Overrides(
+            config_file=write(
+                tmp_path, f'[[targets]]\npath = "{tmp_path}"\nfallback_dirs = ["/scratch/a"]\n'
+            ),
+            sync_redirected=True,
+        ),
+        environ={"FSPROBE_FALLBACK_DIRS": "/scratch/b:/scratch/a"},
+    )
+    (target,) = config.targets
+    assert target.fallback_dirs == ("/scratch/a", "/scratch/b")
+    assert target.sync_redirected and config.sync_redirected

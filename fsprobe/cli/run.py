@@ -23,7 +23,8 @@ class _CannotStart(click.ClickException):
 
 
 @click.command()
-@click.argument("paths", nargs=-1, metavar="[PATH]...", type=click.Path(file_okay=False))
+# Plain strings, not click.Path: checking them would stat them here, and hang on a hung mount.
+@click.argument("paths", nargs=-1, metavar="[PATH]...")
 @click.option(
     "--config",
     "config_file",
@@ -59,6 +60,13 @@ class _CannotStart(click.ClickException):
     "--lfs", metavar="BIN", help="The lfs binary [env FSPROBE_LFS; default: lfs on PATH]."
 )
 @click.option(
+    "--sync-redirected",
+    is_flag=True,
+    default=None,
+    help="Copy checkpoints that fsprobe.save redirected to a fallback directory back to their "
+    "target once it is healthy (checksum verified; a newer checkpoint is never overwritten).",
+)
+@click.option(
     "--once",
     is_flag=True,
     help="Run every probe once, write the state file (and textfile), exit with the worst "
@@ -75,6 +83,7 @@ def run(
     textfile_dir: str | None,
     web_config: str | None,
     lfs: str | None,
+    sync_redirected: bool | None,
     once: bool,
     verbose: bool,
 ) -> int:
@@ -106,6 +115,7 @@ def run(
         web_config=web_config,
         lfs=lfs,
         log_level="debug" if verbose else None,
+        sync_redirected=sync_redirected,
     )
     try:
         config = configuration.load(overrides)

@@ -30,6 +30,7 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
 from fsprobe.plan import PlannedProbe, plan
+from fsprobe.redirect import pending_after_sync
 from fsprobe.runner import Run
 from fsprobe.worker import shared_runner
 
@@ -39,12 +40,29 @@ _DEADLINE_SLACK = 0.01
 _MAX_SLEEP = 5.0
 
 
+#: How long a redirect probe that copies checkpoints back may take before it counts as stuck:
+#: copying gigabytes is slow, not hung.
+SYNC_DEADLINE = 3600.0
+
+
 def planned_probes(target: TargetConfig) -> dict[str, PlannedProbe]:
-    """The probes that run on `target`: the plan, less quota and `lfs df` where disabled."""
+    """The probes that run on `target`: the plan, less quota and `lfs df` where disabled, plus
+    counting (and with `sync_redirected`, copying back) the checkpoints redirected away from it.
+    """
     probes = plan(target.path, target.settings)
     if not target.quota_enabled:
         for kind in QUOTA_KINDS:
             probes.pop(kind, None)
+    if target.fallback_dirs:
+        probes["redirect"] = PlannedProbe(
+            functools.partial(
+                pending_after_sync,
+                target.path,
+                target.fallback_dirs,
+                target.sync_redirected,
+            ),
+            SYNC_DEADLINE if target.sync_redirected else target.settings.deadline,
+        )
     return probes
 
 

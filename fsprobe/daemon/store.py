@@ -81,6 +81,8 @@ class Store:
                 target.errors[(result.probe, result.error)] += 1
             if result.ok:
                 target.last_success[result.probe] = result.finished_at
+            if result.probe == "redirect" and result.ok:
+                target.redirected_pending_bytes = result.value
             if result.probe == "write" and not result.stuck:
                 target.recent_write_errors.append(result.error)
                 if isinstance(result.value, WriteProbeResult):
