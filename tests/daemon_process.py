@@ -140,6 +140,14 @@ class DaemonProcess:
         """The daemon's child processes: its probe worker."""
         return psutil.Process(self.pid).children(recursive=True)
 
+    def wait_for_present(self, name: str, timeout: float = 15.0) -> None:
+        """Wait until at least one sample named `name` is exported."""
+        deadline = time.monotonic() + timeout
+        while name not in self.metrics():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {name} after {timeout} s:\n{self.log()}")
+            time.sleep(0.05)
+
     def threads(self) -> int:
         """Threads of the daemon and of its probe worker together."""
         return sum(process.num_threads() for process in [psutil.Process(self.pid), *self.workers()])
