@@ -16,7 +16,6 @@ import json
 import os
 import stat
 import tempfile
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -140,14 +139,16 @@ class StateFile:
 
 
 class StateReader:
-    """Reads the state file with the trust checks, re-parsing only when the file changed."""
+    """Reads the state file with the trust checks, re-parsing only when the file changed.
+
+    The cache is one (identity, parsed file) pair held in a single attribute: replacing it is
+    atomic, so readers in several threads need no lock on the path every save takes.
+    """
 
     def __init__(self, state_dir: str | None = None) -> None:
         self.state_dir = state_dir or default_state_dir()
         self.path = os.path.join(self.state_dir, STATE_FILE)
-        self._lock = threading.Lock()
-        self._identity: tuple[int, ...] | None = None
-        self._cached: StateFile | None = None
+        self._cache: tuple[tuple[int, ...], StateFile] | None = None
 
     def read(self) -> StateFile | None:
         """The trusted state, or None when there is no state file (no daemon running).
@@ -158,14 +159,13 @@ class StateReader:
             info = os.lstat(self.path)
         except FileNotFoundError:
             return None
-        identity = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_uid, info.st_mode)
-        with self._lock:
-            if identity == self._identity and self._cached is not None:
-                return self._cached
+        identity = (info.st_mtime_ns, info.st_ino, info.st_size, info.st_uid, info.st_mode)
+        cache = self._cache
+        if cache is not None and cache[0] == identity:
+            return cache[1]
         _check_trusted(os.lstat(self.state_dir), self.state_dir, "state directory", True)
         state = self._parse()
-        with self._lock:
-            self._identity, self._cached = identity, state
+        self._cache = (identity, state)
         return state
 
     def _parse(self) -> StateFile:
