@@ -386,6 +386,10 @@ def _read_file(file: str) -> _FileSettings:
         values = reader.fields(target, path, _TARGET_KEYS, tables=("thresholds",))
         if "path" not in values:
             raise reader.error(path, "a target needs a path")
+        base_dir = os.path.dirname(file) or "."
+        values["path"] = _absolute(values["path"], base_dir)
+        if "fallback_dirs" in values:
+            values["fallback_dirs"] = tuple(_absolute(d, base_dir) for d in values["fallback_dirs"])
         thresholds = reader.fields(
             reader.table(target.get("thresholds", {}), (*path, "thresholds")),
             (*path, "thresholds"),
@@ -536,7 +540,7 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
     )
     targets = [
         _target(
-            _absolute(values["path"], file.base_dir),
+            values["path"],
             {**file.defaults, **values},
             {**file.default_thresholds, **thresholds},
             lfs,

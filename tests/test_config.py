@@ -358,3 +358,21 @@ def test_fallback_dirs_come_from_the_target_and_the_environment(tmp_path):
     (target,) = config.targets
     assert target.fallback_dirs == ("/scratch/a", "/scratch/b")
     assert target.sync_redirected and config.sync_redirected
+
+
+def test_the_documented_example_loads_as_written():
+    example = Path(__file__).resolve().parents[1] / "docs" / "fsprobe.example.toml"
+    config = load(Overrides(config_file=str(example)), environ={})
+    llm, home = config.targets
+    assert llm.settings.quota.project == 4242
+    assert llm.fallback_dirs == ("/lustre/work/proj/llm/fallback",)
+    assert home.settings.write_probe is False
+    assert home.intervals["statvfs"] == 30
+    assert home.settings.thresholds.headroom_degraded_ratio == 0.20
+
+
+def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path):
+    written = write(tmp_path, '[[targets]]\npath = "ckpt"\nfallback_dirs = ["../fallback"]\n')
+    (target,) = load(Overrides(config_file=written), environ={}).targets
+    assert target.path == str(tmp_path / "ckpt")
+    assert target.fallback_dirs == (str(tmp_path.parent / "fallback"),)
