@@ -61,6 +61,26 @@ def open_exclusive(path: str, mode: int = 0o600) -> int:
     return os.open(path, EXCLUSIVE_FLAGS, mode)
 
 
+def publish_file(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` so that a reader sees the old content or the new, never half.
+
+    For what fsprobe publishes for others to read (the state file, the node_exporter textfile):
+    a temp file of ours in the same directory, then a rename. No fsync: these files are
+    rewritten every few seconds, and after a crash the next probe round writes them again.
+    """
+    directory, name = os.path.split(path)
+    temporary = os.path.join(directory, temp_name(name))
+    fd = open_exclusive(temporary, mode)
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            os.fchmod(stream.fileno(), mode)  # exactly `mode`, whatever the umask
+            stream.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
 def fsync_directory(path: str) -> None:
     """Make a rename in `path` durable: without this a crash can undo it."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fsprobe.atomic import publish_file
+
 SCHEMA = 1
 STATE_FILE = "state.json"
 
@@ -95,15 +97,7 @@ def replace_state_file(state_dir: str, data: bytes) -> str:
     """Write `data` as the state file, atomically (temporary file in the same dir, rename)."""
     ensure_state_dir(state_dir)
     path = os.path.join(state_dir, STATE_FILE)
-    fd, temporary = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=state_dir)
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            os.fchmod(stream.fileno(), 0o644)  # a node daemon running as root serves every user
-            stream.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    publish_file(path, data, 0o644)  # world-readable: a node daemon running as root serves all
     return path
 
 

@@ -22,7 +22,7 @@ caller only as a bare EINVAL.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +30,7 @@ import pytest
 
 from tests.support.capability import fuse_problem, require, tmpfs_problem
 from tests.support.faultmount import FaultFS
+from tests.support.prometheus import Prometheus
 from tests.support.tmpfs import Tmpfs
 
 MOUNT_FIXTURES = frozenset({"tmpfs", "faultfs", "faultfs_factory"})
@@ -39,6 +40,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MOUNT_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.mount)
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_state_from_the_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A test sees no fsprobe daemon state and no fallback directories unless it makes them.
+
+    The save hook reads both from the environment (FSPROBE_STATE_DIR, FSPROBE_FALLBACK_DIRS);
+    a developer's own daemon must not change what a test decides.
+    """
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
 
 
 @pytest.fixture
@@ -98,3 +110,22 @@ def faultfs_factory(tmp_path: Path) -> Iterator[Callable[..., FaultFS]]:
 @pytest.fixture
 def faultfs(faultfs_factory: Callable[..., FaultFS]) -> FaultFS:
     return faultfs_factory()
+
+
+@pytest.fixture
+def prometheus_for(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
+    """A factory: ``prometheus_for("127.0.0.1:PORT", rule_files=[...])`` starts a real
+    Prometheus scraping that address every second, ready to query; stopped after the test."""
+    started: list[Prometheus] = []
+
+    def start(scrape_target: str, rule_files: Sequence[Path] = ()) -> Prometheus:
+        home = tmp_path / f"prometheus{len(started)}"
+        home.mkdir()
+        server = Prometheus(home, scrape_target, rule_files)
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

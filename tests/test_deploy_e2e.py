@@ -36,7 +36,7 @@ def wait_until(condition, timeout: float, what: str):
     return result
 
 
-def test_inode_headroom_alert_follows_the_filesystem(tmp_path, tmpfs):
+def test_inode_headroom_alert_follows_the_filesystem(tmp_path, tmpfs, prometheus_for):
     target = tmpfs(size="4M", nr_inodes=200).path
     config = tmp_path / "fsprobe.toml"
     config.write_text(
@@ -45,35 +45,27 @@ def test_inode_headroom_alert_follows_the_filesystem(tmp_path, tmpfs):
     )
     home = tmp_path / "daemon"
     home.mkdir()
-    prometheus_home = tmp_path / "prometheus"
-    prometheus_home.mkdir()
     env = clean_environment(TMPDIR=str(target))
     with DaemonProcess(home, "--config", str(config), env=env) as daemon:
         address = daemon.url.split("//")[1].split("/")[0]
-        prometheus = Prometheus(prometheus_home, address, rule_files=[RULES])
-        try:
-            prometheus.wait_ready()
-            loaded = prometheus.api("/api/v1/rules")["data"]["groups"]
-            assert {group["name"] for group in loaded} >= {"fsprobe.recording", "fsprobe.alerts"}
-            selector = f'{{job="fsprobe",path="{target}",resource="inodes"}}'
-            prometheus.wait_for(f"fsprobe_headroom_ratio{selector} > bool 0.10", 1.0)
-            time.sleep(3)  # several evaluations with plenty of headroom: no alert
-            assert inode_alerts(prometheus, str(target)) == []
+        prometheus = prometheus_for(address, rule_files=[RULES])
+        loaded = prometheus.api("/api/v1/rules")["data"]["groups"]
+        assert {group["name"] for group in loaded} >= {"fsprobe.recording", "fsprobe.alerts"}
+        selector = f'{{job="fsprobe",path="{target}",resource="inodes"}}'
+        prometheus.wait_for(f"fsprobe_headroom_ratio{selector} > bool 0.10", 1.0)
+        time.sleep(3)  # several evaluations with plenty of headroom: no alert
+        assert inode_alerts(prometheus, str(target)) == []
 
-            created = fill_inodes(target, 0.93)
-            alerts = wait_until(
-                lambda: inode_alerts(prometheus, str(target)), 30, "FsprobeInodeHeadroomLow"
-            )
-            (warning,) = [a for a in alerts if a["labels"]["severity"] == "warning"]
-            assert warning["state"] in ("pending", "firing")
-            assert float(warning["value"]) < 0.10
-            assert str(target) in warning["annotations"]["summary"]
-            assert warning["annotations"]["runbook_url"].endswith("#fsprobeinodeheadroomlow")
+        created = fill_inodes(target, 0.93)
+        alerts = wait_until(
+            lambda: inode_alerts(prometheus, str(target)), 30, "FsprobeInodeHeadroomLow"
+        )
+        (warning,) = [a for a in alerts if a["labels"]["severity"] == "warning"]
+        assert warning["state"] in ("pending", "firing")
+        assert float(warning["value"]) < 0.10
+        assert str(target) in warning["annotations"]["summary"]
+        assert warning["annotations"]["runbook_url"].endswith("#fsprobeinodeheadroomlow")
 
-            for name in created:
-                os.unlink(name)
-            wait_until(
-                lambda: inode_alerts(prometheus, str(target)) == [], 30, "the alert to clear"
-            )
-        finally:
-            prometheus.stop()
+        for name in created:
+            os.unlink(name)
+        wait_until(lambda: inode_alerts(prometheus, str(target)) == [], 30, "the alert to clear")

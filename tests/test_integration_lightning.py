@@ -22,12 +22,6 @@ from fsprobe.saving import Backoff  # noqa: E402
 from fsprobe.state import write_state  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
-
-
 class Tiny(LightningModule):
     def __init__(self) -> None:
         super().__init__()

@@ -27,9 +27,7 @@ from fsprobe.state import write_state  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setenv("WANDB_DISABLED", "true")

@@ -18,12 +18,6 @@ from fsprobe.model import Status
 from fsprobe.state import write_state
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
-
-
 @pytest.fixture
 def dirs(tmp_path):
     """A target directory, a fallback directory and a private state directory."""

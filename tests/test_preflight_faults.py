@@ -8,19 +8,11 @@ import os
 import threading
 import time
 
-import pytest
-
 import fsprobe
 from fsprobe.model import Status
 
 TIMEOUT = 1.0
 SLACK = 5.0  # generous: the machine is shared
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
 
 
 def test_blocked_statfs_answers_within_the_deadline_with_mount_stuck(faultfs, tmp_path):

@@ -24,12 +24,6 @@ from fsprobe.state import write_state
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
-
-
 def no_sleep() -> Backoff:
     return Backoff(sleep=lambda seconds: None)
 

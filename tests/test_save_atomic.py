@@ -19,22 +19,9 @@ from fsprobe.atomic import parse_temp_name
 from fsprobe.saving import AtomicFile, Backoff, FailedAttempt, SaveError
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """No daemon state and no fallback directories from the environment of the machine."""
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
-
-
-class Sleeps(list):
-    """An injectable sleep that records instead of sleeping."""
-
-    def __call__(self, seconds: float) -> None:
-        self.append(seconds)
-
-
-def quick(sleeps: Sleeps | None = None) -> Backoff:
-    return Backoff(sleep=sleeps if sleeps is not None else Sleeps())
+def quick(sleeps: list[float] | None = None) -> Backoff:
+    """A backoff that records its sleeps in `sleeps` instead of sleeping."""
+    return Backoff(sleep=(sleeps if sleeps is not None else []).append)
 
 
 def failing_writer(errors: list[int | None], content: bytes = b"checkpoint"):
@@ -105,7 +92,7 @@ def test_temp_file_is_hidden_beside_the_target_and_gets_the_umask_mode(tmp_path)
 
 @pytest.mark.parametrize("code", [errno.EIO, errno.ESTALE, errno.ETIMEDOUT, None])
 def test_transient_failures_are_retried_after_a_backoff(tmp_path, code):
-    sleeps = Sleeps()
+    sleeps: list[float] = []
     write = failing_writer([code, code])
     result = fsprobe.atomic_write(tmp_path / "ckpt", write, backoff=quick(sleeps))
     name = errno.errorcode[code] if code else "EUNKNOWN"
@@ -118,7 +105,7 @@ def test_transient_failures_are_retried_after_a_backoff(tmp_path, code):
 
 def test_every_attempt_failing_raises_save_error_and_keeps_the_previous_file(tmp_path):
     (tmp_path / "ckpt").write_bytes(b"previous")
-    sleeps = Sleeps()
+    sleeps: list[float] = []
     with pytest.raises(SaveError) as raised:
         fsprobe.atomic_write(
             tmp_path / "ckpt", failing_writer([errno.EIO] * 9), attempts=4, backoff=quick(sleeps)
@@ -134,7 +121,7 @@ def test_every_attempt_failing_raises_save_error_and_keeps_the_previous_file(tmp
 
 
 def test_permanent_failure_without_fallback_raises_at_once(tmp_path):
-    sleeps = Sleeps()
+    sleeps: list[float] = []
     with pytest.raises(SaveError) as raised:
         fsprobe.atomic_write(
             tmp_path / "ckpt", failing_writer([errno.EACCES]), backoff=quick(sleeps)
@@ -154,7 +141,7 @@ def test_missing_directory_is_a_permanent_create_failure(tmp_path):
 
 
 def test_capacity_failure_without_fallback_is_retried(tmp_path):
-    sleeps = Sleeps()
+    sleeps: list[float] = []
     result = fsprobe.atomic_write(
         tmp_path / "ckpt", failing_writer([errno.EDQUOT]), backoff=quick(sleeps)
     )
@@ -163,7 +150,7 @@ def test_capacity_failure_without_fallback_is_retried(tmp_path):
 
 def test_a_bug_in_the_writer_is_raised_as_it_is_without_retry(tmp_path):
     (tmp_path / "ckpt").write_bytes(b"previous")
-    sleeps = Sleeps()
+    sleeps: list[float] = []
 
     def write(stream):
         stream.write(b"half")

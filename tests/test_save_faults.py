@@ -23,17 +23,6 @@ from fsprobe.saving import Backoff
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
-
-
-class Sleeps(list):
-    def __call__(self, seconds: float) -> None:
-        self.append(seconds)
-
-
 def model_state(seed: int = 0, width: int = 512) -> dict[str, torch.Tensor]:
     """A real model's state_dict: a few MiB, so torch.save makes many writes."""
     torch.manual_seed(seed)
@@ -59,8 +48,8 @@ def test_second_write_failing_is_retried_and_the_checkpoint_loads(faultfs, code)
     state = model_state()
     # The 2nd write of the temp file fails, and its handle stays broken (as after a real EIO).
     rule = faultfs.ctl.fail("write", code, path="*.tmp", after=1, sticky=True)
-    sleeps = Sleeps()
-    result = fsprobe.save(state, target, backoff=Backoff(sleep=sleeps))
+    sleeps: list[float] = []
+    result = fsprobe.save(state, target, backoff=Backoff(sleep=sleeps.append))
     assert faultfs.ctl.rule(rule)["hits"] == 1
     assert result.attempts == 2 and result.errors == (code,)
     assert len(sleeps) == 1
@@ -74,9 +63,9 @@ def test_every_write_failing_raises_and_keeps_the_previous_checkpoint(faultfs):
     previous = model_state(seed=1)
     fsprobe.save(previous, target)
     faultfs.ctl.fail("write", "EIO", path="*.tmp", times=None, sticky=True)
-    sleeps = Sleeps()
+    sleeps: list[float] = []
     with pytest.raises(fsprobe.SaveError) as raised:
-        fsprobe.save(model_state(seed=2), target, attempts=3, backoff=Backoff(sleep=sleeps))
+        fsprobe.save(model_state(seed=2), target, attempts=3, backoff=Backoff(sleep=sleeps.append))
     assert raised.value.errno == errno.EIO
     assert [a.errno for a in raised.value.attempts] == ["EIO"] * 3
     assert len(sleeps) == 2
@@ -91,7 +80,7 @@ def test_failing_rename_keeps_the_previous_checkpoint(faultfs):
     fsprobe.save(previous, target)
     faultfs.ctl.fail("rename", "EIO", times=None)
     with pytest.raises(fsprobe.SaveError) as raised:
-        fsprobe.save(model_state(seed=2), target, attempts=2, backoff=Backoff(sleep=Sleeps()))
+        fsprobe.save(model_state(seed=2), target, attempts=2, backoff=Backoff(sleep=[].append))
     assert {(a.errno, a.step) for a in raised.value.attempts} == {("EIO", "rename")}
     faultfs.ctl.clear()
     assert_same_state(torch.load(target), previous)
@@ -103,7 +92,7 @@ def test_real_enospc_on_a_full_tmpfs_without_fallback_fails_cleanly(tmpfs):
     target = fs.path / "model.pt"
     fsprobe.save({"small": torch.zeros(10)}, target)
     with pytest.raises(fsprobe.SaveError) as raised:
-        fsprobe.save(model_state(), target, attempts=2, backoff=Backoff(sleep=Sleeps()))
+        fsprobe.save(model_state(), target, attempts=2, backoff=Backoff(sleep=[].append))
     assert {a.errno for a in raised.value.attempts} == {"ENOSPC"}
     assert torch.equal(torch.load(target)["small"], torch.zeros(10))
     assert sorted(os.listdir(fs.path)) == ["model.pt"]

@@ -8,17 +8,9 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import fsprobe
 from fsprobe.atomic import hostname
 from fsprobe.stale import FOREIGN_STALE_SECONDS, remove_stale_temps
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("FSPROBE_STATE_DIR", str(tmp_path / "no-state"))
-    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
 
 
 def dead_pid() -> int:

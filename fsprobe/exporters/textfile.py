@@ -9,9 +9,8 @@ over the old file. No timestamps: node_exporter refuses samples that carry one.
 from __future__ import annotations
 
 import os
-import secrets
 
-from fsprobe.atomic import open_exclusive
+from fsprobe.atomic import publish_file
 
 TEXTFILE_NAME = "fsprobe.prom"
 
@@ -19,14 +18,5 @@ TEXTFILE_NAME = "fsprobe.prom"
 def write_textfile(directory: str, exposition: bytes) -> str:
     """Replace ``<directory>/fsprobe.prom`` with `exposition`; returns its path."""
     path = os.path.join(directory, TEXTFILE_NAME)
-    temporary = os.path.join(directory, f".{TEXTFILE_NAME}.{secrets.token_hex(6)}.tmp")
-    fd = open_exclusive(temporary)
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            os.fchmod(stream.fileno(), 0o644)  # node_exporter usually runs as another user
-            stream.write(exposition)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    publish_file(path, exposition, 0o644)  # node_exporter usually runs as another user
     return path
