@@ -40,18 +40,18 @@ def _limit_note(limited_by: str | None) -> str:
 def _headroom_lines(report: Mapping[str, Any]) -> list[str]:
     fs, headroom = report.get("filesystem"), report["headroom"]
     lines = []
-    if headroom.get("bytes") is not None:
-        text = f"{format_bytes(headroom['bytes'])} free"
-        if fs and headroom.get("bytes_limited_by") == "filesystem":
-            text += f" of {format_bytes(fs['size_bytes'])}"
-        text += f"  ({format_percent(headroom['bytes_ratio'])} left)"
-        lines.append(_line("space", text + _limit_note(headroom.get("bytes_limited_by"))))
-    if headroom.get("inodes") is not None:
-        text = f"{format_count(headroom['inodes'])} inodes free"
-        if fs and headroom.get("inodes_limited_by") == "filesystem":
-            text += f" of {format_count(fs['files'])}"
-        text += f"  ({format_percent(headroom['inodes_ratio'])} left)"
-        lines.append(_line("inodes", text + _limit_note(headroom.get("inodes_limited_by"))))
+    for label, resource, fmt, unit, capacity in (
+        ("space", "bytes", format_bytes, "", "size_bytes"),
+        ("inodes", "inodes", format_count, " inodes", "files"),
+    ):
+        left, limited_by = headroom.get(resource), headroom.get(f"{resource}_limited_by")
+        if left is None:
+            continue
+        text = f"{fmt(left)}{unit} free"
+        if fs and limited_by == "filesystem":
+            text += f" of {fmt(fs[capacity])}"
+        text += f"  ({format_percent(headroom[f'{resource}_ratio'])} left)"
+        lines.append(_line(label, text + _limit_note(limited_by)))
     return lines
 
 
