@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from fsprobe.cli import main
 from fsprobe.mounts import find_mount, nearest_existing
 from fsprobe.probes.lfs_df import DF_CACHE
 from fsprobe.quota.lustre import QUOTA_CACHE
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
+from tests.support.cli import cli_runner
 
 NOW = 1_700_000_000
 GIB = 2**30
@@ -46,7 +46,7 @@ def state(mountpoint: Path, **quota) -> dict:
 
 
 def run(*args: str):
-    return CliRunner().invoke(main, ["quota", *args])
+    return cli_runner().invoke(main, ["quota", *args])
 
 
 IDS = ("--user", "1000", "--group", "1000", "--project", "4242")

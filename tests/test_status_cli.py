@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from fsprobe.cli import main
 from fsprobe.daemon.publish import Publisher
@@ -28,15 +27,12 @@ from fsprobe.model import (
 from fsprobe.policy import Thresholds
 from fsprobe.state import STATE_FILE, write_state
 from tests.daemon_process import clean_environment, run_fsprobe
+from tests.support.cli import cli_runner
 
 
 def status(state_dir: Path, *args: str) -> tuple[int, str, str]:
     """`fsprobe status` in this process; an exception (a crash) fails the test."""
-    try:
-        runner = CliRunner(mix_stderr=False)  # click < 8.2 mixes stderr into stdout otherwise
-    except TypeError:
-        runner = CliRunner()  # click >= 8.2 keeps them apart, and has no such argument
-    result = runner.invoke(
+    result = cli_runner().invoke(
         main, ["status", "--state-dir", str(state_dir), *args], catch_exceptions=False
     )
     return result.exit_code, result.stdout, result.stderr
