@@ -130,15 +130,27 @@ class ProcessExecutor:
         """Fail what the dead worker still owed; the next submission starts a new one."""
         status = process.poll()
         with self._lock:
-            if self._connection is connection:
+            unexpected = self._connection is connection
+            if unexpected:
                 self._connection, self._process = None, None
             owed, self._pending = self._pending, {}
         connection.close()
-        log.warning(
-            "probe worker %d exited (status %s); %d probes lost", process.pid, status, len(owed)
-        )
+        if unexpected:
+            log.warning(
+                "probe worker %d exited (status %s); %d probes lost",
+                process.pid,
+                status,
+                len(owed),
+            )
         for probe, future in owed.values():
             future.set_result(_lost(probe, f"the probe worker exited unexpectedly ({status})"))
+
+    def close(self) -> None:
+        """Let the worker go: it exits as soon as no probe of it is blocked any more."""
+        with self._lock:
+            connection, self._connection, self._process = self._connection, None, None
+        if connection is not None:
+            connection.sock.shutdown(socket.SHUT_RDWR)  # wakes our reader, and the worker
 
     @property
     def pid(self) -> int | None:

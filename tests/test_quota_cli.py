@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +172,31 @@ def test_usage_errors_exit_64(tmp_path: Path, args: tuple[str, ...]):
     path = (str(tmp_path),) if args else ()
     result = run(*path, *args)
     assert result.exit_code == 64
+
+
+def test_a_hung_mount_is_reported_by_the_deadline(faultfs):
+    """Finding the mount and the directory's IDs stats PATH: on a hung mount that must not hang
+    the command (it runs in a worker process; this one exits)."""
+    blocked = faultfs.ctl.block("*")
+    try:
+        start = time.monotonic()
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fsprobe",
+                "quota",
+                str(faultfs.mountpoint / "ckpt"),
+                "--timeout",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        elapsed = time.monotonic() - start
+    finally:
+        faultfs.ctl.remove(blocked)
+    assert done.returncode == 3
+    assert "TIMEOUT" in done.stderr and "hung" in done.stderr
+    assert elapsed < 10, f"took {elapsed:.1f} s with --timeout 1"

@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import time
 
 import click
 
 from fsprobe.cli.options import quota_options
-from fsprobe.errors import ProbeFailure, errno_name
-from fsprobe.probes.quota import QuotaLookup, locate, lookup_quota
+from fsprobe.model import ProbeResult
+from fsprobe.plan import LFS_KILL_SLACK
+from fsprobe.probes.quota import QuotaLookup, lookup_quota
 from fsprobe.quota import QuotaSettings
 from fsprobe.quota.render import as_json, render
+from fsprobe.runner import ProbeRunner
+from fsprobe.worker import ProcessExecutor
 
 #: Exit status when the quota could not be read (or no provider applies): "unknown", as in
 #: the monitoring-plugin convention that `fsprobe check` follows.
 EXIT_UNREAD = 3
+
+
+def _lookup_in_worker(path: str, settings: QuotaSettings) -> ProbeResult:
+    """The lookup, made in a worker process: finding the mount and the directory's IDs stats
+    and ioctls PATH, which on a hung mount would hang this command for good. The worker is
+    this invocation's own, started with this environment (FSPROBE_LFS and the like)."""
+    executor = ProcessExecutor()
+    try:
+        run = ProbeRunner(executor).submit(
+            os.path.abspath(path),
+            "quota",
+            functools.partial(lookup_quota, path, settings),
+            settings.timeout + LFS_KILL_SLACK,
+        )
+        return run.result()
+    finally:
+        executor.close()
 
 
 def _not_applicable(path: str, lookup: QuotaLookup, provider: str) -> str:
@@ -26,12 +48,22 @@ def _not_applicable(path: str, lookup: QuotaLookup, provider: str) -> str:
 
 
 @click.command()
-@click.argument("path", type=click.Path(path_type=str))
+# A plain string, not click.Path: validating it would stat it here, and hang on a hung mount.
+@click.argument("path")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object for scripts.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Deadline for lfs (its process group is killed after it) and for a hung mount.",
+)
 @quota_options
 def quota(
     path: str,
     json_output: bool,
+    timeout: float,
     quota_provider: str,
     lfs: str | None,
     user: int | None,
@@ -54,22 +86,20 @@ def quota(
       fsprobe quota /lustre/project/ckpt --project 4242 --json | jq '.quota[].inodes'
     """
     settings = QuotaSettings(
-        provider=quota_provider, lfs=lfs, user=user, group=group, project=project
+        provider=quota_provider, lfs=lfs, user=user, group=group, project=project, timeout=timeout
     )
-    _, mount = locate(path)
-    mountpoint = mount.mountpoint if mount is not None else None
-    try:
-        lookup = lookup_quota(path, settings)
-    except (OSError, ProbeFailure) as error:
-        name = error.error if isinstance(error, ProbeFailure) else errno_name(error.errno)
-        text = error.message if isinstance(error, ProbeFailure) else (error.strerror or str(error))
-        message = f"cannot read the quota of {path}: {name}: {text}"
+    result = _lookup_in_worker(path, settings)
+    if not result.ok:
+        message = f"cannot read the quota of {path}: {result.error}: {result.message}"
         if json_output:
-            document = as_json(path, mountpoint, settings.provider, None)
+            document = as_json(path, None, settings.provider, None)
             document["errors"] = [message]
             click.echo(json.dumps(document, indent=2))
         click.echo(f"fsprobe quota: {message}", err=True)
         return EXIT_UNREAD
+    lookup: QuotaLookup = result.value
+    mount = lookup.mount
+    mountpoint = mount.mountpoint if mount is not None else None
 
     if lookup.report is None:
         message = _not_applicable(path, lookup, quota_provider)
