@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from fsprobe.model import Snapshot
+from fsprobe.model import ProbeResult, Snapshot
 from fsprobe.policy import Thresholds
 from fsprobe.probes.lfs_df import probe_lfs_df
 from fsprobe.probes.quota import probe_quota
@@ -15,7 +15,7 @@ from fsprobe.probes.statvfs import probe_statvfs
 from fsprobe.probes.tmpdir import TMPDIR_VARIABLES, probe_tmpdir
 from fsprobe.probes.write import DEFAULT_WRITE_BYTES, probe_write
 from fsprobe.quota import QuotaSettings
-from fsprobe.runner import ProbeRunner
+from fsprobe.runner import ProbeRunner, Run
 
 #: Time the quota probes get beyond `lfs`'s own deadline, so that the process-group kill and
 #: its clean TIMEOUT report happen before the caller gives up on the worker.
@@ -67,23 +67,38 @@ def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
     return probes
 
 
-def probe_once(target: str, settings: ProbeSettings, runner: ProbeRunner | None = None) -> Snapshot:
-    """Run every planned probe of `target` once, each bounded by its deadline.
+def run_plans(
+    plans: Mapping[str, Mapping[str, PlannedProbe]], runner: ProbeRunner
+) -> dict[str, dict[str, ProbeResult]]:
+    """Run every planned probe of every target once, each bounded by its deadline.
 
-    All run in parallel except the write probe, which starts once statvfs has answered: its
-    test file would otherwise be counted in the space and inodes that statvfs reports.
+    All run in parallel except each target's write probe, which starts once that target's
+    statvfs has answered: its test file would otherwise be counted in the space and inodes
+    that statvfs reports.
     """
-    runner = runner or ProbeRunner()
-    planned = plan(target, settings)
-    write = planned.pop("write", None)
-    runs = {
-        kind: runner.submit(target, kind, probe.function, probe.deadline)
-        for kind, probe in planned.items()
+    runs: dict[str, dict[str, Run]] = {
+        target: {
+            kind: runner.submit(target, kind, probe.function, probe.deadline)
+            for kind, probe in probes.items()
+            if kind != "write"
+        }
+        for target, probes in plans.items()
     }
-    results = {"statvfs": runs.pop("statvfs").result()}
-    if write is not None:
-        runs["write"] = runner.submit(target, "write", write.function, write.deadline)
-    results.update((kind, run.result()) for kind, run in runs.items())
+    for target, probes in plans.items():
+        write = probes.get("write")
+        if write is not None:
+            if "statvfs" in runs[target]:
+                runs[target]["statvfs"].result()
+            runs[target]["write"] = runner.submit(target, "write", write.function, write.deadline)
+    return {
+        target: {kind: run.result() for kind, run in by_kind.items()}
+        for target, by_kind in runs.items()
+    }
+
+
+def probe_once(target: str, settings: ProbeSettings, runner: ProbeRunner | None = None) -> Snapshot:
+    """Run every planned probe of `target` once (see `run_plans`) and take the snapshot."""
+    results = run_plans({target: plan(target, settings)}, runner or ProbeRunner())[target]
     written = results.get("write")
     return Snapshot(
         target=target,

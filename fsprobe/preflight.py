@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 from fsprobe.errors import ErrorClass, classify
 from fsprobe.model import Snapshot, Status
-from fsprobe.plan import ProbeSettings, plan
+from fsprobe.plan import ProbeSettings, plan, run_plans
 from fsprobe.policy import Headroom, Reason, evaluate, fit
 from fsprobe.quota import QuotaSettings
 from fsprobe.redirect import all_fallback_dirs, redirect_path
@@ -389,7 +389,7 @@ def _probe_inline(
 ) -> dict[str, Snapshot]:
     """Snapshots of every directory, probed in parallel (or reused from the cache)."""
     snapshots: dict[str, Snapshot] = {}
-    runs = {}
+    plans = {}
     now = time.monotonic()
     for directory in directories:
         key = (directory, settings.quota)  # a probe with quota is not one without
@@ -398,12 +398,9 @@ def _probe_inline(
         if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
             snapshots[directory] = cached[1]
             continue
-        runs[directory] = {
-            kind: shared_runner().submit(directory, kind, probe.function, probe.deadline)
-            for kind, probe in plan(directory, settings).items()
-        }
-    for directory, by_kind in runs.items():
-        snapshot = Snapshot(directory, {kind: run.result() for kind, run in by_kind.items()})
+        plans[directory] = plan(directory, settings)
+    for directory, results in run_plans(plans, shared_runner()).items():
+        snapshot = Snapshot(directory, results)
         with _lock:
             _remember(_inline_cache, (directory, settings.quota), (time.monotonic(), snapshot))
         snapshots[directory] = snapshot

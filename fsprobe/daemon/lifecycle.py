@@ -30,7 +30,7 @@ from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
 from fsprobe.model import Status
-from fsprobe.runner import Run
+from fsprobe.plan import run_plans
 from fsprobe.state import StateFileError, ensure_state_dir
 from fsprobe.worker import shared_runner
 
@@ -170,24 +170,12 @@ def run_once(config: Config) -> Status:
     exposition = Exposition(store.views, process_metrics=False)
     publisher = Publisher(store.views, exposition, config.state_dir, config.textfile_dir)
     store.configure(target_spec(target) for target in config.targets)
-    runner = shared_runner()
     plans = {target.path: planned_probes(target) for target in config.targets}
-    runs: dict[tuple[str, str], Run] = {
-        (path, kind): runner.submit(path, kind, probe.function, probe.deadline)
-        for path, probes in plans.items()
-        for kind, probe in probes.items()
-        if kind != "write"
-    }
-    for path, probes in plans.items():
-        if "write" in probes:  # after statvfs: its test file must not be counted by statvfs
-            runs[(path, "statvfs")].result()
-            write = probes["write"]
-            runs[(path, "write")] = runner.submit(path, "write", write.function, write.deadline)
-    for (path, _kind), run in runs.items():
-        result = run.result()
-        before = store.view(path)
-        after = store.record(path, result)
-        if after is not None:
-            log_result(before, after, result)
+    for path, results in run_plans(plans, shared_runner()).items():
+        for result in results.values():
+            before = store.view(path)
+            after = store.record(path, result)
+            if after is not None:
+                log_result(before, after, result)
     publisher.publish(store.views())
     return max(view.verdict.status for view in store.views())
