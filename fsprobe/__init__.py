@@ -8,39 +8,56 @@ The public API (DESIGN §6)::
     fsprobe.atomic_write(path, write, ...) -> SaveResult          # the same for any writer
     fsprobe.SaveError                                             # an OSError, every attempt
 
-Importing fsprobe imports neither torch nor Lightning nor transformers; `save` imports torch
-when first called, and the integrations live in `fsprobe.integrations`.
+Every name is loaded on first use, so `import fsprobe` costs next to nothing (the probe worker
+process imports this package too), and none of them imports torch, Lightning or transformers;
+the integrations live in `fsprobe.integrations`.
+
+No public name is also the name of a submodule (the module behind `fsprobe.check` is
+`fsprobe.checking`): importing a submodule binds its name on the package, which would replace
+the function of the same name.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING
 
-from fsprobe.check import check
-from fsprobe.preflight import Decision, preflight
-from fsprobe.report import Report
+from fsprobe.version import __version__
 
-#: Loaded on first use: the save path pulls in psutil and the checksum code, which the probe
-#: worker process (it imports this package too) and a plain `fsprobe check` never need.
-_SAVING = ("SaveError", "SaveResult", "atomic_write", "save")
+#: Public name -> the module that defines it.
+_API = {
+    "check": "fsprobe.checking",
+    "Report": "fsprobe.report",
+    "preflight": "fsprobe.saving.preflight",
+    "Decision": "fsprobe.saving.preflight",
+    "save": "fsprobe.saving.file",
+    "atomic_write": "fsprobe.saving.file",
+    "SaveError": "fsprobe.saving.file",
+    "SaveResult": "fsprobe.saving.file",
+}
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads these
+    from fsprobe.checking import check as check
+    from fsprobe.report import Report as Report
+    from fsprobe.saving.file import SaveError as SaveError
+    from fsprobe.saving.file import SaveResult as SaveResult
+    from fsprobe.saving.file import atomic_write as atomic_write
+    from fsprobe.saving.file import save as save
+    from fsprobe.saving.preflight import Decision as Decision
+    from fsprobe.saving.preflight import preflight as preflight
 
 
-def __getattr__(name: str):
-    if name in _SAVING:
-        from fsprobe import saving
+def __getattr__(name: str) -> object:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsprobe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute: no second lookup
+    return value
 
-        return getattr(saving, name)
-    raise AttributeError(f"module 'fsprobe' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])
 
 
-__all__ = [
-    "Decision",
-    "Report",
-    "SaveError",
-    "SaveResult",
-    "__version__",
-    "atomic_write",
-    "check",
-    "preflight",
-    "save",
-]
+__all__ = [*sorted(_API), "__version__"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fsprobe.config import (
+from fsprobe.daemon.config import (
     DEFAULT_LISTEN,
     ConfigError,
     Overrides,

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from fsprobe import config
+from fsprobe.daemon import config
 
 if sys.version_info >= (3, 11):
     import tomllib

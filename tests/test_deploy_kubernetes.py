@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fsprobe import config
+from fsprobe.daemon import config
 
 REPO = Path(__file__).resolve().parent.parent
 KUBERNETES = REPO / "deploy" / "kubernetes"

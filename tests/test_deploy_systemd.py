@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsprobe import config
+from fsprobe.daemon import config
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "deploy" / "systemd" / "fsprobe.service"

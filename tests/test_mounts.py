@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from fsprobe.mounts import find_mount, nearest_existing, parse_mountinfo, read_mounts
+from fsprobe.probing.mounts import find_mount, nearest_existing, parse_mountinfo, read_mounts
 
 MOUNTINFO = (
     "22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"

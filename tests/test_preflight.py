@@ -266,7 +266,7 @@ def test_bad_on_unhealthy_is_refused(dirs):
 
 
 def test_remembered_sizes_stay_bounded_for_runs_that_save_into_new_directories(monkeypatch):
-    module = sys.modules["fsprobe.preflight"]  # `fsprobe.preflight` is the function
+    module = sys.modules["fsprobe.saving.preflight"]  # `fsprobe.preflight` is the function
     monkeypatch.setattr(module, "MEMORY_ENTRIES", 4)
     monkeypatch.setattr(module, "_last_sizes", {})
     for epoch in range(10):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fsprobe.cli import main
-from fsprobe.mounts import find_mount, nearest_existing
-from fsprobe.probes.lfs_df import DF_CACHE
+from fsprobe.probing.lfs_df import DF_CACHE
+from fsprobe.probing.mounts import find_mount, nearest_existing
 from fsprobe.quota.lustre import QUOTA_CACHE
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
 from tests.support.cli import cli_runner

@@ -14,8 +14,8 @@ import pytest
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import QuotaState
-from fsprobe.probes.lfs_df import DF_CACHE, probe_lfs_df
-from fsprobe.probes.quota import probe_quota
+from fsprobe.probing.lfs_df import DF_CACHE, probe_lfs_df
+from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import QuotaSettings
 from fsprobe.quota.lustre import QUOTA_CACHE
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process

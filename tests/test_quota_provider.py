@@ -14,7 +14,7 @@ from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.grace import NO_TIMER, Grace
 from fsprobe.lustre.quota_parser import Usage, parse_quota
 from fsprobe.model import QuotaEntry, QuotaState, QuotaUsage
-from fsprobe.mounts import Mount
+from fsprobe.probing.mounts import Mount
 from fsprobe.quota import QuotaSettings
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.lustre import LustreQuotaProvider, outcome_from_output, usage_from_cells

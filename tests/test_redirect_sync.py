@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe import redirect
 from fsprobe.atomic import parse_temp_name
-from fsprobe.saving import Backoff
+from fsprobe.saving import redirect
+from fsprobe.saving.file import Backoff
 from fsprobe.state import write_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,7 +243,7 @@ def test_an_entry_whose_copy_is_gone_is_dropped(setup):
 def test_a_manifest_others_can_write_is_not_acted_on(setup, caplog):
     result = setup.save_redirected(model_state())
     os.chmod(setup.fallback / redirect.MANIFEST, 0o666)
-    with caplog.at_level(logging.WARNING, logger="fsprobe.redirect"):
+    with caplog.at_level(logging.WARNING, logger="fsprobe.saving.redirect"):
         assert redirect.sync([str(setup.fallback)], state_dir=str(setup.state)) == []
     assert "writable by group or others" in caplog.text
     assert redirect.pending([str(setup.fallback)]) == []

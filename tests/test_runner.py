@@ -10,8 +10,8 @@ import time
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import TIMEOUT
-from fsprobe.runner import ProbeRunner, timed_call
-from fsprobe.worker import ProcessExecutor
+from fsprobe.probing.runner import ProbeRunner, timed_call
+from fsprobe.probing.worker import ProcessExecutor
 
 
 def test_timed_call_turns_outcomes_into_results():

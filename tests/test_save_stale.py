@@ -10,7 +10,7 @@ import time
 
 import fsprobe
 from fsprobe.atomic import hostname
-from fsprobe.stale import FOREIGN_STALE_SECONDS, remove_stale_temps
+from fsprobe.saving.stale import FOREIGN_STALE_SECONDS, remove_stale_temps
 
 
 def dead_pid() -> int:

@@ -11,7 +11,7 @@ import pytest
 from fsprobe.atomic import open_exclusive, parse_temp_name, temp_name
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import WRITE_STEPS
-from fsprobe.probes.write import probe_write
+from fsprobe.probing.write import probe_write
 
 
 def test_rehearses_every_step_and_leaves_nothing(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fsprobe import __version__
+from fsprobe.version import __version__
 
 #: Exit status for a usage error (sysexits EX_USAGE), distinct from the health exit codes 0-3.
 EXIT_USAGE = 64

@@ -7,9 +7,9 @@ import time
 
 import click
 
-from fsprobe.check import check as run_check
+from fsprobe.checking import check as run_check
 from fsprobe.cli.options import SIZE, quota_options
-from fsprobe.render import render_report
+from fsprobe.cli.render import render_report
 
 
 @click.command()

@@ -10,13 +10,13 @@ import time
 import click
 
 from fsprobe.cli.options import quota_options
+from fsprobe.cli.render_quota import as_json, render
 from fsprobe.model import ProbeResult
-from fsprobe.plan import LFS_KILL_SLACK
-from fsprobe.probes.quota import QuotaLookup, lookup_quota
+from fsprobe.probing.plan import LFS_KILL_SLACK
+from fsprobe.probing.quota import QuotaLookup, lookup_quota
+from fsprobe.probing.runner import ProbeRunner
+from fsprobe.probing.worker import ProcessExecutor
 from fsprobe.quota import QuotaSettings
-from fsprobe.quota.render import as_json, render
-from fsprobe.runner import ProbeRunner
-from fsprobe.worker import ProcessExecutor
 
 #: Exit status when the quota could not be read (or no provider applies): "unknown", as in
 #: the monitoring-plugin convention that `fsprobe check` follows.

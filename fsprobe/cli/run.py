@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from fsprobe import config as configuration
 from fsprobe.cli import EXIT_USAGE
+from fsprobe.daemon import config as configuration
 from fsprobe.daemon import logs
 from fsprobe.daemon.lifecycle import Daemon, StartupError, run_once
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
+from fsprobe.cli.render import STATUS_COLORS
 from fsprobe.model import Status
-from fsprobe.render import STATUS_COLORS
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_count, format_percent, format_seconds
 

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from fsprobe.redirect import FALLBACK_ENV, SyncOutcome, all_fallback_dirs
-from fsprobe.redirect import sync as run_sync
+from fsprobe.saving.redirect import FALLBACK_ENV, SyncOutcome, all_fallback_dirs
+from fsprobe.saving.redirect import sync as run_sync
 
 #: Outcomes that need a person: the copy failed or does not match what was saved.
 _TROUBLE = frozenset({"failed", "checksum_mismatch", "skipped"})

@@ -19,9 +19,8 @@ import select
 import signal
 from collections.abc import Callable
 
-from fsprobe import __version__
-from fsprobe.config import Config, ConfigError
 from fsprobe.daemon import logs
+from fsprobe.daemon.config import Config, ConfigError
 from fsprobe.daemon.logs import event
 from fsprobe.daemon.publish import Publisher
 from fsprobe.daemon.scheduler import Scheduler, log_result, planned_probes, target_spec
@@ -30,9 +29,10 @@ from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
 from fsprobe.model import Status
-from fsprobe.plan import run_plans
+from fsprobe.probing.plan import run_plans
+from fsprobe.probing.worker import shared_runner
 from fsprobe.state import StateFileError, ensure_state_dir
-from fsprobe.worker import shared_runner
+from fsprobe.version import __version__
 
 
 class StartupError(Exception):

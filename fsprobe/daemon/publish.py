@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from fsprobe import __version__
 from fsprobe.daemon.logs import event
 from fsprobe.errors import name_of
 from fsprobe.exporters.exposition import Exposition
@@ -24,6 +23,7 @@ from fsprobe.exporters.textfile import write_textfile
 from fsprobe.exporters.view import TargetView
 from fsprobe.report import Report
 from fsprobe.state import StateFileError, write_state_targets
+from fsprobe.version import __version__
 
 
 def target_document(view: TargetView) -> dict[str, Any]:

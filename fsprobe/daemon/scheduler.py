@@ -23,16 +23,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from fsprobe.config import QUOTA_KINDS, TargetConfig
+from fsprobe.daemon.config import QUOTA_KINDS, TargetConfig
 from fsprobe.daemon.logs import event
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
-from fsprobe.plan import PlannedProbe, plan
-from fsprobe.redirect import pending_after_sync
-from fsprobe.runner import Run
-from fsprobe.worker import shared_runner
+from fsprobe.probing.plan import PlannedProbe, plan
+from fsprobe.probing.runner import Run
+from fsprobe.probing.worker import shared_runner
+from fsprobe.saving.redirect import pending_after_sync
 
 #: Wake this long after a run's deadline, so that the run reads as overdue when checked.
 _DEADLINE_SLACK = 0.01

@@ -20,7 +20,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from fsprobe import __version__
 from fsprobe.exporters.view import TargetView
 from fsprobe.model import (
     PROBE_KINDS,
@@ -30,6 +29,7 @@ from fsprobe.model import (
     QuotaState,
     TmpdirInfo,
 )
+from fsprobe.version import __version__
 
 CACHED = "Cached from fsprobe's background probes; a scrape never probes."
 

@@ -32,8 +32,8 @@ try:
 except ImportError:  # only the standalone pytorch_lightning / lightning_fabric packages
     from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from fsprobe.redirect import all_fallback_dirs, forget, newest_copy
-from fsprobe.saving import DEFAULT_ATTEMPTS, SaveResult, atomic_write
+from fsprobe.saving.file import DEFAULT_ATTEMPTS, SaveResult, atomic_write
+from fsprobe.saving.redirect import all_fallback_dirs, forget, newest_copy
 
 
 def _is_local(path: str | os.PathLike[str]) -> bool:

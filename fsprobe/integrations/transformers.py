@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from fsprobe.preflight import NEED_MARGIN, Decision, preflight
+from fsprobe.saving.preflight import NEED_MARGIN, Decision, preflight
 
 log = logging.getLogger("fsprobe.transformers")
 

@@ -1,6 +1,6 @@
 """Quota that applies to a target directory: which IDs, which provider, and their settings.
 
-`QuotaSettings` configures it; `fsprobe.probes.quota.probe_quota` is the entry point; providers
+`QuotaSettings` configures it; `fsprobe.probing.quota.probe_quota` is the entry point; providers
 implement `fsprobe.quota.provider.QuotaProvider` (Lustre's `lfs` first).
 """
 

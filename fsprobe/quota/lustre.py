@@ -16,7 +16,7 @@ from fsprobe.errors import PARSE, ProbeFailure
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from fsprobe.lustre.runner import lfs_binary, run_lfs, status_error_name
 from fsprobe.model import TIMEOUT, QuotaEntry, QuotaState, QuotaUsage
-from fsprobe.mounts import Mount
+from fsprobe.probing.mounts import Mount
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.ids import id_name
 from fsprobe.quota.provider import (

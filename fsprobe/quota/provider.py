@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure, errno_name
 from fsprobe.model import QuotaEntry, QuotaReport
-from fsprobe.mounts import Mount
+from fsprobe.probing.mounts import Mount
 from fsprobe.quota.settings import QuotaSettings
 
 

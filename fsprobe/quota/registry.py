@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsprobe.mounts import Mount
+from fsprobe.probing.mounts import Mount
 from fsprobe.quota.lustre import LustreQuotaProvider
 from fsprobe.quota.provider import QuotaProvider
 from fsprobe.quota.settings import PROVIDER_CHOICES, QuotaSettings

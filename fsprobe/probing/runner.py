@@ -5,9 +5,9 @@ signal gets the thread back. So every probe runs in a thread of its own, and the
 only until the probe's deadline; after that it gets a *stuck* result and goes on. The thread is
 abandoned, not killed (nothing can kill it), and its eventual answer is still delivered.
 
-Where that thread lives is up to an executor: in this process (`ThreadExecutor`), or in a worker
-process (`fsprobe.worker.ProcessExecutor`) when this process must stay able to exit — a process
-with a thread stuck in the kernel cannot.
+Where that thread lives is up to an executor: in this process (`ThreadExecutor`), or in a
+worker process (`fsprobe.probing.worker.ProcessExecutor`) when this process must stay able to
+exit — a process with a thread stuck in the kernel cannot.
 
 The bound on threads comes from a rule: while any probe of a target is stuck past its deadline, no
 new probe of that target starts (it would only hang beside the first one). A hung mount costs one
@@ -97,7 +97,7 @@ class ThreadExecutor:
 
     Cheap, and enough where nothing has to exit while a mount hangs (tests, short-lived
     helpers); a thread stuck in the kernel keeps its process from exiting, which is why the
-    CLI, the daemon and the save hook use `fsprobe.worker.ProcessExecutor` instead.
+    CLI, the daemon and the save hook use `fsprobe.probing.worker.ProcessExecutor` instead.
     """
 
     def submit(self, probe: str, function: Callable[[], object]) -> Future:

@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsprobe.plan import ProbeSettings
 from fsprobe.policy import DEFAULT_INTERVALS, Thresholds
+from fsprobe.probing.plan import ProbeSettings
 from fsprobe.quota import QuotaSettings
-from fsprobe.redirect import all_fallback_dirs
+from fsprobe.saving.redirect import all_fallback_dirs
 from fsprobe.state import default_state_dir
 from fsprobe.units import parse_size
 

@@ -454,8 +454,8 @@ def _sync_one(
     state_dir: str | None,
     timeout: float,
 ) -> SyncOutcome:
-    from fsprobe.preflight import preflight  # both import this module at their top
-    from fsprobe.saving import SaveError, atomic_write
+    from fsprobe.saving.file import SaveError, atomic_write
+    from fsprobe.saving.preflight import preflight  # both import this module at their top
 
     def outcome(action: str, message: str) -> SyncOutcome:
         return SyncOutcome(entry, action, message)

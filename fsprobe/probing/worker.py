@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from fsprobe.model import ProbeResult
-from fsprobe.runner import ProbeRunner, ThreadExecutor, timed_call
+from fsprobe.probing.runner import ProbeRunner, ThreadExecutor, timed_call
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class ProcessExecutor:
         ours = Channel(parent_end)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "fsprobe.worker", str(theirs.fileno())],
+                [sys.executable, "-m", "fsprobe.probing.worker", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -207,8 +207,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # Run as `python -m fsprobe.worker`, this file is `__main__`; the state that `shared_runner`
-    # reads lives in the module `fsprobe.worker`, which the probes import, so start from there.
-    from fsprobe.worker import main as worker_main
+    # Run as `python -m fsprobe.probing.worker`, this file is `__main__`; the state that
+    # `shared_runner` reads lives in the module `fsprobe.probing.worker`, which the probes
+    # import, so start from there.
+    from fsprobe.probing.worker import main as worker_main
 
     worker_main(sys.argv)

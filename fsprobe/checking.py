@@ -6,10 +6,10 @@ import dataclasses
 import os
 import time
 
-from fsprobe.plan import ProbeSettings, probe_once
 from fsprobe.policy import evaluate
+from fsprobe.probing.plan import ProbeSettings, probe_once
+from fsprobe.probing.worker import shared_runner
 from fsprobe.report import Report
-from fsprobe.worker import shared_runner
 
 
 def check(

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from fsprobe.model import QuotaReport
-from fsprobe.mounts import Mount, find_mount, nearest_existing
+from fsprobe.probing.mounts import Mount, find_mount, nearest_existing
 from fsprobe.quota.ids import resolve_ids
 from fsprobe.quota.provider import Deadline, QuotaRequest, assemble
 from fsprobe.quota.registry import select_provider

@@ -15,8 +15,8 @@ from fsprobe.lustre.df_parser import parse_df
 from fsprobe.lustre.df_targets import merge_targets, pick_block
 from fsprobe.lustre.runner import lfs_binary, run_lfs
 from fsprobe.model import TIMEOUT, LustreTarget
-from fsprobe.mounts import Mount
-from fsprobe.probes.quota import locate
+from fsprobe.probing.mounts import Mount
+from fsprobe.probing.quota import locate
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.provider import Deadline, Failure
 from fsprobe.quota.settings import QuotaSettings

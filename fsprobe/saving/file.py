@@ -32,9 +32,9 @@ from typing import Any, BinaryIO, NamedTuple
 
 from fsprobe.atomic import fsync_directory, open_exclusive, temp_name
 from fsprobe.errors import ErrorClass, classify, errno_code, name_of
-from fsprobe.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
-from fsprobe.preflight import preflight as run_preflight
-from fsprobe.redirect import (
+from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
+from fsprobe.saving.preflight import preflight as run_preflight
+from fsprobe.saving.redirect import (
     all_fallback_dirs,
     new_entry,
     prepare_directory,
@@ -43,7 +43,7 @@ from fsprobe.redirect import (
     remove_mirrored_dirs,
     sha256_of,
 )
-from fsprobe.stale import remove_stale_temps
+from fsprobe.saving.stale import remove_stale_temps
 from fsprobe.units import format_bytes, format_seconds
 
 log = logging.getLogger("fsprobe.save")

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 from fsprobe.model import ProbeResult, Snapshot
 from fsprobe.policy import Thresholds
-from fsprobe.probes.lfs_df import probe_lfs_df
-from fsprobe.probes.quota import probe_quota
-from fsprobe.probes.statvfs import probe_statvfs
-from fsprobe.probes.tmpdir import TMPDIR_VARIABLES, probe_tmpdir
-from fsprobe.probes.write import DEFAULT_WRITE_BYTES, probe_write
+from fsprobe.probing.lfs_df import probe_lfs_df
+from fsprobe.probing.quota import probe_quota
+from fsprobe.probing.runner import ProbeRunner, Run
+from fsprobe.probing.statvfs import probe_statvfs
+from fsprobe.probing.tmpdir import TMPDIR_VARIABLES, probe_tmpdir
+from fsprobe.probing.write import DEFAULT_WRITE_BYTES, probe_write
 from fsprobe.quota import QuotaSettings
-from fsprobe.runner import ProbeRunner, Run
 
 #: Time the quota probes get beyond `lfs`'s own deadline, so that the process-group kill and
 #: its clean TIMEOUT report happen before the caller gives up on the worker.

@@ -3,7 +3,7 @@
 It asks the daemon first: a fresh, trusted state file answers in microseconds (one `lstat` and
 a cached parse). Without one (no daemon, a stale or untrusted file, a target the daemon does not
 watch) it probes inline, cheaply: statvfs and the $TMPDIR check, no test write, no quota unless
-configured. Inline probes run in the process's shared runner (`fsprobe.worker`): in a worker
+configured. Inline probes run in the process's shared runner (`fsprobe.probing.worker`): in a worker
 process, so that a hung mount costs one blocked thread there however often a trainer asks, and
 never a thread in the trainer that would keep it from exiting at the end of the job. Their
 result is reused for `INLINE_CACHE_SECONDS`.
@@ -40,15 +40,15 @@ from typing import Any, NamedTuple
 
 from fsprobe.errors import ErrorClass, classify
 from fsprobe.model import Snapshot, Status
-from fsprobe.plan import ProbeSettings, plan, run_plans
 from fsprobe.policy import Headroom, Reason, evaluate, fit
+from fsprobe.probing.plan import ProbeSettings, plan, run_plans
+from fsprobe.probing.runner import Run
+from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import QuotaSettings
-from fsprobe.redirect import all_fallback_dirs, redirect_path
 from fsprobe.report import reason_to_dict
-from fsprobe.runner import Run
+from fsprobe.saving.redirect import all_fallback_dirs, redirect_path
 from fsprobe.state import StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
-from fsprobe.worker import shared_runner
 
 log = logging.getLogger("fsprobe.preflight")
 

@@ -7,7 +7,7 @@ import os
 import stat
 
 from fsprobe.model import FilesystemInfo
-from fsprobe.mounts import find_mount, nearest_existing
+from fsprobe.probing.mounts import find_mount, nearest_existing
 
 
 def probe_statvfs(target: str) -> FilesystemInfo:

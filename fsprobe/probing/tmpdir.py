@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Mapping
 
 from fsprobe.model import TmpdirInfo
-from fsprobe.mounts import nearest_existing
+from fsprobe.probing.mounts import nearest_existing
 
 TMPDIR_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 

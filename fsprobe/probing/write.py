@@ -17,7 +17,7 @@ from collections.abc import Callable
 from fsprobe.atomic import fsync_directory, open_exclusive, temp_name
 from fsprobe.errors import ProbeFailure, name_of
 from fsprobe.model import WriteProbeResult
-from fsprobe.mounts import nearest_existing
+from fsprobe.probing.mounts import nearest_existing
 
 DEFAULT_WRITE_BYTES = 1024 * 1024
 
