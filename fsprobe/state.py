@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsprobe.atomic import publish_file
+from fsprobe.paths import is_under
 
 SCHEMA = 1
 STATE_FILE = "state.json"
@@ -125,9 +126,7 @@ class StateFile:
         path = os.path.abspath(path)
         best = None
         for target in self.targets:
-            if (path == target or path.startswith(target.rstrip("/") + "/")) and (
-                best is None or len(target) > len(best)
-            ):
+            if is_under(path, target) and (best is None or len(target) > len(best)):
                 best = target
         return (best, self.targets[best]) if best is not None else None
 

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import fsprobe
-from fsprobe.saving.redirect import pending
+from fsprobe.saving.manifest import pending
 from tests.daemon_process import DaemonProcess, clean_environment
 
 

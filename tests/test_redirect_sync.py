@@ -17,7 +17,7 @@ import torch
 
 import fsprobe
 from fsprobe.atomic import parse_temp_name
-from fsprobe.saving import redirect
+from fsprobe.saving import manifest, sync
 from fsprobe.saving.file import Backoff
 from fsprobe.state import write_state
 
@@ -43,7 +43,7 @@ def sha256(path) -> str:
 
 
 def manifest_lines(fallback) -> list[dict]:
-    path = Path(fallback) / redirect.MANIFEST
+    path = Path(fallback) / manifest.MANIFEST
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -129,8 +129,8 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
     assert line["bytes"] == result.bytes == os.path.getsize(result.path)
     assert line["sha256"] == sha256(result.path)
     assert abs(line["time"] - time.time()) < 60 and line["pid"] == os.getpid() and line["host"]
-    assert redirect.pending_bytes([str(fallback)], under=str(target_dir)) == result.bytes
-    assert redirect.pending_bytes([str(fallback)], under=str(tmp_path / "other")) == 0
+    assert manifest.pending_bytes([str(fallback)], under=str(target_dir)) == result.bytes
+    assert manifest.pending_bytes([str(fallback)], under=str(tmp_path / "other")) == 0
 
     code, report = sync_cli("--fallback-dir", str(fallback))  # quota still enforced
     assert code == 2 and report["entries"][0]["action"] == "failed"
@@ -144,7 +144,7 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
     assert entry["action"] == "synced" and "sha256 verified" in entry["message"]
     assert_same_state(torch.load(target), state)
     assert os.listdir(fallback) == []  # copy, mirrored directories and manifest all gone
-    assert redirect.pending_bytes([str(fallback)], under=str(target_dir)) == 0
+    assert manifest.pending_bytes([str(fallback)], under=str(target_dir)) == 0
 
 
 def test_real_enospc_on_a_full_tmpfs_is_redirected(tmpfs, tmp_path):
@@ -171,9 +171,7 @@ def test_a_newer_original_is_never_overwritten(setup):
     assert_same_state(torch.load(setup.target / "model.pt"), newer)
     assert os.path.exists(result.path) and len(manifest_lines(setup.fallback)) == 1
 
-    outcomes = redirect.sync(
-        [str(setup.fallback)], prune_superseded=True, state_dir=str(setup.state)
-    )
+    outcomes = sync.sync([str(setup.fallback)], prune_superseded=True, state_dir=str(setup.state))
     assert [o.action for o in outcomes] == ["pruned"]
     assert_same_state(torch.load(setup.target / "model.pt"), newer)
     assert os.listdir(setup.fallback) == []
@@ -190,7 +188,7 @@ def test_a_copy_that_does_not_match_its_checksum_is_not_put_in_place(setup):
         damaged.write(bytes([byte[0] ^ 0xFF]))
     os.utime(setup.target / "model.pt", (1, 1))  # old, so that only the checksum stops it
 
-    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
     assert [o.action for o in outcomes] == ["checksum_mismatch"]
     assert torch.load(setup.target / "model.pt") == previous
     assert sorted(os.listdir(setup.target)) == ["model.pt"]  # no temp file left
@@ -199,7 +197,7 @@ def test_a_copy_that_does_not_match_its_checksum_is_not_put_in_place(setup):
 
 def test_dry_run_changes_nothing(setup):
     result = setup.save_redirected(model_state())
-    before = (setup.fallback / redirect.MANIFEST).read_bytes()
+    before = (setup.fallback / manifest.MANIFEST).read_bytes()
     code, report = sync_cli(
         "--fallback-dir", str(setup.fallback), "--state-dir", str(setup.state), "--dry-run"
     )
@@ -208,13 +206,13 @@ def test_dry_run_changes_nothing(setup):
     assert report["entries"][0]["requested"] == str(setup.target / "model.pt")
     assert os.listdir(setup.target) == []
     assert os.path.exists(result.path)
-    assert (setup.fallback / redirect.MANIFEST).read_bytes() == before
+    assert (setup.fallback / manifest.MANIFEST).read_bytes() == before
 
 
 def test_an_unhealthy_target_keeps_its_entries_waiting(setup):
     result = setup.save_redirected(model_state())
     setup.mark_target("unhealthy", [("quota_hard_reached", "project quota: hard limit reached")])
-    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
     assert [o.action for o in outcomes] == ["waiting"]
     assert "quota_hard_reached" in outcomes[0].message
     assert os.path.exists(result.path) and os.listdir(setup.target) == []
@@ -225,8 +223,8 @@ def test_a_later_save_of_the_same_path_replaces_the_earlier_entry(setup):
     latest = model_state(seed=2)
     setup.save_redirected(latest)
     assert len(manifest_lines(setup.fallback)) == 2
-    assert len(redirect.pending([str(setup.fallback)])) == 1
-    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert len(manifest.pending([str(setup.fallback)])) == 1
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
     assert sorted(o.action for o in outcomes) == ["replaced", "synced"]
     assert_same_state(torch.load(setup.target / "model.pt"), latest)
     assert os.listdir(setup.fallback) == []
@@ -235,30 +233,30 @@ def test_a_later_save_of_the_same_path_replaces_the_earlier_entry(setup):
 def test_an_entry_whose_copy_is_gone_is_dropped(setup):
     result = setup.save_redirected(model_state())
     os.unlink(result.path)
-    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
     assert [o.action for o in outcomes] == ["missing"]
     assert manifest_lines(setup.fallback) == []
 
 
 def test_a_manifest_others_can_write_is_not_acted_on(setup, caplog):
     result = setup.save_redirected(model_state())
-    os.chmod(setup.fallback / redirect.MANIFEST, 0o666)
+    os.chmod(setup.fallback / manifest.MANIFEST, 0o666)
     with caplog.at_level(logging.WARNING, logger="fsprobe.saving.redirect"):
-        assert redirect.sync([str(setup.fallback)], state_dir=str(setup.state)) == []
+        assert sync.sync([str(setup.fallback)], state_dir=str(setup.state)) == []
     assert "writable by group or others" in caplog.text
-    assert redirect.pending([str(setup.fallback)]) == []
+    assert manifest.pending([str(setup.fallback)]) == []
     assert os.path.exists(result.path)
 
 
 def test_an_entry_pointing_outside_its_fallback_is_skipped(setup, tmp_path):
     outside = tmp_path / "precious.pt"
     outside.write_bytes(b"not a redirected checkpoint")
-    redirect.record(
-        redirect.new_entry(
+    manifest.record(
+        manifest.new_entry(
             str(setup.fallback), str(setup.target / "x.pt"), str(outside), 27, sha256(outside)
         )
     )
-    outcomes = redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
     assert [o.action for o in outcomes] == ["skipped"]
     assert outside.exists() and not (setup.target / "x.pt").exists()
 
@@ -266,8 +264,8 @@ def test_an_entry_pointing_outside_its_fallback_is_skipped(setup, tmp_path):
 def test_concurrent_appends_all_land_whole(setup):
     def append(worker: int) -> None:
         for index in range(25):
-            redirect.record(
-                redirect.new_entry(
+            manifest.record(
+                manifest.new_entry(
                     str(setup.fallback),
                     f"/ckpt/{worker}/{index}.pt",
                     str(setup.fallback / f"{worker}-{index}"),
@@ -290,12 +288,12 @@ def test_concurrent_appends_all_land_whole(setup):
 
 def test_newest_copy_and_forget_follow_the_redirected_checkpoint(setup):
     requested = str(setup.target / "model.pt")
-    assert redirect.newest_copy(requested, [str(setup.fallback)]) == requested
+    assert manifest.newest_copy(requested, [str(setup.fallback)]) == requested
     result = setup.save_redirected(model_state())
-    assert redirect.newest_copy(requested, [str(setup.fallback)]) == result.path
-    assert redirect.forget(requested, [str(setup.fallback)]) == [result.path]
+    assert manifest.newest_copy(requested, [str(setup.fallback)]) == result.path
+    assert manifest.forget(requested, [str(setup.fallback)]) == [result.path]
     assert os.listdir(setup.fallback) == []
-    assert redirect.newest_copy(requested, [str(setup.fallback)]) == requested
+    assert manifest.newest_copy(requested, [str(setup.fallback)]) == requested
 
 
 def test_sync_needs_a_fallback_directory():
@@ -352,7 +350,7 @@ def test_a_fallback_that_contains_the_target_is_not_mistaken_for_a_redirect(tmp_
     target.mkdir(parents=True)
     result = fsprobe.save({"step": 1}, target / "model.pt", fallback_dirs=[tmp_path])
     assert not result.redirected and result.path == str(target / "model.pt")
-    assert not (tmp_path / redirect.MANIFEST).exists()
+    assert not (tmp_path / manifest.MANIFEST).exists()
 
 
 def test_a_checkpoint_saved_during_the_copy_back_is_not_overwritten(faultfs, tmp_path):
@@ -362,9 +360,7 @@ def test_a_checkpoint_saved_during_the_copy_back_is_not_overwritten(faultfs, tmp
     faultfs.ctl.delay("read", 0.05)
     outcomes = []
     syncing = threading.Thread(
-        target=lambda: outcomes.extend(
-            redirect.sync([str(setup.fallback)], state_dir=str(setup.state))
-        )
+        target=lambda: outcomes.extend(sync.sync([str(setup.fallback)], state_dir=str(setup.state)))
     )
     syncing.start()
     try:

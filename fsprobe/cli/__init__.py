@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 
+from fsprobe.cli import check, quota, run, status, sync
+from fsprobe.cli.exits import EXIT_USAGE
 from fsprobe.version import __version__
-
-#: Exit status for a usage error (sysexits EX_USAGE), distinct from the health exit codes 0-3.
-EXIT_USAGE = 64
 
 
 class _Group(click.Group):
@@ -35,14 +34,8 @@ def main() -> None:
     """Watch the filesystem under your checkpoints, and keep the training alive when it falters."""
 
 
-def _register() -> None:
-    from fsprobe.cli import check, quota, run, status, sync
-
-    main.add_command(check.check)
-    main.add_command(quota.quota)
-    main.add_command(sync.sync)
-    main.add_command(run.run)
-    main.add_command(status.status)
-
-
-_register()
+main.add_command(check.check)
+main.add_command(quota.quota)
+main.add_command(sync.sync)
+main.add_command(run.run)
+main.add_command(status.status)

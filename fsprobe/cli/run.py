@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import click
 
-from fsprobe.cli import EXIT_USAGE
+from fsprobe.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from fsprobe.daemon import config as configuration
 from fsprobe.daemon import logs
 from fsprobe.daemon.lifecycle import Daemon, StartupError, run_once
-
-#: Exit status when the daemon cannot start (port taken, state dir not ours): sysexits
-#: EX_UNAVAILABLE, distinct from a usage error (64) and from the health statuses of --once.
-EXIT_UNAVAILABLE = 69
 
 
 class _ConfigProblem(click.ClickException):

@@ -6,8 +6,9 @@ import json
 
 import click
 
-from fsprobe.saving.redirect import FALLBACK_ENV, SyncOutcome, all_fallback_dirs
-from fsprobe.saving.redirect import sync as run_sync
+from fsprobe.saving.fallback import FALLBACK_ENV, all_fallback_dirs
+from fsprobe.saving.sync import SyncOutcome
+from fsprobe.saving.sync import sync as run_sync
 
 #: Outcomes that need a person: the copy failed or does not match what was saved.
 _TROUBLE = frozenset({"failed", "checksum_mismatch", "skipped"})

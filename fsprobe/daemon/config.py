@@ -23,7 +23,7 @@ from typing import Any
 from fsprobe.policy import DEFAULT_INTERVALS, Thresholds
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.quota import QuotaSettings
-from fsprobe.saving.redirect import all_fallback_dirs
+from fsprobe.saving.fallback import all_fallback_dirs
 from fsprobe.state import default_state_dir
 from fsprobe.units import parse_size
 

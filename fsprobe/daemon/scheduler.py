@@ -32,7 +32,7 @@ from fsprobe.model import ProbeResult
 from fsprobe.probing.plan import PlannedProbe, plan
 from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
-from fsprobe.saving.redirect import pending_after_sync
+from fsprobe.saving.sync import pending_after_sync
 
 #: Wake this long after a run's deadline, so that the run reads as overdue when checked.
 _DEADLINE_SLACK = 0.01

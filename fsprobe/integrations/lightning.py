@@ -32,8 +32,9 @@ try:
 except ImportError:  # only the standalone pytorch_lightning / lightning_fabric packages
     from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from fsprobe.saving.fallback import all_fallback_dirs
 from fsprobe.saving.file import DEFAULT_ATTEMPTS, SaveResult, atomic_write
-from fsprobe.saving.redirect import all_fallback_dirs, forget, newest_copy
+from fsprobe.saving.manifest import forget, newest_copy
 
 
 def _is_local(path: str | os.PathLike[str]) -> bool:

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fsprobe.paths import is_under
+
 MOUNTINFO = "/proc/self/mountinfo"
 
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -62,10 +64,6 @@ def read_mounts(path: str = MOUNTINFO) -> list[Mount]:
         return parse_mountinfo(table.read())
 
 
-def _is_under(path: str, mountpoint: str) -> bool:
-    return mountpoint == "/" or path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")
-
-
 def find_mount(real_path: str, mounts: Iterable[Mount] | None = None) -> Mount | None:
     """The mount that holds `real_path` (already resolved): longest prefix, last mounted wins.
 
@@ -74,7 +72,7 @@ def find_mount(real_path: str, mounts: Iterable[Mount] | None = None) -> Mount |
     """
     best: Mount | None = None
     for mount in read_mounts() if mounts is None else mounts:
-        if _is_under(real_path, mount.mountpoint) and (
+        if is_under(real_path, mount.mountpoint) and (
             best is None or len(mount.mountpoint) >= len(best.mountpoint)
         ):
             best = mount

@@ -32,17 +32,15 @@ from typing import Any, BinaryIO, NamedTuple
 
 from fsprobe.atomic import fsync_directory, open_exclusive, temp_name
 from fsprobe.errors import ErrorClass, classify, errno_code, name_of
-from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
-from fsprobe.saving.preflight import preflight as run_preflight
-from fsprobe.saving.redirect import (
+from fsprobe.saving.fallback import (
     all_fallback_dirs,
-    new_entry,
     prepare_directory,
-    record,
     redirect_path,
     remove_mirrored_dirs,
-    sha256_of,
 )
+from fsprobe.saving.manifest import new_entry, record, sha256_of
+from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
+from fsprobe.saving.preflight import preflight as run_preflight
 from fsprobe.saving.stale import remove_stale_temps
 from fsprobe.units import format_bytes, format_seconds
 

@@ -46,7 +46,7 @@ from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import QuotaSettings
 from fsprobe.report import reason_to_dict
-from fsprobe.saving.redirect import all_fallback_dirs, redirect_path
+from fsprobe.saving.fallback import all_fallback_dirs, redirect_path
 from fsprobe.state import StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
 

@@ -1,0 +1,151 @@
+"""The architecture, held by a test: who may import whom (DESIGN §3), and no import cycles.
+
+Every `import` of an fsprobe module anywhere in a file counts, also one inside a function: a
+call-time import that dodges a cycle is still the cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fsprobe"
+
+#: The bottom layer: plain values and helpers that every other part shares.
+BOTTOM = {
+    "fsprobe.version",
+    "fsprobe.model",
+    "fsprobe.errors",
+    "fsprobe.units",
+    "fsprobe.atomic",
+    "fsprobe.paths",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every fsprobe module and the fsprobe modules it imports (anywhere in the file)."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    child = f"{node.module}.{alias.name}"
+                    found.add(child if child in modules else node.module)
+        graph[name] = {target for target in found if target in modules and target != name} - {
+            "fsprobe"
+        }
+    return graph
+
+
+GRAPH = _imports()
+
+
+def _importers_of(prefix: str) -> dict[str, set[str]]:
+    return {
+        module: {target for target in targets if target.startswith(prefix)}
+        for module, targets in GRAPH.items()
+        if any(target.startswith(prefix) for target in targets)
+    }
+
+
+def test_there_are_no_import_cycles():
+    visiting: list[str] = []
+    done: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        if module in done:
+            return
+        if module in visiting:
+            cycles.append([*visiting[visiting.index(module) :], module])
+            return
+        visiting.append(module)
+        for target in sorted(GRAPH[module]):
+            visit(target)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        visit(module)
+    assert cycles == []
+
+
+@pytest.mark.parametrize(
+    ("layer", "allowed"),
+    [
+        ("fsprobe.cli", ("fsprobe.cli", "fsprobe.__main__")),
+        ("fsprobe.daemon", ("fsprobe.cli", "fsprobe.daemon")),
+    ],
+)
+def test_nothing_imports_the_command_line_or_the_daemon(layer, allowed):
+    offenders = {
+        module: targets
+        for module, targets in _importers_of(layer).items()
+        if not module.startswith(allowed)
+    }
+    assert offenders == {}
+
+
+def test_the_exporters_never_see_probes_lfs_or_the_save_path():
+    forbidden = ("fsprobe.probing", "fsprobe.lustre", "fsprobe.quota", "fsprobe.saving")
+    offenders = {
+        module: {target for target in targets if target.startswith(forbidden)}
+        for module, targets in GRAPH.items()
+        if module.startswith("fsprobe.exporters")
+    }
+    assert {module: found for module, found in offenders.items() if found} == {}
+
+
+def test_the_save_path_and_the_probes_stay_in_their_lanes():
+    rules = {
+        "fsprobe.probing": ("fsprobe.saving", "fsprobe.exporters", "fsprobe.integrations"),
+        "fsprobe.saving": ("fsprobe.exporters", "fsprobe.integrations"),
+        "fsprobe.lustre": ("fsprobe.probing", "fsprobe.quota", "fsprobe.saving", "fsprobe.policy"),
+    }
+    offenders = {
+        module: {target for target in targets if target.startswith(rules[layer])}
+        for layer in rules
+        for module, targets in GRAPH.items()
+        if module.startswith(layer)
+    }
+    assert {module: found for module, found in offenders.items() if found} == {}
+
+
+def test_the_bottom_layer_imports_only_itself():
+    offenders = {module: GRAPH[module] - BOTTOM for module in BOTTOM if GRAPH[module] - BOTTOM}
+    assert offenders == {}
+
+
+def test_the_policy_judges_plain_values_only():
+    assert GRAPH["fsprobe.policy"] <= BOTTOM
+
+
+def test_importing_the_package_loads_almost_nothing():
+    """`import fsprobe` is cheap: the public names load on first use."""
+    code = "import sys, fsprobe; print(sorted(m for m in sys.modules if m.startswith('fsprobe')))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "['fsprobe', 'fsprobe.version']"
+
+
+def test_every_public_name_loads():
+    code = (
+        "import fsprobe; missing = [n for n in fsprobe.__all__ if not hasattr(fsprobe, n)]; "
+        "assert not missing, missing; "
+        "assert callable(fsprobe.check) and callable(fsprobe.save), 'a module hid a function'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
