@@ -11,6 +11,12 @@ pickled probe functions and receives `ProbeResult`s over a socket pair; it never
 probed filesystem itself, so it can always answer, and always exit. A worker left behind with a
 stuck thread exits on its own once the mount recovers (it sees the parent's end of the socket
 closed). The worker's standard streams are /dev/null so that it never keeps a shell's pipe open.
+
+The worker runs as whoever runs fsprobe, often root, and often from a directory that other
+users can write (a shared scratch or checkpoint directory). `python -m` would put that working
+directory first on `sys.path`, so a planted `fsprobe/__init__.py` there would run as root. It is
+therefore started isolated (`-I`: no working directory, no `PYTHON*` variables, no user site)
+from `/`, and finds fsprobe where the parent found it: the directory of this very package.
 """
 
 from __future__ import annotations
@@ -34,6 +40,21 @@ from fsprobe.probing.runner import ProbeRunner, ThreadExecutor, timed_call
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!I")
+
+#: Where the parent imported fsprobe from; the isolated worker imports the same code, from there.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: What the isolated interpreter runs: `sys.path` has only the standard library and
+#: site-packages, then the package root is appended (last, so that it shadows nothing).
+_BOOTSTRAP = (
+    "import sys; sys.path.append(sys.argv[1]); "
+    "from fsprobe.probing.worker import main; main(sys.argv[2:])"
+)
+
+
+def worker_command(channel_fd: int) -> list[str]:
+    """The argv of an isolated worker that talks over the inherited socket `channel_fd`."""
+    return [sys.executable, "-I", "-c", _BOOTSTRAP, _PACKAGE_ROOT, str(channel_fd)]
 
 
 class Channel:
@@ -96,8 +117,9 @@ class ProcessExecutor:
         ours = Channel(parent_end)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "fsprobe.probing.worker", str(theirs.fileno())],
+                worker_command(theirs.fileno()),
                 pass_fds=[theirs.fileno()],
+                cwd="/",
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -200,16 +222,8 @@ def _serve(connection: Channel) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """The worker's entry point (see `worker_command`); `argv` is the channel's fd."""
     global _in_worker
     _in_worker = True
-    _serve(Channel(socket.socket(fileno=int(argv[1]))))
+    _serve(Channel(socket.socket(fileno=int(argv[0]))))
     os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer
-
-
-if __name__ == "__main__":
-    # Run as `python -m fsprobe.probing.worker`, this file is `__main__`; the state that
-    # `shared_runner` reads lives in the module `fsprobe.probing.worker`, which the probes
-    # import, so start from there.
-    from fsprobe.probing.worker import main as worker_main
-
-    worker_main(sys.argv)
