@@ -218,6 +218,30 @@ def test_an_unhealthy_target_keeps_its_entries_waiting(setup):
     assert os.path.exists(result.path) and os.listdir(setup.target) == []
 
 
+def test_a_readiness_callback_decides_instead_of_the_preflight(setup):
+    """The daemon's sync task answers from its own verdict: the state file is not consulted."""
+    state = model_state()
+    result = setup.save_redirected(state)
+    setup.mark_target("unhealthy", [("readonly", "the target is mounted read-only")])
+    asked = []
+
+    def refuse(entry: manifest.Entry) -> str:
+        asked.append(entry.requested)
+        return "the daemon's verdict: unhealthy"
+
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state), ready=refuse)
+    assert [o.action for o in outcomes] == ["waiting"]
+    assert outcomes[0].message.endswith("not ready: the daemon's verdict: unhealthy")
+    assert asked == [str(setup.target / "model.pt")]
+    assert os.path.exists(result.path) and os.listdir(setup.target) == []
+
+    # The state file still says read-only, which a preflight would refuse; the callback rules.
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state), ready=lambda e: None)
+    assert [o.action for o in outcomes] == ["synced"]
+    assert_same_state(torch.load(setup.target / "model.pt"), state)
+    assert not os.path.exists(result.path)
+
+
 def test_a_later_save_of_the_same_path_replaces_the_earlier_entry(setup):
     setup.save_redirected(model_state(seed=1))
     latest = model_state(seed=2)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Optional
 
 from fsprobe.paths import is_under
 from fsprobe.saving.fallback import remove_mirrored_dirs
@@ -31,6 +31,11 @@ from fsprobe.saving.manifest import (
 from fsprobe.saving.preflight import preflight
 
 log = logging.getLogger("fsprobe.redirect")
+
+#: Whether the target can take `entry` now: None if it can, else why not. The daemon's sync task
+#: answers from its own verdict of the target (it runs in the probe worker, where a preflight
+#: that probes inline would have to start a worker of its own); `fsprobe sync` asks a preflight.
+Readiness = Callable[[Entry], Optional[str]]
 
 #: Outcomes after which the entry leaves the manifest.
 _DONE = frozenset({"synced", "pruned", "replaced", "missing"})
@@ -109,6 +114,7 @@ def _sync_one(
     prune_superseded: bool,
     state_dir: str | None,
     timeout: float,
+    ready: Readiness | None,
 ) -> SyncOutcome:
     def outcome(action: str, message: str) -> SyncOutcome:
         return SyncOutcome(entry, action, message)
@@ -125,17 +131,21 @@ def _sync_one(
             f"{entry.actual} is not a regular file of yours (uid {info.st_uid}); "
             "run fsprobe sync as its owner",
         )
-    # The target may be the hung mount: ask the bounded preflight before touching it.
-    decision = preflight(
-        entry.requested,
-        need_bytes=entry.bytes,
-        redirect=False,
-        on_unhealthy="fail",
-        state_dir=state_dir,
-        timeout=timeout,
-    )
-    if decision.action == "fail":
-        return outcome("waiting", f"{entry.requested} not ready: {decision.summary()}")
+    # The target may be the hung mount: ask before touching it.
+    if ready is None:
+        decision = preflight(
+            entry.requested,
+            need_bytes=entry.bytes,
+            redirect=False,
+            on_unhealthy="fail",
+            state_dir=state_dir,
+            timeout=timeout,
+        )
+        not_ready = decision.summary() if decision.action == "fail" else None
+    else:
+        not_ready = ready(entry)
+    if not_ready is not None:
+        return outcome("waiting", f"{entry.requested} not ready: {not_ready}")
     if _is_superseded(entry):
         if not prune_superseded:
             return outcome(
@@ -177,13 +187,15 @@ def sync(
     state_dir: str | None = None,
     timeout: float = 10.0,
     under: str | None = None,
+    ready: Readiness | None = None,
 ) -> list[SyncOutcome]:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
     Newest first, so that an older redirected copy of the same path finds the newer one already
     in place and is reported as superseded instead of overwriting it. Settled entries (synced,
     pruned, replaced, missing) leave the manifest; the rest stay for the next run. With `under`,
-    only the checkpoints that were meant for that directory (or below it) are handled.
+    only the checkpoints that were meant for that directory (or below it) are handled. `ready`
+    decides whether a target can take an entry now; without it, a bounded preflight does.
     """
     outcomes: list[SyncOutcome] = []
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
@@ -207,6 +219,7 @@ def sync(
                     prune_superseded=prune_superseded,
                     state_dir=state_dir,
                     timeout=timeout,
+                    ready=ready,
                 )
             except OSError as error:
                 result = SyncOutcome(entry, "failed", f"{entry.actual}: {error}")
