@@ -98,7 +98,16 @@ def test_tmpdir_elsewhere_is_degraded_with_exit_1(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "args",
-    [["--need", "12 apples"], ["--timeout", "-1"], ["--quota-provider", "gpfs"], ["--bogus"], []],
+    [
+        ["--need", "12 apples"],
+        ["--timeout", "-1"],
+        ["--timeout", "nan"],
+        ["--timeout", "inf"],
+        ["--timeout", "1e9"],
+        ["--quota-provider", "gpfs"],
+        ["--bogus"],
+        [],
+    ],
 )
 def test_usage_errors_exit_64(args, tmp_path):
     result = subprocess.run(

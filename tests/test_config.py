@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -223,7 +225,7 @@ def test_unknown_key_names_file_line_and_key(tmp_path):
             '[[targets]]\npath = "/a"\nwrite_interval = 0\n',
             3,
             "targets[0].write_interval",
-            "seconds >= 0.1",
+            "seconds between 0.1 and 604800",
         ),
         (
             '[defaults]\nwrite_bytes = "lots"\n[[targets]]\npath = "/a"\n',
@@ -263,7 +265,12 @@ def test_unknown_key_names_file_line_and_key(tmp_path):
             "already targets[0]",
         ),
         ("[[targets]]\nwrite_interval = 5\n", 1, "targets[0]", "a target needs a path"),
-        ('[[targets]]\npath = "/a"\nuser = -1\n', 3, "targets[0].user", "numeric ID >= 0"),
+        (
+            '[[targets]]\npath = "/a"\nuser = -1\n',
+            3,
+            "targets[0].user",
+            "numeric ID from 0 to 4294967294",
+        ),
         (
             '[[targets]]\npath = "/a"\n[targets.thresholds]\nwrite_slow_secs = 1\n',
             4,
@@ -274,7 +281,7 @@ def test_unknown_key_names_file_line_and_key(tmp_path):
             '[[targets]]\npath = "/a"\nthresholds.transient_write_window = 0\n',
             3,
             "targets[0].thresholds.transient_write_window",
-            "whole number >= 1",
+            "whole number from 1 to 100",
         ),
         ('targets = "/a"\n', 1, "targets", "array of tables"),
     ],
@@ -376,3 +383,111 @@ def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path):
     (target,) = load(Overrides(config_file=written), environ={}).targets
     assert target.path == str(tmp_path / "ckpt")
     assert target.fallback_dirs == (str(tmp_path.parent / "fallback"),)
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "reason"),
+    [
+        ("deadline = inf", "defaults.deadline", "finite number, got inf"),
+        ("deadline = -inf", "defaults.deadline", "finite number"),
+        ("statvfs_interval = nan", "defaults.statvfs_interval", "finite number, got nan"),
+        ("quota_timeout = 1e9", "defaults.quota_timeout", "between 0.1 and 3600"),
+        ("write_interval = 9223372036854775807", "defaults.write_interval", "and 604800"),
+        ('write_bytes = "8G"', "defaults.write_bytes", "at most 64M"),
+        ("write_bytes = 9223372036854775807", "defaults.write_bytes", "at most 64M"),
+        (
+            "thresholds.stale_after_intervals = nan",
+            "defaults.thresholds.stale_after_intervals",
+            "finite",
+        ),
+        (
+            "thresholds.stale_after_intervals = 1e300",
+            "defaults.thresholds.stale_after_intervals",
+            "at most 1000",
+        ),
+        (
+            "thresholds.grace_expiring_seconds = inf",
+            "defaults.thresholds.grace_expiring_seconds",
+            "finite",
+        ),
+        ("thresholds.write_slow_seconds = nan", "defaults.thresholds.write_slow_seconds", "finite"),
+        (
+            "thresholds.headroom_degraded_ratio = nan",
+            "defaults.thresholds.headroom_degraded_ratio",
+            "finite",
+        ),
+        (
+            "thresholds.transient_write_window = 1000000000",
+            "defaults.thresholds.transient_write_window",
+            "from 1 to 100",
+        ),
+        ("project = 4294967295", "defaults.project", "numeric ID from 0 to 4294967294"),
+        ('lfs = "/usr/bin/lfs\\u0000x"', "defaults.lfs", "non-empty string"),
+    ],
+)
+def test_non_finite_and_oversized_values_are_refused_with_file_and_line(
+    tmp_path, line, key, reason
+):
+    if line.startswith(("project", "user", "group")):
+        text = f'[[targets]]\npath = "/a"\n{line}\n'
+        key = key.replace("defaults", "targets[0]")
+        expected_line = 3
+    else:
+        text = f'[defaults]\n{line}\n[[targets]]\npath = "/a"\n'
+        expected_line = 2
+    error = refused(tmp_path, text)
+    assert (error.line, error.key) == (expected_line, key)
+    assert reason in error.reason
+    assert str(error).startswith(f"{error.file}:{expected_line}: {key}: ")
+
+
+def test_the_largest_accepted_values_load(tmp_path):
+    config = load(
+        Overrides(
+            config_file=write(
+                tmp_path,
+                '[defaults]\ndeadline = 3600\nwrite_bytes = "64M"\nquota_interval = 604800\n'
+                '[[targets]]\npath = "/a"\nproject = 4294967294\n',
+            )
+        ),
+        environ={},
+    )
+    (target,) = config.targets
+    assert target.settings.deadline == 3600.0
+    assert target.settings.write_bytes == 64 * 1024 * 1024
+    assert target.intervals["quota"] == 604800.0
+    assert target.settings.quota.project == 4294967294
+
+
+def test_a_fifo_or_a_huge_file_is_not_read_as_config(tmp_path):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load(Overrides(config_file=str(fifo)), environ={})  # returns: nothing waits on a writer
+    huge = tmp_path / "huge.toml"
+    huge.write_text("# padding\n" * 200_000)
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load(Overrides(config_file=str(huge)), environ={})
+
+
+def test_run_once_with_an_infinite_deadline_is_a_usage_error_not_a_crash(tmp_path):
+    config = write(tmp_path, f'[defaults]\ndeadline = inf\n[[targets]]\npath = "{tmp_path}"\n')
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fsprobe",
+            "run",
+            "--once",
+            "--config",
+            config,
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 64, result.stderr
+    assert f"{config}:2: defaults.deadline: expected a finite number, got inf" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -8,7 +8,7 @@ import time
 import click
 
 from fsprobe.checking import check as run_check
-from fsprobe.cli.options import SIZE, quota_options
+from fsprobe.cli.options import SECONDS, SIZE, quota_options
 from fsprobe.cli.render import render_report
 
 
@@ -20,7 +20,7 @@ from fsprobe.cli.render import render_report
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object for scripts.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=SECONDS,
     metavar="SECONDS",
     help="Deadline for every probe (default 10 s, quota 30 s); a hung mount answers by then.",
 )

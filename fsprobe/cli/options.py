@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import click
 
+from fsprobe.daemon.config import MAX_DEADLINE, MIN_INTERVAL
 from fsprobe.units import parse_size
 
 
@@ -24,6 +26,32 @@ class SizeType(click.ParamType):
 
 
 SIZE = SizeType()
+
+
+class SecondsType(click.ParamType):
+    """A deadline in seconds: finite, from 0.1 s to an hour.
+
+    click's FloatRange lets ``nan`` through (it compares false with both bounds) and ``inf``
+    when there is no maximum; either would reach a timer that cannot take it.
+    """
+
+    name = "SECONDS"
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not (math.isfinite(seconds) and MIN_INTERVAL <= seconds <= MAX_DEADLINE):
+            self.fail(
+                f"{value!r} is not between {MIN_INTERVAL:g} and {MAX_DEADLINE:g} seconds",
+                param,
+                ctx,
+            )
+        return seconds
+
+
+SECONDS = SecondsType()
 
 
 def quota_options(command: Callable) -> Callable:

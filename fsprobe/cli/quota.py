@@ -9,7 +9,7 @@ import time
 
 import click
 
-from fsprobe.cli.options import quota_options
+from fsprobe.cli.options import SECONDS, quota_options
 from fsprobe.cli.render_quota import as_json, render
 from fsprobe.model import ProbeResult
 from fsprobe.probing.plan import LFS_KILL_SLACK
@@ -53,7 +53,7 @@ def _not_applicable(path: str, lookup: QuotaLookup, provider: str) -> str:
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object for scripts.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=SECONDS,
     default=30.0,
     show_default=True,
     metavar="SECONDS",

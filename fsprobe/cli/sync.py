@@ -6,6 +6,7 @@ import json
 
 import click
 
+from fsprobe.cli.options import SECONDS
 from fsprobe.saving.fallback import FALLBACK_ENV, all_fallback_dirs
 from fsprobe.saving.sync import SyncOutcome
 from fsprobe.saving.sync import sync as run_sync
@@ -59,7 +60,7 @@ def exit_status(outcomes: list[SyncOutcome]) -> int:
 @click.option("--state-dir", metavar="DIR", help="Where the daemon's state file is.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=SECONDS,
     default=10.0,
     show_default=True,
     metavar="SECONDS",

@@ -13,8 +13,11 @@ systemd runs in ``/``); relative paths on the command line, relative to the work
 from __future__ import annotations
 
 import dataclasses
+import errno
+import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +28,7 @@ from fsprobe.probing.plan import ProbeSettings
 from fsprobe.quota import QuotaSettings
 from fsprobe.saving.fallback import all_fallback_dirs
 from fsprobe.state import default_state_dir
-from fsprobe.units import parse_size
+from fsprobe.units import format_bytes, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,6 +42,20 @@ QUOTA_PROBE_MODES = ("auto", "always", "never")
 QUOTA_KINDS = ("quota", "lfs_df")
 #: The shortest interval accepted: below it the scheduler would do little but wake up.
 MIN_INTERVAL = 0.1
+#: Upper bounds. TOML allows `inf`, `nan` and 64-bit integers; a value past these is a typo or
+#: an attack, never a wish: `deadline = inf` would overflow a timer, `write_bytes = "8G"` would
+#: allocate 8 GiB in the probe worker beside every training job.
+MAX_INTERVAL = 7 * 86400.0
+MAX_DEADLINE = 3600.0
+MAX_WRITE_BYTES = 64 * 1024 * 1024
+MAX_GRACE_WARNING = 366 * 86400.0
+MAX_SLOW_SECONDS = 86400.0
+MAX_WINDOW = 100
+MAX_STALE_INTERVALS = 1000.0
+#: The highest uid/gid/project ID (2^32 - 1 is (uid_t)-1, "no ID", in every Linux interface).
+MAX_ID = 2**32 - 2
+#: A config file is a page of settings; reading more than this is refused, not attempted.
+MAX_FILE_BYTES = 1024 * 1024
 
 
 class ConfigError(Exception):
@@ -113,28 +130,35 @@ def _describe(value: Any) -> str:
 def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _Invalid(f"expected a number, got {_describe(value)}")
+    if not math.isfinite(value):
+        raise _Invalid(f"expected a finite number, got {value!r}")
     return float(value)
 
 
-def _seconds(value: Any) -> float:
-    seconds = _number(value)
-    if seconds < MIN_INTERVAL:
-        raise _Invalid(f"expected a number of seconds >= {MIN_INTERVAL}, got {value!r}")
-    return seconds
+def _between(low: float, high: float, what: str = "a number") -> Callable[[Any], float]:
+    """A number in [low, high]; `what` says what it counts, for the error."""
+
+    def check(value: Any) -> float:
+        number = _number(value)
+        if not low <= number <= high:
+            raise _Invalid(f"expected {what} between {low:g} and {high:g}, got {value!r}")
+        return number
+
+    return check
 
 
-def _non_negative(value: Any) -> float:
-    number = _number(value)
-    if number < 0:
-        raise _Invalid(f"expected a number >= 0, got {value!r}")
-    return number
+def _seconds(high: float) -> Callable[[Any], float]:
+    return _between(MIN_INTERVAL, high, "a number of seconds")
 
 
-def _positive(value: Any) -> float:
-    number = _number(value)
-    if number <= 0:
-        raise _Invalid(f"expected a number above 0, got {value!r}")
-    return number
+def _above_zero(high: float) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        number = _number(value)
+        if not 0 < number <= high:
+            raise _Invalid(f"expected a number above 0 and at most {high:g}, got {value!r}")
+        return number
+
+    return check
 
 
 def _ratio(value: Any) -> float:
@@ -144,16 +168,13 @@ def _ratio(value: Any) -> float:
     return ratio
 
 
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _Invalid(f"expected a whole number >= 1, got {_describe(value)}")
-    return value
+def _whole(low: int, high: int, what: str = "a whole number") -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _Invalid(f"expected {what} from {low} to {high}, got {_describe(value)}")
+        return value
 
-
-def _quota_id(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Invalid(f"expected a numeric ID >= 0, got {_describe(value)}")
-    return value
+    return check
 
 
 def _bool(value: Any) -> bool:
@@ -163,23 +184,30 @@ def _bool(value: Any) -> bool:
 
 
 def _string(value: Any) -> str:
-    if not isinstance(value, str) or not value:
+    """A non-empty string without NUL (which no path, binary or address can hold)."""
+    if not isinstance(value, str) or not value or "\0" in value:
         raise _Invalid(f"expected a non-empty string, got {_describe(value)}")
     return value
 
 
-def _size(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if not isinstance(value, str):
-        raise _Invalid(f'expected a size such as "1M" or 1048576, got {_describe(value)}')
-    try:
-        size = parse_size(value)
-    except ValueError as error:
-        raise _Invalid(str(error)) from None
-    if size <= 0:
-        raise _Invalid(f"expected a size above zero, got {value!r}")
-    return size
+def _size(high: int, high_text: str) -> Callable[[Any], int]:
+    """A size in bytes (``"1M"`` or 1048576), above zero and at most `high` (`high_text`)."""
+
+    def check(value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            size = value
+        elif isinstance(value, str):
+            try:
+                size = parse_size(value)
+            except ValueError as error:
+                raise _Invalid(str(error)) from None
+        else:
+            raise _Invalid(f'expected a size such as "1M" or 1048576, got {_describe(value)}')
+        if not 0 < size <= high:
+            raise _Invalid(f"expected a size above zero and at most {high_text}, got {value!r}")
+        return size
+
+    return check
 
 
 def _choice(*choices: str) -> Callable[[Any], str]:
@@ -192,7 +220,9 @@ def _choice(*choices: str) -> Callable[[Any], str]:
 
 
 def _string_list(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+    if not isinstance(value, list) or not all(
+        isinstance(item, str) and item and "\0" not in item for item in value
+    ):
         raise _Invalid(f"expected a list of paths, got {_describe(value)}")
     return tuple(value)
 
@@ -207,10 +237,10 @@ def _listen(value: Any) -> str:
 
 
 _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
-    **{f"{kind}_interval": _seconds for kind in DEFAULT_INTERVALS},
-    "deadline": _seconds,
-    "quota_timeout": _seconds,
-    "write_bytes": _size,
+    **{f"{kind}_interval": _seconds(MAX_INTERVAL) for kind in DEFAULT_INTERVALS},
+    "deadline": _seconds(MAX_DEADLINE),
+    "quota_timeout": _seconds(MAX_DEADLINE),
+    "write_bytes": _size(MAX_WRITE_BYTES, "64M"),
     "write_probe": _bool,
     "quota_provider": _choice("auto", "lfs", "none"),
     "quota_probe": _choice(*QUOTA_PROBE_MODES),
@@ -219,21 +249,21 @@ _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
 _THRESHOLD_KEYS: dict[str, Callable[[Any], Any]] = {
     "headroom_degraded_ratio": _ratio,
     "headroom_unhealthy_ratio": _ratio,
-    "grace_expiring_seconds": _non_negative,
+    "grace_expiring_seconds": _between(0, MAX_GRACE_WARNING, "a number of seconds"),
     "lustre_target_min_free_ratio": _ratio,
-    "write_slow_seconds": _non_negative,
-    "write_very_slow_seconds": _non_negative,
-    "transient_write_window": _positive_int,
-    "stale_after_intervals": _positive,
+    "write_slow_seconds": _between(0, MAX_SLOW_SECONDS, "a number of seconds"),
+    "write_very_slow_seconds": _between(0, MAX_SLOW_SECONDS, "a number of seconds"),
+    "transient_write_window": _whole(1, MAX_WINDOW),
+    "stale_after_intervals": _above_zero(MAX_STALE_INTERVALS),
     "check_tmpdir": _bool,
 }
 _TARGET_KEYS: dict[str, Callable[[Any], Any]] = {
     "path": _string,
     **_PROBE_KEYS,
     "fallback_dirs": _string_list,
-    "user": _quota_id,
-    "group": _quota_id,
-    "project": _quota_id,
+    "user": _whole(0, MAX_ID, "a numeric ID"),
+    "group": _whole(0, MAX_ID, "a numeric ID"),
+    "project": _whole(0, MAX_ID, "a numeric ID"),
 }
 _TOP_KEYS: dict[str, Callable[[Any], Any]] = {
     "listen": _listen,
@@ -353,10 +383,21 @@ class _FileSettings:
     base_dir: str = "."
 
 
+def _read_bounded(file: str) -> bytes:
+    """The file's bytes: a regular file of at most `MAX_FILE_BYTES`, never a FIFO to wait on."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        raw = stream.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {format_bytes(MAX_FILE_BYTES)}")
+    return raw
+
+
 def _read_file(file: str) -> _FileSettings:
     try:
-        with open(file, "rb") as stream:
-            raw = stream.read()
+        raw = _read_bounded(file)
     except OSError as error:
         raise ConfigError(f"cannot read the config file: {error.strerror or error}", file) from None
     text = raw.decode("utf-8", errors="replace")
