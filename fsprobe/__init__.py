@@ -32,19 +32,19 @@ _API = {
     "Decision": "fsprobe.saving.preflight",
     "save": "fsprobe.saving.file",
     "atomic_write": "fsprobe.saving.file",
-    "SaveError": "fsprobe.saving.file",
-    "SaveResult": "fsprobe.saving.file",
+    "SaveError": "fsprobe.saving.retry",
+    "SaveResult": "fsprobe.saving.retry",
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads these
     from fsprobe.checking import check as check
     from fsprobe.report import Report as Report
-    from fsprobe.saving.file import SaveError as SaveError
-    from fsprobe.saving.file import SaveResult as SaveResult
     from fsprobe.saving.file import atomic_write as atomic_write
     from fsprobe.saving.file import save as save
     from fsprobe.saving.preflight import Decision as Decision
     from fsprobe.saving.preflight import preflight as preflight
+    from fsprobe.saving.retry import SaveError as SaveError
+    from fsprobe.saving.retry import SaveResult as SaveResult
 
 
 def __getattr__(name: str) -> object:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import fsprobe  # noqa: E402
 from fsprobe.atomic import parse_temp_name  # noqa: E402
 from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
-from fsprobe.saving.file import Backoff  # noqa: E402
+from fsprobe.saving.retry import Backoff  # noqa: E402
 from fsprobe.state import write_state  # noqa: E402
 
 

@@ -18,7 +18,7 @@ import torch
 import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.saving import manifest, sync
-from fsprobe.saving.file import Backoff
+from fsprobe.saving.retry import Backoff
 from fsprobe.state import write_state
 
 REPO = Path(__file__).resolve().parents[1]

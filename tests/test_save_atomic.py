@@ -16,7 +16,8 @@ import torch
 
 import fsprobe
 from fsprobe.atomic import parse_temp_name
-from fsprobe.saving.file import AtomicFile, Backoff, FailedAttempt, SaveError
+from fsprobe.saving.file import AtomicFile
+from fsprobe.saving.retry import Backoff, FailedAttempt, SaveError
 
 
 def quick(sleeps: list[float] | None = None) -> Backoff:

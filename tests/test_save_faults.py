@@ -18,7 +18,7 @@ import torch
 
 import fsprobe
 from fsprobe.atomic import parse_temp_name
-from fsprobe.saving.file import Backoff
+from fsprobe.saving.retry import Backoff
 
 REPO = Path(__file__).resolve().parents[1]
 

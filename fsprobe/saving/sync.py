@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from fsprobe.paths import is_under
 from fsprobe.saving.fallback import remove_mirrored_dirs
-from fsprobe.saving.file import SaveError, atomic_write
+from fsprobe.saving.file import atomic_write
 from fsprobe.saving.manifest import (
     READ_CHUNK,
     Entry,
@@ -29,6 +29,7 @@ from fsprobe.saving.manifest import (
     sha256_of,
 )
 from fsprobe.saving.preflight import preflight
+from fsprobe.saving.retry import SaveError
 
 log = logging.getLogger("fsprobe.redirect")
 

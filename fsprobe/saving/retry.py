@@ -1,0 +1,386 @@
+"""The attempts of a save: where each one goes, and what a failure means for the next.
+
+Every kind of save (one file, a directory, a directory written by many ranks) is the same loop
+around a different "one attempt" (DESIGN §7): preflight once; then attempt; on failure classify
+the errno (`fsprobe.errors.classify`) and decide:
+
+- transient (EIO, ESTALE, ETIMEDOUT, ..., or a failure without errno): back off, retry;
+- capacity (ENOSPC, EDQUOT): redirect to a fallback that can take it, else back off and retry
+  (a soft-quota bounce passes, a sibling job's cleanup frees space);
+- permanent (EACCES, EROFS, ENAMETOOLONG, ...): redirect, else give up at once.
+
+A redirect that fails too goes back to the target or on to the next fallback. `SaveError`
+after the last attempt, with every attempt's errno.
+
+`Attempts` holds those decisions for one save, apart from the attempt itself, so that a
+collective save can take them once on its coordinator and send them to every rank;
+`run_attempts` is the loop for a save made by one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from fsprobe.errors import ErrorClass, classify, errno_code, name_of
+from fsprobe.saving.fallback import (
+    all_fallback_dirs,
+    prepare_directory,
+    redirect_path,
+    remove_mirrored_dirs,
+)
+from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
+from fsprobe.saving.preflight import preflight as run_preflight
+from fsprobe.units import format_bytes, format_seconds
+
+log = logging.getLogger("fsprobe.save")
+
+DEFAULT_ATTEMPTS = 5
+#: The errno a write would get, by the reason code that made the preflight say ``fail``.
+_FAIL_ERRNOS = {
+    "readonly": "EROFS",
+    "quota_hard_reached": "EDQUOT",
+    "quota_grace_expired": "EDQUOT",
+    "space_headroom_low": "ENOSPC",
+    "inode_headroom_low": "ENOSPC",
+    "mount_stuck": "ETIMEDOUT",
+}
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter: before retry n, sleep U(0, min(cap, base·2ⁿ⁻¹)).
+
+    The defaults give 5 attempts about 30 s in all at most (2 + 4 + 8 + 15 s, half that on
+    average). Jitter keeps the hundreds of ranks that hit the same hiccup from retrying in
+    lockstep. `sleep` and `random` are injectable for tests.
+    """
+
+    base: float = 2.0
+    cap: float = 15.0
+    sleep: Callable[[float], None] = time.sleep
+    random: Callable[[], float] = random.random
+
+    def delay(self, failures: int) -> float:
+        """The wait after the `failures`-th failed attempt."""
+        return self.random() * min(self.cap, self.base * 2 ** (failures - 1))
+
+
+class FailedAttempt(Exception):
+    """One failed attempt: the errno name that counts (``EUNKNOWN`` if none), the step, the words.
+
+    Raised by an attempt, and kept in `SaveError.attempts` (compared by value). What is kept is
+    `bare()`: without the traceback, whose frames would keep the failed attempt's buffers (a
+    checkpoint's tensors) alive for as long as the error is.
+    """
+
+    def __init__(self, errno: str, step: str, message: str) -> None:
+        super().__init__(errno, step, message)
+        self.errno, self.step, self.message = errno, step, message
+
+    @classmethod
+    def of(cls, error: OSError, step: str) -> FailedAttempt:
+        return cls(name_of(error), step, str(error))
+
+    def bare(self) -> FailedAttempt:
+        return type(self)(self.errno, self.step, self.message)
+
+    def __str__(self) -> str:
+        return f"{self.errno} at {self.step}: {self.message}"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FailedAttempt):
+            return NotImplemented
+        return self.args == other.args
+
+    def __hash__(self) -> int:
+        return hash(self.args)
+
+
+class SaveError(OSError):
+    """A save that failed for good; `errno` is the last attempt's, `attempts` holds them all."""
+
+    def __init__(self, path: str, attempts: list[FailedAttempt], message: str) -> None:
+        code = errno_code(attempts[-1].errno) if attempts else None
+        super().__init__(code, message, path)
+        self.attempts = list(attempts)
+
+    def __reduce__(self):  # picklable across processes (DDP, multiprocessing)
+        return (type(self), (self.filename, self.attempts, self.strerror))
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """Where a save landed and what it took; `errors` are the errno names of failed attempts."""
+
+    path: str
+    requested_path: str
+    redirected: bool
+    attempts: int
+    bytes: int
+    seconds: float
+    errors: tuple[str, ...] = ()
+
+
+def first_os_error(error: BaseException) -> OSError | None:
+    """The first OSError in an exception's chain: itself, its cause, its context, and so on."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return current
+        pending += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return None
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """What the caller of any save chooses, apart from what to write (see `atomic_write`)."""
+
+    attempts: int = DEFAULT_ATTEMPTS
+    backoff: Backoff = Backoff()
+    fallback_dirs: tuple[str, ...] = ()
+    max_wait: float = 0.0
+    need_bytes: int | None = None
+    preflight: bool = True
+    redirect: bool = True
+    on_unhealthy: str = "proceed"
+    state_dir: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        attempts: int,
+        backoff: Backoff | None,
+        fallback_dirs: Iterable[str | os.PathLike[str]],
+        redirect: bool,
+        **others: Any,
+    ) -> SaveOptions:
+        """Checked, with the defaults filled in and ``FSPROBE_FALLBACK_DIRS`` added."""
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        return cls(
+            attempts=attempts,
+            backoff=backoff or Backoff(),
+            fallback_dirs=all_fallback_dirs(fallback_dirs) if redirect else (),
+            redirect=redirect,
+            **others,
+        )
+
+
+class Plan(NamedTuple):
+    """What follows a failed attempt: the next attempt's destination, after `wait` seconds."""
+
+    destination: str
+    wait: float
+
+
+class Attempts:
+    """The attempts of one save of `requested`: the decisions between them, not the writing.
+
+    `destination` is where the current attempt goes (the requested path, or its mirror in a
+    fallback) and `number` which attempt it is; `failed` records a failure and says what comes
+    next; `succeeded` makes the result.
+    """
+
+    def __init__(self, requested: str, options: SaveOptions) -> None:
+        self.requested = requested
+        self.options = options
+        self.destination = requested
+        self.number = 1
+        self.failures: list[FailedAttempt] = []
+        self._given_up: set[str] = set()  # fallbacks that failed for capacity or for good
+        self._start = time.monotonic()
+
+    def preflight(self) -> Decision | None:
+        """Ask the preflight where the first attempt goes; `SaveError` if it says ``fail``."""
+        options = self.options
+        if not options.preflight:
+            return None
+        decision = run_preflight(
+            self.requested,
+            options.need_bytes,
+            max_wait=options.max_wait,
+            fallback_dirs=options.fallback_dirs,
+            redirect=options.redirect,
+            on_unhealthy=options.on_unhealthy,
+            state_dir=options.state_dir,
+            timeout=options.timeout,
+        )
+        if decision.action == "fail":
+            code = next(
+                (_FAIL_ERRNOS[r.code] for r in decision.reasons if r.code in _FAIL_ERRNOS), "EIO"
+            )
+            attempt = FailedAttempt(code, "preflight", decision.summary())
+            raise SaveError(
+                self.requested, [attempt], f"not saving {self.requested}: {decision.summary()}"
+            )
+        self.destination = decision.path
+        return decision
+
+    @property
+    def fallback(self) -> str | None:
+        """The fallback that the destination is the redirect into, None at the target.
+
+        Compared exactly, not by prefix: a fallback may well contain the target (``/scratch``
+        and ``/scratch/run7/ckpt``), and a save to the target is then still no redirect.
+        """
+        if self.destination == self.requested:
+            return None
+        return next(
+            (
+                f
+                for f in self.options.fallback_dirs
+                if redirect_path(f, self.requested) == self.destination
+            ),
+            None,
+        )
+
+    def failed(self, failure: FailedAttempt) -> Plan | None:
+        """Record a failed attempt and decide the next one; None means give up."""
+        self.failures.append(failure.bare())
+        kind = classify(failure.errno)
+        fallback = self.fallback
+        if self.number == self.options.attempts:
+            self._log(failure, kind, "giving up")
+            return None
+        plan = Plan(self.destination, self.options.backoff.delay(self.number))
+        if kind is not ErrorClass.TRANSIENT:
+            if fallback is not None:
+                self._given_up.add(fallback)
+            alternative = find_fallback(
+                self.requested,
+                [f for f in self.options.fallback_dirs if f not in self._given_up],
+                self.options.need_bytes,
+                state_dir=self.options.state_dir,
+                timeout=self.options.timeout,
+            )
+            if alternative is not None:
+                plan = Plan(alternative, 0.0)
+            elif fallback is not None:  # back to the target: it may take it after all
+                plan = Plan(self.requested, plan.wait if kind is ErrorClass.CAPACITY else 0.0)
+            elif kind is ErrorClass.PERMANENT:
+                self._log(failure, kind, "giving up")
+                return None
+        what = f"retrying in {format_seconds(plan.wait)}" if plan.wait else "retrying now"
+        if plan.destination != self.destination:
+            what = f"redirecting to {plan.destination}, {what}"
+        self._log(failure, kind, what)
+        return plan
+
+    def follow(self, plan: Plan) -> None:
+        """Wait as planned; the next attempt goes where planned."""
+        if plan.wait:
+            self.options.backoff.sleep(plan.wait)
+        self.destination = plan.destination
+        self.number += 1
+
+    def error(self) -> SaveError:
+        """The error for a save that gave up."""
+        summary = ", ".join(f"{f.errno} at {f.step}" for f in self.failures)
+        return SaveError(
+            self.requested,
+            self.failures,
+            f"saving {self.requested} failed after {len(self.failures)} attempt(s): {summary}",
+        )
+
+    def succeeded(self, nbytes: int) -> SaveResult:
+        """The current attempt succeeded with `nbytes` written: remember the size, log, result."""
+        remember_save(self.requested, nbytes)
+        result = SaveResult(
+            path=self.destination,
+            requested_path=self.requested,
+            redirected=self.destination != self.requested,
+            attempts=self.number,
+            bytes=nbytes,
+            seconds=time.monotonic() - self._start,
+            errors=tuple(f.errno for f in self.failures),
+        )
+        if self.failures or result.redirected:
+            log.warning(
+                "save %s: %s written to %s on attempt %d after %s in %s",
+                self.requested,
+                format_bytes(nbytes),
+                self.destination,
+                self.number,
+                ", ".join(result.errors) or "no error",
+                format_seconds(result.seconds),
+            )
+        else:
+            log.debug(
+                "save %s: %s in %s",
+                self.requested,
+                format_bytes(nbytes),
+                format_seconds(result.seconds),
+            )
+        return result
+
+    def _log(self, failure: FailedAttempt, kind: ErrorClass, plan: str) -> None:
+        where = "" if self.destination == self.requested else f" (redirected to {self.destination})"
+        log.warning(
+            "save %s%s: attempt %d/%d failed at %s with %s (%s): %s; %s",
+            self.requested,
+            where,
+            self.number,
+            self.options.attempts,
+            failure.step,
+            failure.errno,
+            kind.value,
+            failure.message,
+            plan,
+        )
+
+
+class Attempt(NamedTuple):
+    """What one kind of save does in the loop of `run_attempts`.
+
+    `write(destination)` makes one attempt and returns the bytes written, raising
+    `FailedAttempt` for an I/O failure (anything else it raises ends the save as it is);
+    `clean(directory)` removes the leftovers of crashed saves there, once per directory before
+    the first attempt into it; `record(fallback, attempts, nbytes)` enters a redirected save
+    in the fallback's manifest.
+    """
+
+    write: Callable[[str], int]
+    clean: Callable[[str], object]
+    record: Callable[[str, Attempts, int], None]
+
+
+def run_attempts(attempts: Attempts, attempt: Attempt) -> SaveResult:
+    """Attempt until one succeeds or `attempts` gives up (`SaveError`)."""
+    cleaned: set[str] = set()
+    while True:
+        fallback = attempts.fallback
+        try:
+            if fallback is not None:
+                try:
+                    prepare_directory(fallback, attempts.destination)
+                except OSError as error:
+                    raise FailedAttempt.of(error, "mkdir") from error
+            directory = os.path.dirname(attempts.destination)
+            if directory not in cleaned:
+                cleaned.add(directory)
+                attempt.clean(directory)
+            nbytes = attempt.write(attempts.destination)
+        except FailedAttempt as failure:
+            if fallback is not None:  # leave no empty mirrored directories in a fallback
+                remove_mirrored_dirs(fallback, attempts.destination)
+            plan = attempts.failed(failure)
+            if plan is None:
+                raise attempts.error() from None
+            attempts.follow(plan)
+            continue
+        if fallback is not None:
+            attempt.record(fallback, attempts, nbytes)
+        return attempts.succeeded(nbytes)
