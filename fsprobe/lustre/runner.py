@@ -1,10 +1,16 @@
-"""Running `lfs`: an argv list (never a shell), a deadline, and the whole process group killed.
+"""Running `lfs`: an argv list (never a shell), a deadline, a byte cap, nothing left behind.
 
 `lfs` talks to the metadata server; on a hung filesystem it blocks, and so may any helper it
-starts. It therefore runs in a session of its own, and at the deadline the whole process group is
-sent SIGKILL, so nothing it started survives. A process stuck in the kernel (state D) only dies
-when the kernel lets go of it; it is then reaped by a background thread instead of blocking the
-probe, which reports TIMEOUT at once.
+starts. It therefore runs in a session of its own, and when the run ends (at its deadline, or
+normally) its process group is sent SIGKILL, so nothing it started survives; helpers that left
+the group are reaped as orphans (`fsprobe.lustre.children`). A process stuck in the kernel
+(state D) only dies when the kernel lets go of it; it is then reaped by a background thread
+instead of blocking the probe, which reports TIMEOUT at once.
+
+What it prints is read with a cap (`MAX_STDOUT`, `MAX_STDERR`): an `lfs` (or a wrapper) that
+prints without end is stopped and reported as E2BIG, instead of growing the worker by the
+gigabyte. Reading stops, too, shortly after `lfs` itself has exited, even when a helper it
+started still holds the pipes open.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import selectors
 import shlex
 import shutil
 import signal
@@ -22,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure, errno_name
+from fsprobe.lustre import children
 from fsprobe.model import TIMEOUT
 
 #: Environment variable naming the `lfs` binary when no --lfs/config value is given.
@@ -32,6 +40,17 @@ USAGE_STATUS = 4
 
 #: How long to wait for the killed process group before leaving the reaping to a thread.
 KILL_GRACE = 1.0
+
+#: The most `lfs` may print. `lfs df -v` of a filesystem with 4,000 OSTs prints about 400 KiB;
+#: what fsprobe runs prints far less. Past the cap the run is stopped and reported as E2BIG.
+MAX_STDOUT = 8 * 1024 * 1024
+MAX_STDERR = 256 * 1024
+#: After `lfs` has exited, how long its pipes may stay open: only a helper it left behind
+#: holds them then, and nothing it prints is an answer of `lfs`.
+DRAIN_GRACE = 0.5
+#: How often a read wakes up to see whether `lfs` has exited.
+POLL_INTERVAL = 0.1
+_CHUNK = 64 * 1024
 
 _HOW_TO_FIX = (
     "install the Lustre client tools, or name the binary with --lfs BIN, "
@@ -84,26 +103,91 @@ def resolve(binary: str) -> str:
     return found
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process group, reap it, and never block longer than `KILL_GRACE` doing it."""
+class _Overflow(Exception):
+    def __init__(self, stream: str, cap: int) -> None:
+        super().__init__(stream)
+        self.stream, self.cap = stream, cap
+
+
+def _has_exited(process: subprocess.Popen[bytes]) -> bool:
+    """Whether the process has exited, without reaping it: while it is a zombie its pid (and
+    so its process group ID) cannot be reused, so the group kill cannot hit a stranger."""
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _read_output(process: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes]:
+    """stdout and stderr, read until the process has exited and both pipes are closed.
+
+    Reading stops `DRAIN_GRACE` after the exit even if a helper still holds a pipe. Raises
+    `_Overflow` past a cap and `subprocess.TimeoutExpired` at the deadline.
+    """
+    caps = {process.stdout: ("stdout", MAX_STDOUT), process.stderr: ("stderr", MAX_STDERR)}
+    received: dict[object, bytearray] = {pipe: bytearray() for pipe in caps}
+    exited_at: float | None = None
+    pause = 0.001  # between exit checks once the pipes are closed: the exit is imminent
+    with selectors.DefaultSelector() as selector:
+        for pipe in caps:
+            selector.register(pipe, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            if exited_at is None and _has_exited(process):
+                exited_at = now
+            if exited_at is not None and (not selector.get_map() or now - exited_at > DRAIN_GRACE):
+                break
+            if now >= deadline:
+                raise subprocess.TimeoutExpired(process.args, 0)
+            if not selector.get_map():
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, POLL_INTERVAL)
+                continue
+            for key, _events in selector.select(min(deadline - now, POLL_INTERVAL)):
+                chunk = os.read(key.fd, _CHUNK)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer = received[key.fileobj]
+                buffer += chunk
+                stream, cap = caps[key.fileobj]  # type: ignore[index]
+                if len(buffer) > cap:
+                    raise _Overflow(stream, cap)
+    return bytes(received[process.stdout]), bytes(received[process.stderr])
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of the run's process group, reap it, and reap the helpers that left it.
+
+    Never blocks longer than `KILL_GRACE`: a process stuck in the kernel is left to a thread.
+    """
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
     try:
-        process.communicate(timeout=KILL_GRACE)
+        process.wait(timeout=KILL_GRACE)
     except subprocess.TimeoutExpired:
-        # Still alive (stuck in the kernel) or a descendant that left the group holds the pipes:
-        # stop reading, and let a thread reap the process whenever it dies.
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
-        threading.Thread(target=process.wait, name=f"reap-lfs-{process.pid}", daemon=True).start()
+        threading.Thread(
+            target=_wait_then_finish, args=(process,), name=f"reap-lfs-{process.pid}", daemon=True
+        ).start()
+    else:
+        children.finish(process)
+    children.reap_orphans()
+
+
+def _wait_then_finish(process: subprocess.Popen[bytes]) -> None:
+    process.wait()
+    children.finish(process)
 
 
 def run_lfs(args: Sequence[str], *, binary: str, timeout: float) -> LfsRun:
     """Run ``binary args...`` with stdin closed and the C locale, within `timeout` seconds.
 
-    Raises OSError when the binary cannot be started (with what to do about it), and
-    ProbeFailure("TIMEOUT") when the deadline passed, after the process group was killed.
+    Raises OSError when the binary cannot be started (with what to do about it),
+    ProbeFailure("TIMEOUT") when the deadline passed and ProbeFailure("E2BIG") when it printed
+    more than the caps allow; either way after the process group was killed.
     """
     argv = (resolve(binary), *args)
     if timeout <= 0:
@@ -111,7 +195,7 @@ def run_lfs(args: Sequence[str], *, binary: str, timeout: float) -> LfsRun:
     environment = {**os.environ, "LC_ALL": "C"}  # English messages: they are parsed
     started_at, started = time.time(), time.monotonic()
     try:
-        process = subprocess.Popen(
+        process = children.start(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -124,17 +208,21 @@ def run_lfs(args: Sequence[str], *, binary: str, timeout: float) -> LfsRun:
             error.errno, f"cannot run {argv[0]}: {error.strerror}; {_HOW_TO_FIX}", argv[0]
         ) from None
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = _read_output(process, started + timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
         raise ProbeFailure(
             TIMEOUT,
             f"{shlex.join(argv)} did not finish within {timeout:.3g} s "
             "(a hung filesystem?); it was killed with its process group",
         ) from None
-    except BaseException:
-        _kill_group(process)
-        raise
+    except _Overflow as overflow:
+        raise ProbeFailure(
+            "E2BIG",
+            f"{shlex.join(argv)} printed more than {overflow.cap // 1024} KiB on "
+            f"{overflow.stream}; it was stopped and killed, its output not read",
+        ) from None
+    finally:
+        _end(process)
     return LfsRun(
         argv=argv,
         stdout=stdout.decode("utf-8", "replace"),

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from fsprobe.lustre import children
 from fsprobe.model import ProbeResult
 from fsprobe.probing.runner import ProbeRunner, ThreadExecutor, timed_call
 
@@ -225,5 +226,6 @@ def main(argv: list[str]) -> None:
     """The worker's entry point (see `worker_command`); `argv` is the channel's fd."""
     global _in_worker
     _in_worker = True
+    children.adopt_orphans()  # what an lfs leaves behind is ours to reap, not init's
     _serve(Channel(socket.socket(fileno=int(argv[0]))))
     os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer

@@ -31,8 +31,9 @@ import pytest
 
 FAKE_LFS = Path(__file__).resolve().with_name("lfs")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lfs"
-#: The program of the child a hanging fake starts (see `hang` in tests/fakes/lfs).
-HANG_CHILD = "import time; time.sleep(1 << 30)"
+#: What the children a hanging or escaping fake starts run (see `hang` and `escape` in
+#: tests/fakes/lfs): they sleep forever.
+SLEEP_FOREVER = "time.sleep(1 << 30)"
 
 
 def load_fixtures(kind: str) -> list[tuple[str, dict[str, Any]]]:
@@ -105,7 +106,8 @@ class FakeLfs:
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
     def pids(self) -> list[int]:
-        """With fail="hang": the hanging fake's pid and its child's, once both run."""
+        """With fail="hang": the hanging fake's pid and its child's, once both run; with
+        fail="escape_*": the helper's."""
         if not self.pidfile.exists():
             return []
         return [int(pid) for pid in self.pidfile.read_text().split()]
@@ -132,9 +134,9 @@ def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeLf
 
 
 def is_fake_process(pid: int) -> bool:
-    """Whether `pid` is still a hanging fake or its sleeping child (not a reused pid)."""
+    """Whether `pid` is still a hanging fake or a child it left (not a reused pid)."""
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return str(FAKE_LFS).encode() in command or HANG_CHILD.encode() in command
+    return str(FAKE_LFS).encode() in command or SLEEP_FOREVER.encode() in command

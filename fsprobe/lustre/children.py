@@ -1,0 +1,114 @@
+"""The processes started to run `lfs`, and the helpers they leave behind.
+
+`lfs` runs in a session of its own and is killed with its process group at its deadline. A
+helper it starts can still escape both (``setpgid``, ``setsid``) and outlive it, holding the
+pipes that we read: killing the group misses it, and waiting for end-of-file on its pipes waits
+for it. Run after run, such helpers would pile up beside every training job.
+
+So the process that runs `lfs` (the probe worker) makes itself a *child subreaper*
+(``prctl(PR_SET_CHILD_SUBREAPER)``): whatever an `lfs` leaves behind when it exits is reparented
+to us instead of to init, and after each run every child of ours that is not a run in progress
+is killed and reaped. Runs in progress are known because every child is started through
+`start`; the worker starts nothing else. A process that did not adopt orphans (a test calling
+`run_lfs` directly) still gets the group kill, only not this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+#: From <linux/prctl.h>.
+PR_SET_CHILD_SUBREAPER = 36
+
+#: How long a killed orphan may take to die before a thread is left to reap it (a process in
+#: uninterruptible sleep dies only when the kernel lets go of it).
+ORPHAN_GRACE = 1.0
+#: Rounds of "kill the orphans, then look again": killing one reparents its own children to us.
+ORPHAN_ROUNDS = 8
+
+_lock = threading.Lock()
+_running: set[int] = set()
+_adopting = False
+
+
+def adopt_orphans() -> bool:
+    """Make this process the reaper of its descendants' orphans; False where Linux refuses."""
+    global _adopting
+    libc = ctypes.CDLL(None, use_errno=True)
+    _adopting = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return _adopting
+
+
+def start(argv: Sequence[str], **popen_arguments: object) -> subprocess.Popen[bytes]:
+    """`subprocess.Popen`, with the child known as a run in progress until `finish`."""
+    with _lock:  # no orphan sweep may see the child before it is known
+        process: subprocess.Popen[bytes] = subprocess.Popen(argv, **popen_arguments)  # type: ignore[call-overload]
+        _running.add(process.pid)
+    return process
+
+
+def finish(process: subprocess.Popen[bytes]) -> None:
+    """The run is over and reaped: its pid may be reused from now on."""
+    with _lock:
+        _running.discard(process.pid)
+
+
+def reap_orphans() -> list[int]:
+    """Kill and reap every child that is not a run in progress; returns their pids."""
+    if not _adopting:
+        return []
+    killed: list[int] = []
+    for _ in range(ORPHAN_ROUNDS):
+        with _lock:
+            orphans = _children() - _running
+        if not orphans:
+            break
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in orphans:
+            _reap(pid)
+        killed.extend(sorted(orphans))
+    return killed
+
+
+def _children() -> set[int]:
+    """The pids whose parent is this process, from /proc (any thread may be the parent)."""
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if len(fields) > 1 and int(fields[1]) == me:
+            found.add(int(entry))
+    return found
+
+
+def _reap(pid: int) -> None:
+    """Wait for `pid` up to `ORPHAN_GRACE`, then leave the wait to a thread."""
+    until = time.monotonic() + ORPHAN_GRACE
+    while time.monotonic() < until:
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # reaped by a concurrent sweep
+        if done:
+            return
+        time.sleep(0.01)
+    threading.Thread(target=_wait_quietly, args=(pid,), name=f"reap-{pid}", daemon=True).start()
+
+
+def _wait_quietly(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
