@@ -20,6 +20,7 @@ from fsprobe.atomic import parse_temp_name
 from fsprobe.saving import manifest, sync
 from fsprobe.saving.retry import Backoff
 from fsprobe.state import write_state
+from tests.support.durability import assert_file_saved
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,6 +144,7 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
     [entry] = report["entries"]
     assert entry["action"] == "synced" and "sha256 verified" in entry["message"]
     assert_same_state(torch.load(target), state)
+    assert_file_saved(faultfs, target)  # the copy back is as durable as a save
     assert os.listdir(fallback) == []  # copy, mirrored directories and manifest all gone
     assert manifest.pending_bytes([str(fallback)], under=str(target_dir)) == 0
 

@@ -19,6 +19,7 @@ import torch
 import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.saving.retry import Backoff
+from tests.support.durability import assert_file_saved
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,6 +55,7 @@ def test_second_write_failing_is_retried_and_the_checkpoint_loads(faultfs, code)
     assert result.attempts == 2 and result.errors == (code,)
     assert len(sleeps) == 1
     assert_same_state(torch.load(target), state)
+    assert_file_saved(faultfs, target)
     assert temp_files(faultfs.mountpoint) == []
     assert temp_files(faultfs.backing) == []
 
@@ -189,6 +191,7 @@ def test_a_brief_quota_bounce_is_ridden_out_by_the_retry(faultfs):
     assert result.errors == ("EDQUOT",) and result.attempts == 2 and not result.redirected
     assert len(sleeps) == 1
     assert_same_state(torch.load(target), state)
+    assert_file_saved(faultfs, target)
     assert temp_files(faultfs.mountpoint) == []
 
 
@@ -206,5 +209,6 @@ def test_a_hung_mount_is_waited_out_and_the_save_completes(faultfs, caplog):
         release.cancel()
     assert result.attempts == 1 and result.errors == ()
     assert_same_state(torch.load(target_dir / "model.pt"), state)
+    assert_file_saved(faultfs, target_dir / "model.pt")
     assert "mount_stuck" in caplog.text and "waiting up to 30.0 s" in caplog.text
     assert "delay (target" in caplog.text

@@ -137,6 +137,15 @@ class FaultControl:
     def reset_counts(self) -> None:
         self.request("reset_counts")
 
+    def journal(self) -> dict[str, Any]:
+        """The changing and syncing calls in order: ``{"entries": [[op, paths, error]...],
+        "dropped": n}`` (:mod:`tests.support.journal`; :mod:`tests.support.durability`
+        reads it)."""
+        return self.request("journal")
+
+    def clear_journal(self) -> None:
+        self.request("clear_journal")
+
     # -- quota -------------------------------------------------------------------------------
 
     def quota(self) -> dict[str, Any]:

@@ -29,6 +29,9 @@ the client. Commands, their arguments (``?`` marks an optional one, with its def
 - ``clear`` -> ``null``: removes every rule, releases every blocked call
 - ``rules`` -> list of rules; ``counts`` -> ``{op: calls seen, failed ones included}``;
   ``reset_counts`` -> ``null``
+- ``journal`` -> ``{"entries": [[op, paths, error], ...], "dropped": n}``: the calls that change
+  or sync something, in order, each with the errno name it ended with (``null``: success); see
+  :mod:`tests.support.journal`. ``clear_journal`` -> ``null``
 - ``quota`` -> QUOTA; ``rescan`` (recount usage from the backing tree) -> QUOTA
 - ``set_quota resource soft? hard? grace?`` -> QUOTA; ``resource`` is ``"bytes"`` or
   ``"inodes"``; only the keys given change, ``null`` lifts a limit
@@ -95,6 +98,7 @@ from typing import Any, Callable
 import mfusepy
 
 from .faults import DEFAULT_MAX_HOLD, Faults
+from .journal import Journal, journaled
 from .quota import Quota, scan_usage
 
 log = logging.getLogger("faultfs")
@@ -160,6 +164,7 @@ class FaultOperations(mfusepy.Operations):
     def __init__(self, backing: str, max_hold: float = DEFAULT_MAX_HOLD) -> None:
         self.root = os.path.realpath(backing)
         self.faults = Faults(max_hold)
+        self.journal = Journal()
         self.quota = Quota()
         self.statfs_overrides: dict[str, int] = {}
         self.mounted = threading.Event()
@@ -231,16 +236,19 @@ class FaultOperations(mfusepy.Operations):
         self.faults.gate("statfs", path)
         return self.statfs_numbers()
 
+    @journaled
     def chmod(self, path: str | None, mode: int) -> int:
         self.faults.gate("chmod", path, mutating=True)
         os.chmod(self._real(path), mode)
         return 0
 
+    @journaled
     def chown(self, path: str | None, uid: int, gid: int) -> int:
         self.faults.gate("chown", path, mutating=True)
         os.lchown(self._real(path), uid, gid)
         return 0
 
+    @journaled
     def utimens(self, path: str | None, times: Any = None) -> int:
         """`times` is None (both now) or ((atime_sec, atime_nsec), (mtime_sec, mtime_nsec))."""
         self.faults.gate("utimens", path, mutating=True)
@@ -263,25 +271,30 @@ class FaultOperations(mfusepy.Operations):
 
     # -- namespace ---------------------------------------------------------------------------
 
+    @journaled
     def mknod(self, path: str, mode: int, dev: int) -> int:
         self._new_entry("mknod", path, lambda real: os.mknod(real, mode, dev))
         return 0
 
+    @journaled
     def mkdir(self, path: str, mode: int) -> int:
         self._new_entry("mkdir", path, lambda real: os.mkdir(real, mode))
         return 0
 
+    @journaled
     def symlink(self, target: str, source: str) -> int:
         """Create the symlink `target` (a path in the mount) pointing to `source`."""
         self._new_entry("symlink", target, lambda real: os.symlink(source, real))
         return 0
 
+    @journaled
     def link(self, target: str, source: str) -> int:
         """Create the hard link `target` to the existing `source`; no new inode is charged."""
         self.faults.gate("link", target, source, mutating=True)
         os.link(self._real(source), self._real(target))
         return 0
 
+    @journaled
     def unlink(self, path: str) -> int:
         self.faults.gate("unlink", path, mutating=True)
         real = self._real(path)
@@ -291,6 +304,7 @@ class FaultOperations(mfusepy.Operations):
             self._freed(st)
         return 0
 
+    @journaled
     def rmdir(self, path: str) -> int:
         self.faults.gate("rmdir", path, mutating=True)
         real = self._real(path)
@@ -300,6 +314,7 @@ class FaultOperations(mfusepy.Operations):
             self._freed(st)
         return 0
 
+    @journaled
     def rename(self, old: str, new: str, flags: int = 0) -> int:
         """rename(2), and renameat2() with RENAME_NOREPLACE; other flags are refused."""
         self.faults.gate("rename", old, new, mutating=True)
@@ -324,6 +339,7 @@ class FaultOperations(mfusepy.Operations):
 
     # -- files -------------------------------------------------------------------------------
 
+    @journaled
     def create(self, path: str, mode: int, flags: int) -> int:
         # The kernel only sends CREATE after a lookup found no such entry, so O_EXCL is what
         # tells a real creation apart (a racing creator of the same name gets EEXIST).
@@ -331,6 +347,7 @@ class FaultOperations(mfusepy.Operations):
             "create", path, lambda real: os.open(real, flags | os.O_CREAT | os.O_EXCL, mode)
         )
 
+    @journaled
     def open(self, path: str, flags: int) -> int:
         self.faults.gate("open", path, mutating=bool(flags & _WRITE_FLAGS))
         real = self._real(path)
@@ -342,6 +359,7 @@ class FaultOperations(mfusepy.Operations):
             self.quota.release(nbytes=before)
         return fd
 
+    @journaled
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
         self.faults.gate("truncate", path, fh=fh, mutating=True)
         with self.quota.lock:
@@ -361,6 +379,7 @@ class FaultOperations(mfusepy.Operations):
         self.faults.gate("read", path, fh=fh)
         return os.pread(fh, size, offset)
 
+    @journaled
     def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
         self.faults.gate("write", path, fh=fh, mutating=True)
         with self.quota.lock:  # check, write and charge as one step against concurrent writers
@@ -370,10 +389,12 @@ class FaultOperations(mfusepy.Operations):
             self.quota.charge(nbytes=os.fstat(fh).st_size - before)
         return written
 
+    @journaled
     def flush(self, path: str | None, fh: int) -> int:
         self.faults.gate("flush", path, fh=fh)
         return 0
 
+    @journaled
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
         self.faults.gate("fsync", path, fh=fh)
         if datasync:
@@ -382,6 +403,7 @@ class FaultOperations(mfusepy.Operations):
             os.fsync(fh)
         return 0
 
+    @journaled
     def release(self, path: str | None, fh: int) -> int:
         try:
             self.faults.gate("release", path, fh=fh)
@@ -392,6 +414,7 @@ class FaultOperations(mfusepy.Operations):
 
     # -- directories -------------------------------------------------------------------------
 
+    @journaled
     def opendir(self, path: str) -> int:
         self.faults.gate("opendir", path)
         return os.open(self._real(path), os.O_RDONLY | os.O_DIRECTORY)
@@ -412,11 +435,13 @@ class FaultOperations(mfusepy.Operations):
                 )
         return entries
 
+    @journaled
     def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
         self.faults.gate("fsyncdir", path, fh=fh)
         os.fsync(fh)
         return 0
 
+    @journaled
     def releasedir(self, path: str | None, fh: int) -> int:
         try:
             self.faults.gate("releasedir", path, fh=fh)
@@ -465,6 +490,8 @@ class Controller:
             "rules": self.ops.faults.rules,
             "counts": self.ops.faults.counts,
             "reset_counts": self.ops.faults.reset_counts,
+            "journal": self.ops.journal.to_dict,
+            "clear_journal": self.ops.journal.clear,
             "quota": self.ops.quota.to_dict,
             "set_quota": self.set_quota,
             "rescan": self.rescan,
