@@ -6,6 +6,7 @@ The public API (DESIGN §6)::
     fsprobe.preflight(path, need_bytes=None, ...) -> Decision     # right before a save
     fsprobe.save(obj, path, ...) -> SaveResult                    # torch.save, but survives
     fsprobe.atomic_write(path, write, ...) -> SaveResult          # the same for any writer
+    fsprobe.save_dir(path, write, ...) -> SaveResult              # a directory, committed whole
     fsprobe.SaveError                                             # an OSError, every attempt
 
 Every name is loaded on first use, so `import fsprobe` costs next to nothing (the probe worker
@@ -32,6 +33,7 @@ _API = {
     "Decision": "fsprobe.saving.preflight",
     "save": "fsprobe.saving.file",
     "atomic_write": "fsprobe.saving.file",
+    "save_dir": "fsprobe.saving.directory",
     "SaveError": "fsprobe.saving.retry",
     "SaveResult": "fsprobe.saving.retry",
 }
@@ -39,6 +41,7 @@ _API = {
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads these
     from fsprobe.checking import check as check
     from fsprobe.report import Report as Report
+    from fsprobe.saving.directory import save_dir as save_dir
     from fsprobe.saving.file import atomic_write as atomic_write
     from fsprobe.saving.file import save as save
     from fsprobe.saving.preflight import Decision as Decision

@@ -33,7 +33,7 @@ from fsprobe.saving.retry import (
     FailedAttempt,
     SaveOptions,
     SaveResult,
-    first_os_error,
+    failure_of,
     run_attempts,
 )
 from fsprobe.saving.stale import remove_stale_temps
@@ -43,8 +43,6 @@ log = logging.getLogger("fsprobe.save")
 #: A new file gets what `open()` would give it: 0o666 less the umask (checkpoints are often
 #: shared with the group; the temp file's mode is the checkpoint's mode after the rename).
 FILE_MODE = 0o666
-#: What torch's C++ writer says when a write failed underneath it, with or without an OSError.
-_TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "PytorchStreamWriter failed")
 
 
 class AtomicFile:
@@ -138,12 +136,7 @@ def _io_failure(error: BaseException, stream: AtomicFile) -> FailedAttempt | Non
     """What `write` raising `error` means for the save; None if it is not an I/O failure."""
     if stream.first_error is not None:
         return FailedAttempt.of(stream.first_error, stream.first_error_step or "write")
-    os_error = first_os_error(error)
-    if os_error is not None:
-        return FailedAttempt.of(os_error, "write")
-    if isinstance(error, RuntimeError) and any(s in str(error) for s in _TORCH_WRITE_FAILURES):
-        return FailedAttempt("EUNKNOWN", "write", str(error))  # no errno: treated as transient
-    return None
+    return failure_of(error, "write")
 
 
 def _write_once(final: str, write: Callable[[AtomicFile], object], fsync: bool) -> int:

@@ -127,6 +127,10 @@ class SaveResult:
     errors: tuple[str, ...] = ()
 
 
+#: What torch's C++ writer says when a write failed underneath it, with or without an OSError.
+_TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "PytorchStreamWriter failed")
+
+
 def first_os_error(error: BaseException) -> OSError | None:
     """The first OSError in an exception's chain: itself, its cause, its context, and so on."""
     seen: set[int] = set()
@@ -142,6 +146,21 @@ def first_os_error(error: BaseException) -> OSError | None:
     return None
 
 
+def failure_of(error: BaseException, step: str) -> FailedAttempt | None:
+    """What a writer raising `error` at `step` means for the save; None if not an I/O failure.
+
+    The first OSError in the chain counts, not what surfaced: torch turns a failed write into
+    a RuntimeError ("unexpected pos ...") with the OSError only in its `__context__`, or into
+    "file write failed" without any errno (then ``EUNKNOWN``, treated as transient).
+    """
+    os_error = first_os_error(error)
+    if os_error is not None:
+        return FailedAttempt.of(os_error, step)
+    if isinstance(error, RuntimeError) and any(s in str(error) for s in _TORCH_WRITE_FAILURES):
+        return FailedAttempt("EUNKNOWN", step, str(error))
+    return None
+
+
 @dataclass(frozen=True)
 class SaveOptions:
     """What the caller of any save chooses, apart from what to write (see `atomic_write`)."""
@@ -151,6 +170,7 @@ class SaveOptions:
     fallback_dirs: tuple[str, ...] = ()
     max_wait: float = 0.0
     need_bytes: int | None = None
+    need_inodes: int | None = 1
     preflight: bool = True
     redirect: bool = True
     on_unhealthy: str = "proceed"
@@ -211,6 +231,7 @@ class Attempts:
         decision = run_preflight(
             self.requested,
             options.need_bytes,
+            options.need_inodes,
             max_wait=options.max_wait,
             fallback_dirs=options.fallback_dirs,
             redirect=options.redirect,
@@ -263,6 +284,7 @@ class Attempts:
                 self.requested,
                 [f for f in self.options.fallback_dirs if f not in self._given_up],
                 self.options.need_bytes,
+                self.options.need_inodes,
                 state_dir=self.options.state_dir,
                 timeout=self.options.timeout,
             )

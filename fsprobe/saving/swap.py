@@ -1,0 +1,121 @@
+"""Putting a new directory where an old one is, so that a reader sees the old or the new, whole.
+
+``rename(2)`` cannot replace a directory that is not empty, and a checkpoint directory never
+is. Where the kernel and the filesystem have it (ext4, XFS, btrfs, tmpfs, FUSE filesystems that
+implement it), ``renameat2(RENAME_EXCHANGE)`` swaps the two names in one atomic step; the old
+checkpoint then sits under the new one's hidden staging name and is removed afterwards. Where
+they do not (``EINVAL``: NFS, Lustre, FUSE without rename flags; ``ENOSYS``: old kernels), it
+is two renames: the old checkpoint to a hidden *retired* name, then the new one into place.
+Between those two steps the name is missing for a moment (never half there), and a crash in
+that moment leaves the old checkpoint under its retired name: `restore_or_remove_retired`
+(run before the next save into the directory) puts it back if nothing took its place, or
+removes it if the new one did.
+
+Retired names look like ``.fsprobe-retired~<host>~<pid>~<token>~<name>``: hidden, carrying the
+writer (to tell a crashed one from a live one) and the full name to restore (so a name longer
+than the room left in NAME_MAX cannot be retired: ENAMETOOLONG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import platform
+import re
+from collections.abc import Callable
+
+from fsprobe.atomic import TempName, hostname
+from fsprobe.saving.tree import remove_tree
+
+log = logging.getLogger("fsprobe.save")
+
+RENAME_EXCHANGE = 2  # <linux/fs.h>
+#: renameat2's system call number where glibc (< 2.28) has no wrapper for it.
+_SYSCALL_NUMBERS = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
+#: What renameat2 says when this kernel or filesystem cannot exchange.
+_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
+_RETIRED_PREFIX = ".fsprobe-retired~"
+_RETIRED = re.compile(r"^\.fsprobe-retired~(?P<host>[^~/]+)~(?P<pid>\d+)~(?P<token>[0-9a-f]+)~")
+_NAME_MAX = 255
+
+
+def _renameat2() -> Callable[[int, bytes, int, bytes, int], int] | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    function = getattr(libc, "renameat2", None)  # glibc >= 2.28, musl >= 1.2.2
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+        function.argtypes.append(ctypes.c_uint)
+        return function
+    number = _SYSCALL_NUMBERS.get(platform.machine())
+    if number is None:
+        return None
+    syscall = libc.syscall
+    return lambda *args: syscall(ctypes.c_long(number), *args)
+
+
+_exchange_call = _renameat2()
+
+
+def exchange(dir_fd: int, first: str, second: str) -> bool:
+    """Swap `first` and `second` in `dir_fd` atomically; False where that is not supported."""
+    if _exchange_call is None:
+        return False
+    if _exchange_call(dir_fd, os.fsencode(first), dir_fd, os.fsencode(second), RENAME_EXCHANGE):
+        code = ctypes.get_errno()
+        if code in _UNSUPPORTED:
+            return False
+        raise OSError(code, os.strerror(code), second)
+    return True
+
+
+def retired_name(name: str) -> str:
+    """A fresh retired name for the checkpoint `name` (see the module docstring)."""
+    retired = f"{_RETIRED_PREFIX}{hostname()}~{os.getpid()}~{os.urandom(4).hex()}~{name}"
+    if len(os.fsencode(retired)) > _NAME_MAX:
+        raise OSError(errno.ENAMETOOLONG, "too long to be retired and restored", name)
+    return retired
+
+
+def parse_retired_name(name: str) -> tuple[TempName, str] | None:
+    """(its writer, the checkpoint name it restores to), or None if not a retired name."""
+    match = _RETIRED.match(name)
+    if match is None:
+        return None
+    original = name[match.end() :]
+    return TempName(match["host"], int(match["pid"]), original), original
+
+
+def replace_in_two_steps(dir_fd: int, staging: str, name: str) -> str:
+    """Retire `name`, rename `staging` to it; returns the retired name (to remove later).
+
+    If the second rename fails, the first is undone, so that the old checkpoint is back.
+    """
+    retired = retired_name(name)
+    os.rename(name, retired, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    try:
+        os.rename(staging, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError:
+        try:
+            os.rename(retired, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError as error:
+            log.error(
+                "could not put the previous checkpoint %s back from %s: %s", name, retired, error
+            )
+        raise
+    return retired
+
+
+def restore_or_remove_retired(dir_fd: int, retired: str, original: str) -> None:
+    """A crashed two-step replace left `retired`: restore it to `original`, or remove it."""
+    try:
+        os.stat(original, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        os.rename(retired, original, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        log.warning(
+            "restored the checkpoint %s from %s (a save crashed replacing it)", original, retired
+        )
+        return
+    if remove_tree(dir_fd, retired):
+        log.info("removed %s, a checkpoint replaced by a save that crashed after it", retired)

@@ -1,0 +1,170 @@
+"""Walking a checkpoint directory without trusting it: fsync, measure, hash, remove.
+
+A checkpoint directory lives among directories that other users may write, and fsprobe may run
+as root, so every walk here goes from an opened directory descriptor to its entries
+(``openat``-style, `dir_fd=`), never through a path string that a symlink could redirect:
+symbolic links are never followed, only regular files are opened (non-blocking, then checked
+with `fstat`, so that a FIFO planted under a file's name cannot hang the walk), and a removal
+touches only entries owned by the user fsprobe runs as.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+log = logging.getLogger("fsprobe.save")
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: Directories deeper than this are refused: no checkpoint nests that far, a loop might.
+MAX_DEPTH = 64
+READ_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TreeSize:
+    """What a directory tree holds: bytes of its regular files, its files, its directories,
+    and the newest modification time of any of them (when it was last written to)."""
+
+    bytes: int
+    files: int
+    directories: int  # the root included
+    newest_mtime: float
+
+    def __add__(self, other: TreeSize) -> TreeSize:
+        return TreeSize(
+            self.bytes + other.bytes,
+            self.files + other.files,
+            self.directories + other.directories,
+            max(self.newest_mtime, other.newest_mtime),
+        )
+
+
+def open_directory(name: str, dir_fd: int | None = None) -> int:
+    """Open a directory (relative to `dir_fd`), never through a symbolic link at `name`."""
+    return os.open(name, _DIRECTORY_FLAGS, dir_fd=dir_fd)
+
+
+def open_regular(name: str, dir_fd: int | None = None) -> int:
+    """Open a regular file for reading without blocking on a FIFO or following a symlink."""
+    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", name)
+    return fd
+
+
+@contextlib.contextmanager
+def opened(fd: int) -> Iterator[int]:
+    """Close a descriptor at the end of a `with` block."""
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _entries(dir_fd: int) -> list[tuple[str, os.stat_result]]:
+    """The entries of a directory with their `lstat`, sorted by name (a stable order)."""
+    found = []
+    for name in sorted(os.listdir(dir_fd)):
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile: not ours to judge
+            found.append((name, os.stat(name, dir_fd=dir_fd, follow_symlinks=False)))
+    return found
+
+
+def _nothing(*_: object) -> None:
+    pass
+
+
+def _walk(
+    dir_fd: int,
+    on_file: Callable[[int, str, str], None] = _nothing,
+    after_directory: Callable[[int], None] = _nothing,
+    prefix: str = "",
+    depth: int = 0,
+) -> TreeSize:
+    """Depth first: `on_file(dir_fd, name, relative path)` for every regular file, then
+    `after_directory(dir_fd)` for each directory once everything below it is done."""
+    if depth > MAX_DEPTH:
+        raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories", prefix)
+    total = TreeSize(0, 0, 1, os.fstat(dir_fd).st_mtime)
+    for name, info in _entries(dir_fd):
+        relative = f"{prefix}{name}"
+        if stat.S_ISREG(info.st_mode):
+            on_file(dir_fd, name, relative)
+            total += TreeSize(info.st_size, 1, 0, info.st_mtime)
+        elif stat.S_ISDIR(info.st_mode):
+            with opened(open_directory(name, dir_fd)) as child:
+                total += _walk(child, on_file, after_directory, f"{relative}/", depth + 1)
+    after_directory(dir_fd)
+    return total
+
+
+def sync_tree(root_fd: int, *, files: bool = True) -> TreeSize:
+    """fsync every regular file (unless `files` is False) and then every directory, bottom up.
+
+    Each directory is synced after everything in it, the root last: once this returns, a crash
+    cannot lose a file's data nor its name. Symbolic links and special files are not opened
+    (their directory's fsync makes them durable). Returns what the tree holds.
+    """
+
+    def sync_file(dir_fd: int, name: str, _relative: str) -> None:
+        with opened(open_regular(name, dir_fd)) as fd:
+            os.fsync(fd)
+
+    return _walk(root_fd, sync_file if files else _nothing, os.fsync)
+
+
+def measure_tree(root_fd: int) -> TreeSize:
+    """What the tree holds, without syncing anything."""
+    return _walk(root_fd)
+
+
+def digest_tree(root_fd: int) -> dict[str, str]:
+    """The sha256 of every regular file, by its path relative to the root (``a/b.pt``)."""
+    import hashlib  # loads OpenSSL: only a redirect or a sync ever hashes
+
+    digests: dict[str, str] = {}
+
+    def digest(dir_fd: int, name: str, relative: str) -> None:
+        hasher = hashlib.sha256()
+        with opened(open_regular(name, dir_fd)) as fd:
+            while chunk := os.read(fd, READ_CHUNK):
+                hasher.update(chunk)
+        digests[relative] = hasher.hexdigest()
+
+    _walk(root_fd, digest)
+    return digests
+
+
+def remove_tree(parent_fd: int, name: str) -> bool:
+    """Remove `name` in `parent_fd` and all below it, if all of it belongs to this user.
+
+    What another user owns is left where it is (with its directories, which cannot be empty
+    then): fsprobe never acts as root on a file someone else wrote. A symlink is removed as
+    a link, never followed. Returns whether `name` is gone.
+    """
+    euid = os.geteuid()
+    try:
+        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    if info.st_uid != euid:
+        log.warning("not removing %s: it belongs to uid %d, not to this user", name, info.st_uid)
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(name, dir_fd=parent_fd)
+        return True
+    with opened(open_directory(name, parent_fd)) as fd:
+        if not os.path.samestat(os.fstat(fd), info):  # swapped since the lstat
+            return False
+        emptied = all([remove_tree(fd, entry) for entry in sorted(os.listdir(fd))])
+    if emptied:
+        os.rmdir(name, dir_fd=parent_fd)
+    return emptied
