@@ -1,82 +1,68 @@
-"""The metrics endpoint: prometheus_client's threading WSGI server, with TLS and basic auth.
+"""The metrics endpoint: one event loop thread, bounded in connections, time and memory.
 
-What differs from `prometheus_client.start_http_server`, and why:
+fsprobe's daemon lives beside every training job and must not be the thing that an idle or
+hostile client can exhaust. A thread per connection (prometheus_client's server) let 1,500
+connections that never finish their headers hold 1,500 threads. Here:
 
-- the TLS handshake happens in the connection's own thread, not in the accepting loop, so a
-  client that connects and stays silent cannot stall every other scrape;
-- basic auth (bcrypt) in front of every path, as exporter-toolkit does;
-- the body comes from `Exposition.render()`, the cached rendering, so a scrape sends bytes that
-  are ready and never waits for a probe;
-- no reverse DNS lookup of the listen address at start (`HTTPServer.server_bind` does one);
-- the security settings can be swapped on a reload without dropping the socket.
+- one thread runs an asyncio loop that serves every connection; the bcrypt check of basic
+  auth, the only slow step, runs in a pool of `AUTH_THREADS`;
+- at most `MAX_CONNECTIONS` are open at once; when full, the oldest connection that has not
+  sent its whole request head within `MIN_HEAD_AGE` gives way to a new one (a real scraper
+  sends its head at once, a slow-header client never does); with no such connection, new
+  clients wait in the kernel's backlog until a slot frees;
+- every connection has one deadline, `REQUEST_DEADLINE`, for the TLS handshake, the request and
+  the response together; the request head is capped at `MAX_HEAD` bytes;
+- the response goes out in chunks as the client reads it, so a client that does not read costs
+  one socket buffer, never a copy of the body;
+- a client that fails (timeout, bad TLS, malformed request) costs one log line, no traceback.
 
-Responses are not gzip-compressed even when asked: compressing a large exposition costs more
-CPU than the scrape itself, and a scrape of a node daemon travels over a local network.
+Also: TLS and basic auth from the web config (exporter-toolkit's format); the TLS settings and
+users can be swapped on a reload without closing the listening socket; no reverse DNS lookup of
+the listen address. Responses are HTTP/1.0 and close the connection. They are not
+gzip-compressed even when asked: compressing a large exposition costs more CPU than the scrape
+itself, and a scrape of a node daemon travels over a local network.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import socket
-import socketserver
 import ssl
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from wsgiref.simple_server import WSGIRequestHandler
-
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from fsprobe.exporters.auth import BasicAuth
 from fsprobe.exporters.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 
-#: Seconds a client may take for the TLS handshake, and may stay idle on a connection.
-CLIENT_TIMEOUT = 10.0
+#: Seconds from accepting a connection to the last byte of the answer.
+REQUEST_DEADLINE = 10.0
+#: Open connections at most (each costs a file descriptor and a few KiB). A scraper or two and
+#: a person with curl need a handful; the rest is room for bursts.
+MAX_CONNECTIONS = 512
+#: A client still sending its request head after this many seconds may be closed to make room
+#: for a new one when every slot is taken: a real scraper sends its head at once.
+MIN_HEAD_AGE = 1.0
+#: Connections the kernel may queue while every slot is taken.
+BACKLOG = 512
+#: How often a paused accept loop looks for room again.
+_RECHECK = 0.1
+#: The request line and headers of a GET, at most.
+MAX_HEAD = 16 * 1024
+#: Threads that may run bcrypt at once (about 0.1-0.3 s of CPU per failed login).
+AUTH_THREADS = 2
+#: Bytes handed to the transport at a time; it asks for more as the client reads.
+_CHUNK = 64 * 1024
 
+CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 _LANDING = b"""<html><head><title>fsprobe</title></head><body>
 <h1>fsprobe</h1><p><a href="/metrics">Metrics</a></p></body></html>
 """
-
-
-class _Handler(WSGIRequestHandler):
-    timeout = CLIENT_TIMEOUT
-
-    def log_message(self, format: str, *args: object) -> None:
-        """No access log: a scrape every 15 s is not an event."""
-
-
-class _Server(ThreadingWSGIServer):
-    """One listening socket; each connection is served (and TLS-wrapped) in its own thread."""
-
-    def __init__(self, address: tuple[str, int], family: int, security: _Security) -> None:
-        self.address_family = family
-        self.security = security
-        super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-        self.setup_environ()
-
-    def finish_request(self, request, client_address) -> None:  # type: ignore[override]
-        context = self.security.web.tls
-        if context is None:
-            super().finish_request(request, client_address)
-            return
-        request.settimeout(CLIENT_TIMEOUT)
-        try:
-            secure = context.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as error:
-            log.debug(
-                "event=tls_handshake_failed client=%s message=%r", client_address[0], str(error)
-            )
-            return
-        try:
-            super().finish_request(secure, client_address)
-        finally:
-            secure.close()
 
 
 class _Security:
@@ -87,82 +73,407 @@ class _Security:
         self.auth = BasicAuth(web.users)
 
 
+class _ClientFailed(Exception):
+    """A request that gets an error status and a log line: (status, reason)."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class _Tls:
+    """TLS over memory buffers: the loop never blocks in a handshake, and a failed one still
+    sends its alert (the client learns why, e.g. "certificate required")."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._established = False
+
+    def receive(self, data: bytes) -> bytes:
+        """The plaintext that `data` completes (empty during the handshake); ssl.SSLError."""
+        self._incoming.write(data)
+        if not self._established:
+            try:
+                self._tls.do_handshake()
+            except ssl.SSLWantReadError:
+                return b""
+            self._established = True
+        plaintext = bytearray()
+        while True:
+            try:
+                chunk = self._tls.read(_CHUNK)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                break
+            if not chunk:
+                break
+            plaintext += chunk
+        return bytes(plaintext)
+
+    def seal(self, plaintext: bytes | memoryview) -> bytes:
+        self._tls.write(plaintext)
+        return self.to_send()
+
+    def to_send(self) -> bytes:
+        """What TLS wants to send now: handshake messages, an alert, sealed records."""
+        return self._outgoing.read()
+
+
+class _Connection(asyncio.Protocol):
+    """One client: (TLS handshake,) request head, authorization, answer, close."""
+
+    def __init__(self, server: MetricsServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.tls: _Tls | None = None
+        self.client = "-"
+        self.head = bytearray()
+        self.head_complete = False
+        self.can_write = asyncio.Event()
+        self.can_write.set()
+        self.failed = False
+        self.answered = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task | None = None
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if peer else "-"
+        self.server.admit(self)
+        self.timer = self.loop.call_later(REQUEST_DEADLINE, self.expire)
+        context = self.server.security.web.tls
+        self.tls = _Tls(context) if context is not None else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not (self.failed or self.answered):  # e.g. reset by the client: still one line
+            self.failed = True
+            _log_failure(self.client, f"connection lost: {exc or 'closed by the client'}")
+        self.server.release(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self.can_write.set()  # a sender waiting for room gives up at once
+
+    def expire(self) -> None:
+        """The deadline: whatever the connection is doing, it ends now."""
+        phase = "sending the answer" if self.head_complete else "waiting for the request"
+        self.fail(f"no complete exchange within {REQUEST_DEADLINE:g} s ({phase})")
+        if self.transport is not None:
+            self.transport.abort()  # also when it failed before and still had words to send
+
+    def evict(self) -> None:
+        self.fail("closed to make room: its request head was still incomplete")
+
+    def fail(self, reason: str, last_words: bytes = b"") -> None:
+        """One log line, then the connection is closed without an answer (but `last_words`)."""
+        if self.failed:
+            return
+        self.failed = True
+        _log_failure(self.client, reason)
+        self.server.release(self)
+        if self.transport is None:
+            return
+        if last_words:
+            self.transport.write(last_words)
+            self.transport.close()  # after sending them; the deadline still cuts a non-reader
+        else:
+            self.transport.abort()
+
+    # -- reading the request ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.head_complete or self.failed:
+            return  # a GET has no body worth reading
+        if self.tls is not None:
+            try:
+                data = self.tls.receive(data)
+            except ssl.SSLError as error:  # the alert in to_send() tells the client why
+                self.fail(f"TLS failed: {error.reason or error}", self.tls.to_send())
+                return
+            self.transport.write(self.tls.to_send())
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0 and len(self.head) <= MAX_HEAD:
+            return
+        self.head_complete = True
+        self.server.head_received(self)
+        if end < 0 or end > MAX_HEAD:
+            self.task = self.loop.create_task(
+                self.answer_error(
+                    _ClientFailed("431 Request Header Fields Too Large", "head too large")
+                )
+            )
+            return
+        self.task = self.loop.create_task(self.answer(bytes(self.head[:end])))
+
+    def eof_received(self) -> bool:
+        if not self.head_complete:
+            self.fail("closed before the request was complete")
+        return True  # keep our side open to send the answer
+
+    # -- answering -------------------------------------------------------------------------------
+
+    async def answer(self, head: bytes) -> None:
+        try:
+            method, path, headers = _parse_head(head)
+            security = self.server.security
+            if security.auth.required:
+                allowed = await self.loop.run_in_executor(
+                    self.server.auth_pool, security.auth.check, headers.get("authorization")
+                )
+            else:
+                allowed = True
+        except _ClientFailed as failure:
+            await self.answer_error(failure)
+            return
+        extra = list(security.web.headers.items())
+        if not allowed:
+            await self.send(
+                "401 Unauthorized",
+                [*extra, ("WWW-Authenticate", 'Basic realm="fsprobe"'),
+                 ("Content-Type", "text/plain; charset=utf-8")],
+                [b"Unauthorized\n"],
+            )  # fmt: skip
+        elif method not in ("GET", "HEAD"):
+            await self.send("405 Method Not Allowed", [*extra, ("Allow", "GET, HEAD")], [b""])
+        elif path == "/metrics":
+            body = self.server.render()
+            await self.send(
+                "200 OK", [*extra, ("Content-Type", CONTENT_TYPE_METRICS)], body, method
+            )
+        elif path == "/":
+            headers_out = [*extra, ("Content-Type", "text/html; charset=utf-8")]
+            await self.send("200 OK", headers_out, [_LANDING], method)
+        else:
+            await self.send(
+                "404 Not Found",
+                [*extra, ("Content-Type", "text/plain")],
+                [b"Not found: try /metrics\n"],
+            )
+
+    async def answer_error(self, failure: _ClientFailed) -> None:
+        _log_failure(self.client, failure.reason)
+        self.failed = True  # logged: nothing more to say about this client
+        await self.send(
+            failure.status, [("Content-Type", "text/plain")], [f"{failure.reason}\n".encode()]
+        )
+
+    async def send(
+        self,
+        status: str,
+        headers: list[tuple[str, str]],
+        body: Sequence[bytes],
+        method: str = "GET",
+    ) -> None:
+        """Send the answer as the client takes it, then close (flow control, no copies)."""
+        length = sum(len(piece) for piece in body)
+        lines = [f"HTTP/1.0 {status}", *(f"{k}: {v}" for k, v in headers)]
+        lines += [f"Content-Length: {length}", "Connection: close", "", ""]
+        pieces = [("\r\n".join(lines)).encode("latin-1")]
+        if method != "HEAD":
+            pieces.extend(body)
+        transport = self.transport
+        assert transport is not None
+        for piece in pieces:
+            view = memoryview(piece)
+            for start in range(0, len(view), _CHUNK):
+                await self.can_write.wait()
+                if transport.is_closing():
+                    return
+                chunk = view[start : start + _CHUNK]
+                transport.write(self.tls.seal(chunk) if self.tls is not None else chunk)
+        self.answered = True
+        transport.close()  # after the buffered bytes are sent
+
+    def pause_writing(self) -> None:
+        self.can_write.clear()
+
+    def resume_writing(self) -> None:
+        self.can_write.set()
+
+
+def _log_failure(client: str, reason: str) -> None:
+    log.info("event=http_client_failed client=%s reason=%s", client, json.dumps(reason))
+
+
+def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """(method, path, headers with lower-case names) of an HTTP/1.x request head."""
+    try:
+        text = head.decode("latin-1")
+        request_line, *header_lines = text.split("\r\n")
+        method, target, version = request_line.split(" ")
+    except ValueError:
+        raise _ClientFailed("400 Bad Request", "malformed request line") from None
+    if not version.startswith("HTTP/1."):
+        raise _ClientFailed("505 HTTP Version Not Supported", f"unsupported version {version!r}")
+    headers = {}
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise _ClientFailed("400 Bad Request", "malformed header line")
+        headers[name.strip().lower()] = value.strip()
+    return method, target.split("?", 1)[0], headers
+
+
 class MetricsServer:
     """Serves `render()` at /metrics on `address`, as the web config says."""
 
     def __init__(
         self, address: tuple[str, int], render: Callable[[], Sequence[bytes]], web: WebConfig
     ) -> None:
-        """`render` returns the body of /metrics, in one or more pieces."""
-        self._render = render
+        """`render` returns the body of /metrics, in one or more pieces. Binds at once, so that
+        an address in use is an error of the caller, before anything runs."""
+        self.render = render
+        self.security = _Security(web)
         host, port = address
         family, _type, _proto, _name, sockaddr = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
-        self._server = _Server(sockaddr[:2], family, _Security(web))
-        self._server.set_app(self._app)
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._socket.bind(sockaddr[:2])
+            self._socket.listen(BACKLOG)
+        except OSError:
+            self._socket.close()
+            raise
+        self._socket.setblocking(False)
+        self._address = self._socket.getsockname()[:2]
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_log_loop_error)
+        self.auth_pool = ThreadPoolExecutor(AUTH_THREADS, thread_name_prefix="fsprobe-auth")
+        self._open: dict[_Connection, None] = {}
+        self._waiting_for_head: dict[_Connection, float] = {}  # oldest first: when accepted
+        self._attaching = 0  # accepted, not yet admitted
+        self._accepting = False
         self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._server.server_address[:2]
+        host, port = self._address
         return str(host), int(port)
 
     @property
     def url(self) -> str:
         host, port = self.address
         host = f"[{host}]" if ":" in host else host
-        return f"{self._server.security.web.scheme}://{host}:{port}/metrics"
+        return f"{self.security.web.scheme}://{host}:{port}/metrics"
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},  # so that stop() returns within a tenth of a second
-            name="fsprobe-http",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=self._run, name="fsprobe-http", daemon=True)
         self._thread.start()
 
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._resume_accepting()
+        try:
+            self.loop.run_forever()
+        finally:
+            self._pause_accepting()
+            for connection in list(self._open):
+                if connection.transport is not None:
+                    connection.transport.abort()
+            tasks = asyncio.all_tasks(self.loop)
+            for task in tasks:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self.loop.close()
+
     def stop(self) -> None:
+        """Stop serving at once; open connections are dropped."""
         if self._thread is not None:
-            self._server.shutdown()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
             self._thread = None
-        self._server.server_close()
+        elif not self.loop.is_closed():
+            self.loop.close()
+        self._socket.close()
+        self.auth_pool.shutdown(wait=False)
 
     def reconfigure(self, web: WebConfig) -> None:
         """Use new TLS settings and users from the next connection on."""
-        self._server.security = _Security(web)
+        self.security = _Security(web)
 
-    def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        security = self._server.security
-        headers = list(security.web.headers.items())
-        if not security.auth.check(environ.get("HTTP_AUTHORIZATION")):
-            start_response(
-                "401 Unauthorized",
-                [
-                    *headers,
-                    ("WWW-Authenticate", 'Basic realm="fsprobe"'),
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                ],
-            )
-            return [b"Unauthorized\n"]
-        path, method = environ.get("PATH_INFO", "/"), environ["REQUEST_METHOD"]
-        if method not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [*headers, ("Allow", "GET, HEAD")])
-            return [b""]
-        if path == "/metrics":
-            body, content_type = list(self._render()), CONTENT_TYPE_PLAIN_0_0_4
-        elif path == "/":
-            body, content_type = [_LANDING], "text/html; charset=utf-8"
-        else:
-            start_response("404 Not Found", [*headers, ("Content-Type", "text/plain")])
-            return [b"Not found: try /metrics\n"]
-        start_response(
-            "200 OK",
-            [
-                *headers,
-                ("Content-Type", content_type),
-                ("Content-Length", str(sum(len(piece) for piece in body))),
-            ],
-        )
-        return body if method == "GET" else [b""]
+    # -- accepting, within the bound (loop thread only) -------------------------------------------
+
+    def _resume_accepting(self) -> None:
+        if not self._accepting:
+            self._accepting = True
+            self.loop.add_reader(self._socket.fileno(), self._accept)
+
+    def _pause_accepting(self) -> None:
+        if self._accepting:
+            self._accepting = False
+            self.loop.remove_reader(self._socket.fileno())
+
+    def _accept(self) -> None:
+        """Accept what the backlog holds, as long as there is (or can be made) room.
+
+        Without room, accepting pauses: new clients wait in the kernel's backlog, and a check
+        every `_RECHECK` seconds lets them in as slots free up or slow clients become evictable.
+        """
+        while True:
+            if len(self._open) + self._attaching >= MAX_CONNECTIONS and not self._make_room():
+                self._pause_accepting()
+                self.loop.call_later(_RECHECK, self._accept_if_paused)
+                return
+            try:
+                client, _address = self._socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # EMFILE, ENFILE, ENOBUFS: out of something, not our bug
+                log.warning("event=http_accept_failed message=%s", json.dumps(str(error)))
+                self._pause_accepting()
+                self.loop.call_later(_RECHECK, self._accept_if_paused)
+                return
+            client.setblocking(False)
+            self._attaching += 1
+            self.loop.create_task(self._attach(client))
+
+    def _accept_if_paused(self) -> None:
+        if not self._accepting and not self.loop.is_closed():
+            self._resume_accepting()
+            self._accept()
+
+    async def _attach(self, client: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: _Connection(self), client)
+        except OSError as error:
+            client.close()
+            _log_failure("-", f"cannot set up the connection: {error}")
+        finally:
+            self._attaching -= 1
+
+    def _make_room(self) -> bool:
+        """Evict the oldest client still sending its head, if it has had `MIN_HEAD_AGE` s."""
+        oldest = next(iter(self._waiting_for_head.items()), None)
+        if oldest is None or time.monotonic() - oldest[1] < MIN_HEAD_AGE:
+            return False
+        oldest[0].evict()
+        return True
+
+    # -- the connection table (loop thread only) -------------------------------------------------
+
+    def admit(self, connection: _Connection) -> None:
+        self._open[connection] = None
+        self._waiting_for_head[connection] = time.monotonic()
+
+    def head_received(self, connection: _Connection) -> None:
+        self._waiting_for_head.pop(connection, None)
+
+    def release(self, connection: _Connection) -> None:
+        self._open.pop(connection, None)
+        self._waiting_for_head.pop(connection, None)
+
+
+def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """asyncio's own complaints, one line each: never a traceback in a one-event-per-line log."""
+    error = context.get("exception")
+    detail = f"{type(error).__name__}: {error}" if error is not None else ""
+    log.warning("event=http_error message=%r error=%r", context.get("message", ""), detail)
