@@ -12,20 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import tempfile
 import time
 
 import fsprobe
-from fsprobe.state import write_state
+from fsprobe.state import TargetState, Writer, write_state
 
 
 def publish_fresh_state(state_dir: str, target: str) -> None:
     """A state file as the daemon writes it, for `target`, just updated."""
-    entry = fsprobe.check(target, write_probe=False, quota_provider="none").to_dict()
-    entry.update(intervals={"statvfs": 15.0, "tmpdir": 60.0}, updated_at=time.time())
-    write_state(state_dir, {"generated_at": time.time(), "targets": {target: entry}})
+    report = fsprobe.check(target, write_probe=False, quota_provider="none")
+    entry = TargetState(report, {"statvfs": 15.0, "tmpdir": 60.0}, time.time())
+    writer = Writer(socket.gethostname(), os.getpid(), fsprobe.__version__)
+    write_state(state_dir, time.time(), writer, {target: json.dumps(entry.to_dict())})
 
 
 def timed(function, calls: int) -> list[float]:

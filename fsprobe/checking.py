@@ -50,5 +50,5 @@ def check(
         quota=quota,
     )
     snapshot = probe_once(os.path.abspath(path), effective, shared_runner())
-    verdict = evaluate(snapshot, effective.thresholds, time.time(), need_bytes, need_inodes)
+    verdict = evaluate(snapshot, effective.policy, time.time(), need_bytes, need_inodes)
     return Report(path, snapshot, verdict, need_bytes, need_inodes)

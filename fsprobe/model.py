@@ -33,6 +33,14 @@ class Status(enum.IntEnum):
     def label(self) -> str:
         return self.name.lower()
 
+    @classmethod
+    def from_label(cls, label: str) -> Status:
+        """``"degraded"`` -> `Status.DEGRADED`; ValueError for anything else."""
+        member = cls.__members__.get(label.upper()) if isinstance(label, str) else None
+        if member is None or member.label != label:
+            raise ValueError(f"{label!r} is not one of {', '.join(s.label for s in cls)}")
+        return member
+
 
 @dataclass(frozen=True)
 class ProbeResult(Generic[T]):

@@ -1,8 +1,11 @@
 """The health policy: from what the probes saw to ok / degraded / unhealthy / unknown.
 
-A pure function of a snapshot, thresholds and the current time — no I/O, no clock of its own —
-so that the daemon, `fsprobe check` and the save hook judge the same facts the same way, and so
-that every rule can be tested with plain values.
+A pure function of a snapshot, the target's `Policy` and the current time — no I/O, no clock of
+its own — so that the daemon, `fsprobe check` and the save hook judge the same facts the same
+way, and so that every rule can be tested with plain values. It is the only judge: each reason
+says whether waiting can clear it and what a write would fail with, and the save path asks the
+`Verdict` (can it take the save? is waiting worth it? good enough to redirect to?) instead of
+reading meaning into reason codes.
 
 Headroom is what a new file in the target can still take before a write fails, for bytes and
 for inodes: the smallest of what the filesystem has available and what each applicable quota
@@ -12,11 +15,14 @@ of them binds, because 5 GiB left is plenty on a 10 GiB quota and nothing on a 1
 
 from __future__ import annotations
 
+import enum
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fsprobe.errors import ErrorClass, classify
 from fsprobe.model import (
+    TIMEOUT,
     FilesystemInfo,
     LustreTarget,
     ProbeResult,
@@ -48,8 +54,13 @@ DEFAULT_INTERVALS: Mapping[str, float] = {
 
 
 @dataclass(frozen=True)
-class Thresholds:
-    """Every number the policy judges by; all configurable per target."""
+class Policy:
+    """Everything a target is judged by; all configurable per target.
+
+    The thresholds of DESIGN §5; how often each probe runs, because a result is stale once it
+    is older than `stale_after_intervals` of its probe's interval; and whether $TMPDIR on
+    another filesystem is worth a notice.
+    """
 
     headroom_degraded_ratio: float = 0.10
     headroom_unhealthy_ratio: float = 0.03
@@ -62,17 +73,71 @@ class Thresholds:
     intervals: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_INTERVALS))
     check_tmpdir: bool = True
 
+    def interval(self, probe: str) -> float:
+        return self.intervals.get(probe, DEFAULT_INTERVALS.get(probe, 60.0))
+
+    def stale_after(self, probe: str) -> float:
+        """How old a result of `probe` may get before it says nothing any more.
+
+        The one definition of staleness: for each result here, and through
+        `Verdict.fresh_until` for the daemon's view of a target that the save hook and
+        `fsprobe status` read from the state file.
+        """
+        return self.stale_after_intervals * self.interval(probe)
+
+
+class Severity(enum.IntEnum):
+    """How much one reason weighs. A notice is worth knowing but leaves the status as it is."""
+
+    NOTICE = 0
+    DEGRADED = 1
+    UNHEALTHY = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @property
+    def status(self) -> Status:
+        """The status this reason alone gives a target."""
+        return _SEVERITY_STATUS[self]
+
+    @classmethod
+    def from_label(cls, label: str) -> Severity:
+        """``"notice"`` -> `Severity.NOTICE`; ValueError for anything else."""
+        member = cls.__members__.get(label.upper()) if isinstance(label, str) else None
+        if member is None or member.label != label:
+            raise ValueError(f"{label!r} is not one of {', '.join(s.label for s in cls)}")
+        return member
+
+
+_SEVERITY_STATUS = {
+    Severity.NOTICE: Status.OK,
+    Severity.DEGRADED: Status.DEGRADED,
+    Severity.UNHEALTHY: Status.UNHEALTHY,
+}
+
 
 @dataclass(frozen=True)
 class Reason:
-    """Why a target is not ok: a stable code for machines, a sentence with numbers for people.
+    """Why a target is not plainly ok: a stable code for machines, a sentence for people, and
+    what it means for a save.
 
-    `severity` is the status this reason alone would give the target.
+    `errno` is set when a write into the target now fails (or hangs) because of this reason:
+    the error it would get (``EROFS``, ``EDQUOT``, ``ENOSPC``, the test write's errno,
+    ``ETIMEDOUT`` for a hung mount). `transient` says that the trouble stands in the way of a
+    save now but is expected to pass, so that waiting for it is worth it (a hung mount, a
+    transient write error, a very slow write, a stale or failed probe). Lack of room and
+    refusals are not transient; nor are warnings about what has already passed or never
+    stops a write (low headroom without a size to fit, a transient error whose next test
+    write succeeded, a slowish write).
     """
 
     code: str
-    severity: Status
+    severity: Severity
     message: str
+    transient: bool = False
+    errno: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,10 +163,68 @@ class Headroom:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The judgement of one target, and the answers to what the save path asks of it.
+
+    `fits` is None when no size was asked about or the headroom is unknown. `fresh_until` is
+    when the verdict stops holding if no new probe result comes (the first of its results to
+    go stale), None when there is nothing it could hold on.
+
+    The answers are computed on first use and kept: the save hook reuses one verdict for as
+    long as the daemon's state file is unchanged, which keeps each call in microseconds.
+    """
+
     status: Status
     reasons: tuple[Reason, ...]
     headroom: Headroom
-    fits: bool | None = None  # None when nothing was asked (no need given) or headroom unknown
+    fits: bool | None = None
+    fresh_until: float | None = None
+
+    @functools.cached_property
+    def refusing(self) -> tuple[Reason, ...]:
+        """Why the target cannot take the save, and waiting will not change that."""
+        return tuple(r for r in self.reasons if r.errno is not None and not r.transient)
+
+    @functools.cached_property
+    def passing(self) -> tuple[Reason, ...]:
+        """Trouble in the way of the save that is expected to pass by itself."""
+        return tuple(r for r in self.reasons if r.transient)
+
+    @functools.cached_property
+    def can_take_save(self) -> bool:
+        """Whether a save should be written here now: nothing refuses it, nothing passing is
+        bad enough (unhealthy) to write elsewhere instead."""
+        return not self.refusing and not any(r.severity is Severity.UNHEALTHY for r in self.passing)
+
+    @property
+    def worth_waiting(self) -> bool:
+        """Whether waiting may make the save go better here: trouble that passes, none that
+        stays."""
+        return bool(self.passing) and not self.refusing
+
+    @functools.cached_property
+    def acceptable_destination(self) -> bool:
+        """Good enough to redirect a save to: judged, and nothing in the way at all."""
+        return self.status is not Status.UNKNOWN and not self.refusing and not self.passing
+
+    @property
+    def concerns(self) -> tuple[Reason, ...]:
+        """The reasons that weigh on the status (every reason but the notices)."""
+        return tuple(r for r in self.reasons if r.severity is not Severity.NOTICE)
+
+    @property
+    def errno(self) -> str | None:
+        """The error a write now would most likely fail with (see `write_errno`)."""
+        return write_errno(self.reasons)
+
+    def is_fresh(self, now: float) -> bool:
+        """Whether the verdict still holds at `now` without a new probe result."""
+        return self.fresh_until is not None and now <= self.fresh_until
+
+
+def write_errno(reasons: Iterable[Reason]) -> str | None:
+    """The error a write would most likely fail with, given reasons ordered worst first: that
+    of the first reason that names one."""
+    return next((reason.errno for reason in reasons if reason.errno is not None), None)
 
 
 @dataclass(frozen=True)
@@ -154,7 +277,12 @@ def _binding_phrase(limited_by: str | None) -> str:
     return f"under the {limited_by.split(':', 1)[1]} quota"
 
 
-def _headroom_reasons(headroom: Headroom, thresholds: Thresholds) -> list[Reason]:
+def _full_errno(limited_by: str | None) -> str:
+    """What a write gets when the binding limit runs out: a quota says EDQUOT, a disk ENOSPC."""
+    return "EDQUOT" if limited_by is not None and limited_by.startswith("quota:") else "ENOSPC"
+
+
+def _headroom_reasons(headroom: Headroom, policy: Policy) -> list[Reason]:
     reasons = []
     for code, left, ratio, limited_by, fmt, noun in (
         (
@@ -176,10 +304,10 @@ def _headroom_reasons(headroom: Headroom, thresholds: Thresholds) -> list[Reason
     ):
         if ratio is None or left is None:
             continue
-        if ratio < thresholds.headroom_unhealthy_ratio:
-            severity = Status.UNHEALTHY
-        elif ratio < thresholds.headroom_degraded_ratio:
-            severity = Status.DEGRADED
+        if ratio < policy.headroom_unhealthy_ratio:
+            severity = Severity.UNHEALTHY
+        elif ratio < policy.headroom_degraded_ratio:
+            severity = Severity.DEGRADED
         else:
             continue
         used = format_percent(1 - ratio)
@@ -197,7 +325,7 @@ def _headroom_reasons(headroom: Headroom, thresholds: Thresholds) -> list[Reason
 def fit(
     headroom: Headroom, need_bytes: int | None, need_inodes: int | None
 ) -> tuple[bool | None, list[Reason]]:
-    """Whether a save of the given size fits; a save that does not fit is unhealthy."""
+    """Whether a save of the given size fits; one that does not is refused (ENOSPC/EDQUOT)."""
     if need_bytes is None and need_inodes is None:
         return None, []
     reasons = []
@@ -221,9 +349,10 @@ def fit(
             reasons.append(
                 Reason(
                     code,
-                    Status.UNHEALTHY,
+                    Severity.UNHEALTHY,
                     f"the checkpoint needs {fmt(need)} but only {fmt(left)} is left "
                     f"{_binding_phrase(limited_by)}",
+                    errno=_full_errno(limited_by),
                 )
             )
     if reasons:
@@ -231,14 +360,32 @@ def fit(
     return (None if unknown else True), []
 
 
+def judge_need(verdict: Verdict, need_bytes: int | None, need_inodes: int | None) -> Verdict:
+    """`verdict` for a save of this size: whether it fits, and unhealthy if it does not.
+
+    For a verdict made without a size (the daemon's, read from its state file), so that the
+    save hook asks the same rule as `evaluate` does with one.
+    """
+    fits, reasons = fit(verdict.headroom, need_bytes, need_inodes)
+    if fits == verdict.fits and not reasons:
+        return verdict
+    return Verdict(
+        max(verdict.status, Status.UNHEALTHY) if reasons else verdict.status,
+        _ordered([*reasons, *verdict.reasons]),
+        verdict.headroom,
+        fits,
+        verdict.fresh_until,
+    )
+
+
 _QUOTA_STATE_REASONS = {
-    QuotaState.HARD_REACHED: ("quota_hard_reached", Status.UNHEALTHY),
-    QuotaState.GRACE_EXPIRED: ("quota_grace_expired", Status.UNHEALTHY),
-    QuotaState.SOFT_EXCEEDED: ("quota_soft_exceeded", Status.DEGRADED),
+    QuotaState.HARD_REACHED: ("quota_hard_reached", Severity.UNHEALTHY, "EDQUOT"),
+    QuotaState.GRACE_EXPIRED: ("quota_grace_expired", Severity.UNHEALTHY, "EDQUOT"),
+    QuotaState.SOFT_EXCEEDED: ("quota_soft_exceeded", Severity.DEGRADED, None),
 }
 
 
-def _quota_reasons(quota: QuotaReport, thresholds: Thresholds, now: float) -> list[Reason]:
+def _quota_reasons(quota: QuotaReport, policy: Policy, now: float) -> list[Reason]:
     reasons = []
     for entry in quota.entries:
         for resource, fmt in (("bytes", format_bytes), ("inodes", format_count)):
@@ -246,7 +393,7 @@ def _quota_reasons(quota: QuotaReport, thresholds: Thresholds, now: float) -> li
             state = usage.state_at(now)
             if state is QuotaState.OK:
                 continue
-            code, severity = _QUOTA_STATE_REASONS[state]
+            code, severity, errno = _QUOTA_STATE_REASONS[state]
             who = f"{entry.type} quota of {entry.name or entry.id}"
             limit = usage.hard if state is QuotaState.HARD_REACHED else usage.soft
             limit_words = f"{'hard' if state is QuotaState.HARD_REACHED else 'soft'} limit"
@@ -260,25 +407,25 @@ def _quota_reasons(quota: QuotaReport, thresholds: Thresholds, now: float) -> li
             elif usage.grace_expires_at is not None:
                 left = usage.grace_expires_at - now
                 message += f"; grace period ends in {format_duration(left)}"
-                if left < thresholds.grace_expiring_seconds:
+                if left < policy.grace_expiring_seconds:
                     reasons.append(
                         Reason(
                             "quota_grace_expiring",
-                            Status.DEGRADED,
+                            Severity.DEGRADED,
                             f"{who}: grace period for {resource} ends in "
                             f"{format_duration(left)}; after that writes are refused",
                         )
                     )
-            reasons.append(Reason(code, severity, message))
+            reasons.append(Reason(code, severity, message, errno=errno))
     if quota.inaccurate or quota.errors:
         detail = "; ".join(quota.errors) or "some storage targets did not answer"
         reasons.append(
-            Reason("quota_unavailable", Status.DEGRADED, f"quota read only in part: {detail}")
+            Reason("quota_unavailable", Severity.DEGRADED, f"quota read only in part: {detail}")
         )
     return reasons
 
 
-def _lustre_reasons(targets: Iterable[LustreTarget], thresholds: Thresholds) -> list[Reason]:
+def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Reason]:
     full = sorted(
         (
             (t.avail_bytes / t.size_bytes, t)
@@ -287,7 +434,7 @@ def _lustre_reasons(targets: Iterable[LustreTarget], thresholds: Thresholds) -> 
         ),
         key=lambda pair: pair[0],
     )
-    full = [(ratio, t) for ratio, t in full if ratio < thresholds.lustre_target_min_free_ratio]
+    full = [(ratio, t) for ratio, t in full if ratio < policy.lustre_target_min_free_ratio]
     if not full:
         return []
     ratio, worst = full[0]
@@ -295,7 +442,7 @@ def _lustre_reasons(targets: Iterable[LustreTarget], thresholds: Thresholds) -> 
     return [
         Reason(
             "lustre_target_full",
-            Status.DEGRADED,
+            Severity.DEGRADED,
             f"{worst.name} has only {format_bytes(worst.avail_bytes)} "
             f"({format_percent(ratio)}) free{others}: files striped on it fail with ENOSPC",
         )
@@ -303,44 +450,47 @@ def _lustre_reasons(targets: Iterable[LustreTarget], thresholds: Thresholds) -> 
 
 
 def _write_reasons(
-    latest: ProbeResult,
-    recent_errors: tuple[str | None, ...],
-    thresholds: Thresholds,
+    latest: ProbeResult, recent_errors: tuple[str | None, ...], policy: Policy
 ) -> list[Reason]:
     if not latest.ok:
-        persistent = classify(latest.error) is not ErrorClass.TRANSIENT
+        error = latest.error or "EUNKNOWN"
+        transient = classify(error) is ErrorClass.TRANSIENT
         return [
             Reason(
                 "write_failed",
-                Status.UNHEALTHY if persistent else Status.DEGRADED,
-                latest.message or f"test write failed with {latest.error}",
+                Severity.DEGRADED if transient else Severity.UNHEALTHY,
+                latest.message or f"test write failed with {error}",
+                transient=transient,
+                errno="ETIMEDOUT" if error == TIMEOUT else error,
             )
         ]
     reasons = []
-    window = recent_errors[-thresholds.transient_write_window :]
+    window = recent_errors[-policy.transient_write_window :]
     failures = [error for error in window if error is not None]
     if failures:
         reasons.append(
             Reason(
                 "write_failed",
-                Status.DEGRADED,
+                Severity.DEGRADED,
                 f"{len(failures)} of the last {len(window)} test writes failed "
                 f"({', '.join(failures)}); the latest succeeded",
             )
         )
     probe: WriteProbeResult = latest.value
     total = probe.total_seconds
-    if total > thresholds.write_slow_seconds:
+    if total > policy.write_slow_seconds:
         slowest = max(
             (step for step in probe.latency_seconds if step != "total"),
             key=lambda step: probe.latency_seconds[step],
         )
+        very_slow = total > policy.write_very_slow_seconds
         reasons.append(
             Reason(
                 "write_slow",
-                Status.UNHEALTHY if total > thresholds.write_very_slow_seconds else Status.DEGRADED,
+                Severity.UNHEALTHY if very_slow else Severity.DEGRADED,
                 f"a {format_bytes(probe.bytes)} test save took {format_seconds(total)} "
                 f"({slowest}: {format_seconds(probe.latency_seconds[slowest])})",
+                transient=very_slow,
             )
         )
     return reasons
@@ -348,50 +498,51 @@ def _write_reasons(
 
 def evaluate(
     snapshot: Snapshot,
-    thresholds: Thresholds,
+    policy: Policy,
     now: float,
     need_bytes: int | None = None,
     need_inodes: int | None = None,
 ) -> Verdict:
     """Judge a snapshot. `need_*` asks whether a checkpoint of that size fits (a preflight)."""
     reasons: list[Reason] = []
-    fresh = {}
+    fresh: dict[str, ProbeResult] = {}
     for probe, result in snapshot.results.items():
-        interval = thresholds.intervals.get(probe, DEFAULT_INTERVALS.get(probe, 60.0))
         age = now - result.finished_at
-        if result.stuck:
-            continue
-        if age > thresholds.stale_after_intervals * interval:
+        if result.stuck or age <= policy.stale_after(probe):
+            fresh[probe] = result
+        else:
             reasons.append(
                 Reason(
                     "probe_stale",
-                    Status.DEGRADED,
+                    Severity.DEGRADED,
                     f"the {probe} probe's last result is {format_duration(age)} old "
-                    f"(expected every {format_duration(interval)})",
+                    f"(expected every {format_duration(policy.interval(probe))})",
+                    transient=True,
                 )
             )
-        else:
-            fresh[probe] = result
 
-    stuck = sorted(probe for probe, result in snapshot.results.items() if result.stuck)
+    stuck = sorted(probe for probe, result in fresh.items() if result.stuck)
     if stuck:
         blocked = snapshot.results[stuck[0]]
         reasons.append(
             Reason(
                 "mount_stuck",
-                Status.UNHEALTHY,
+                Severity.UNHEALTHY,
                 f"{' and '.join(stuck)} did not return within the deadline: {blocked.message}",
+                transient=True,
+                errno="ETIMEDOUT",
             )
         )
 
     for probe, result in fresh.items():
-        if result.ok or probe in ("write", "quota"):
+        if result.ok or result.stuck or probe in ("write", "quota"):
             continue  # write and quota failures have reasons of their own below
         reasons.append(
             Reason(
                 "probe_failed",
-                Status.DEGRADED,
+                Severity.DEGRADED,
                 f"the {probe} probe failed: {result.message or result.error} ({result.error})",
+                transient=True,
             )
         )
 
@@ -403,44 +554,52 @@ def evaluate(
     quota: QuotaReport | None = value("quota")
     if fs is not None and fs.readonly:
         reasons.append(
-            Reason("readonly", Status.UNHEALTHY, f"{fs.mountpoint} is mounted read-only")
+            Reason(
+                "readonly",
+                Severity.UNHEALTHY,
+                f"{fs.mountpoint} is mounted read-only",
+                errno="EROFS",
+            )
         )
 
     headroom = compute_headroom(fs, quota, now)
-    reasons += _headroom_reasons(headroom, thresholds)
+    reasons += _headroom_reasons(headroom, policy)
     fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
     reasons += fit_reasons
 
     if quota is not None:
-        reasons += _quota_reasons(quota, thresholds, now)
+        reasons += _quota_reasons(quota, policy, now)
     quota_result = fresh.get("quota")
-    if quota_result is not None and not quota_result.ok:
+    if quota_result is not None and not quota_result.ok and not quota_result.stuck:
         reasons.append(
             Reason(
                 "quota_unavailable",
-                Status.DEGRADED,
+                Severity.DEGRADED,
                 f"quota could not be read: {quota_result.message} ({quota_result.error})",
             )
         )
 
-    reasons += _lustre_reasons(value("lfs_df") or (), thresholds)
+    reasons += _lustre_reasons(value("lfs_df") or (), policy)
 
     write_result = fresh.get("write")
-    if write_result is not None:
-        reasons += _write_reasons(write_result, snapshot.recent_write_errors, thresholds)
+    if write_result is not None and not write_result.stuck:
+        reasons += _write_reasons(write_result, snapshot.recent_write_errors, policy)
 
     tmpdir: TmpdirInfo | None = value("tmpdir")
-    if thresholds.check_tmpdir and tmpdir is not None and not tmpdir.same_device:
+    if policy.check_tmpdir and tmpdir is not None and not tmpdir.same_device:
         reasons.append(
             Reason(
                 "tmpdir_cross_device",
-                Status.DEGRADED,
-                f"$TMPDIR ({tmpdir.path}) is on another filesystem: a checkpoint staged there "
-                "is copied, not renamed, into place",
+                Severity.NOTICE,
+                f"$TMPDIR ({tmpdir.path}) is on another filesystem: a checkpoint that a "
+                "framework stages there is copied, not renamed, into place "
+                "(fsprobe's own saves never stage there)",
             )
         )
 
-    return Verdict(_status(reasons, fresh), _ordered(reasons), headroom, fits)
+    return Verdict(
+        _status(reasons, fresh), _ordered(reasons), headroom, fits, _fresh_until(fresh, policy)
+    )
 
 
 #: The probes whose success says something about the target's health on its own; the $TMPDIR
@@ -449,11 +608,20 @@ _HEALTH_PROBES = ("statvfs", "write", "quota", "lfs_df")
 
 
 def _status(reasons: list[Reason], fresh: Mapping[str, ProbeResult]) -> Status:
-    worst = max((reason.severity for reason in reasons), default=Status.OK)
+    worst = max((reason.severity.status for reason in reasons), default=Status.OK)
     anything_usable = any(fresh[kind].ok for kind in _HEALTH_PROBES if kind in fresh)
     if not anything_usable and worst is not Status.UNHEALTHY:
         return Status.UNKNOWN
     return worst
+
+
+def _fresh_until(fresh: Mapping[str, ProbeResult], policy: Policy) -> float | None:
+    """When the first of the results judged goes stale (a stuck mark ages like any result:
+    a prober that is alive keeps renewing it while the mount hangs)."""
+    return min(
+        (result.finished_at + policy.stale_after(probe) for probe, result in fresh.items()),
+        default=None,
+    )
 
 
 def _ordered(reasons: list[Reason]) -> tuple[Reason, ...]:

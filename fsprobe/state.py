@@ -12,19 +12,25 @@ Redirect destinations never come from this file; they are always the caller's ow
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fsprobe.atomic import publish_file
 from fsprobe.paths import is_under
+from fsprobe.report import Report, ReportFormatError
+from fsprobe.version import __version__
 
 SCHEMA = 1
 STATE_FILE = "state.json"
+#: A state file of a node daemon with 100 targets is about 500 KiB; one beyond this is not ours.
+MAX_STATE_BYTES = 16 << 20
 
 
 class StateFileError(Exception):
@@ -59,6 +65,99 @@ def ensure_state_dir(state_dir: str) -> None:
     _check_trusted(os.lstat(state_dir), state_dir, "state directory", directory=True)
 
 
+#: The lock file of a state dir's one writer; never removed (a new file would be a new lock).
+LOCK_FILE = "writer.lock"
+#: A reader that tests the lock holds it for microseconds; a writer that finds it taken tries
+#: again for this long before it concludes that another writer holds it.
+LOCK_PATIENCE_SECONDS = 0.5
+
+
+class StateDirBusy(StateFileError):
+    """Another live process writes the state dir; the message names it."""
+
+
+def _open_in_state_dir(state_dir: str, name: str, what: str, flags: int, mode: int = 0o644) -> int:
+    """Open `name` inside the (trusted) state dir, never through a symlink, never a fifo.
+
+    Relative to a descriptor of the directory, so that a rename of the path in between cannot
+    send us elsewhere; O_NONBLOCK so that a fifo planted there cannot block the open.
+    """
+    directory = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _check_trusted(os.fstat(directory), state_dir, "state directory", directory=True)
+        fd = os.open(
+            name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=directory
+        )
+    finally:
+        os.close(directory)
+    try:
+        _check_trusted(os.fstat(fd), os.path.join(state_dir, name), what, directory=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class WriterLock:
+    """The lock that makes one process the only writer of a state dir, for its whole life.
+
+    An `flock` on ``<state-dir>/writer.lock``, held by the daemon (or a `--once` run) until it
+    exits. The kernel drops the lock when the process ends, however it ends, so a lock that
+    nobody holds proves the writer gone, where a pid can only be guessed at (pids are reused,
+    and another host's are not ours to check). The file holds the holder's pid, for the
+    message a second writer gets.
+    """
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock; `StateDirBusy` if another process holds it."""
+        ensure_state_dir(self.state_dir)
+        fd = _open_in_state_dir(self.state_dir, LOCK_FILE, "lock file", os.O_RDWR | os.O_CREAT)
+        give_up = time.monotonic() + LOCK_PATIENCE_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < give_up:
+                    time.sleep(0.02)
+                    continue
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                os.close(fd)
+                raise StateDirBusy(
+                    f"{self.state_dir} is the state dir of another running fsprobe "
+                    f"(pid {holder or 'unknown'}), which writes its {STATE_FILE}: stop that "
+                    "one first, or give this one a state dir of its own (--state-dir)"
+                ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the lock
+            self._fd = None
+
+
+def writer_running(state_dir: str) -> bool | None:
+    """Whether a process holds the writer lock of `state_dir`; None when there is no usable
+    lock file (a state file written by a writer that takes no lock: nothing to prove)."""
+    try:
+        fd = _open_in_state_dir(state_dir, LOCK_FILE, "lock file", os.O_RDONLY)
+    except (OSError, StateFileError):  # none, or not one a writer of ours could hold
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops our shared lock, if we got it
+    return False
+
+
 def _check_trusted(info: os.stat_result, path: str, what: str, directory: bool) -> None:
     expected = stat.S_ISDIR if directory else stat.S_ISREG
     if not expected(info.st_mode):
@@ -73,28 +172,24 @@ def _check_trusted(info: os.stat_result, path: str, what: str, directory: bool) 
         )
 
 
-def write_state(state_dir: str, document: Mapping[str, Any]) -> str:
-    """Replace the state file atomically: a reader sees the old file or the new, never half."""
-    data = json.dumps({"schema": SCHEMA, **document}, separators=(",", ":"))
-    return replace_state_file(state_dir, data.encode("utf-8"))
-
-
-def write_state_targets(
-    state_dir: str, header: Mapping[str, Any], targets: Mapping[str, str]
+def write_state(
+    state_dir: str, generated_at: float, writer: Writer, targets: Mapping[str, str]
 ) -> str:
-    """`write_state` for a writer that keeps each target's JSON text between writes.
+    """Replace the state file atomically: a reader sees the old file or the new, never half.
 
-    The daemon rewrites the file after every probe result, yet only one target changed: with
-    100 targets, encoding them all again would cost milliseconds each time, joining their
-    cached texts costs microseconds. `header` holds the top-level keys except "targets";
-    `targets` maps each target path to its JSON object as text.
+    `targets` maps each target path to its `TargetState` as JSON text: the daemon rewrites the
+    file after every probe result, yet only one target changed, so it keeps each target's text
+    until that target changes (at 100 targets, encoding them all every time would cost
+    milliseconds; joining their texts costs microseconds).
     """
-    head = json.dumps({"schema": SCHEMA, **header}, separators=(",", ":"))
+    head = json.dumps(
+        {"schema": SCHEMA, "generated_at": generated_at, **writer.header()}, separators=(",", ":")
+    )
     body = ",".join(f"{json.dumps(path)}:{text}" for path, text in targets.items())
-    return replace_state_file(state_dir, f'{head[:-1]},"targets":{{{body}}}}}'.encode())
+    return _replace_state_file(state_dir, f'{head[:-1]},"targets":{{{body}}}}}'.encode())
 
 
-def replace_state_file(state_dir: str, data: bytes) -> str:
+def _replace_state_file(state_dir: str, data: bytes) -> str:
     """Write `data` as the state file, atomically (temporary file in the same dir, rename)."""
     ensure_state_dir(state_dir)
     path = os.path.join(state_dir, STATE_FILE)
@@ -103,32 +198,130 @@ def replace_state_file(state_dir: str, data: bytes) -> str:
 
 
 @dataclass(frozen=True)
+class TargetState:
+    """One target in the state file: the daemon's report, how often its probes run, and
+    when the daemon last published it."""
+
+    report: Report
+    intervals: Mapping[str, float]
+    updated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.report.to_dict(),
+            "intervals": dict(self.intervals),
+            "updated_at": self.updated_at,
+        }
+
+    @classmethod
+    def from_dict(cls, document: Any, where: str) -> TargetState:
+        """Raises `ReportFormatError` naming the field that does not read."""
+        report = Report.from_dict(document, where)
+        intervals = document.get("intervals")
+        if not isinstance(intervals, dict) or not all(
+            isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            for seconds in intervals.values()
+        ):
+            raise ReportFormatError(f"{where}.intervals: expected an object of numbers")
+        updated_at = document.get("updated_at")
+        if not isinstance(updated_at, (int, float)) or isinstance(updated_at, bool):
+            raise ReportFormatError(f"{where}.updated_at: expected a number")
+        return cls(report, {k: float(v) for k, v in intervals.items()}, float(updated_at))
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Who wrote the state file: host, pid and version, whether it was a one-off `--once`
+    run, and when it stopped if it stopped cleanly."""
+
+    host: str | None
+    pid: int | None
+    version: str | None
+    once: bool = False
+    stopped_at: float | None = None
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "version": self.version,
+            "once": self.once,
+            "stopped_at": self.stopped_at,
+        }
+
+
 class StateFile:
-    """A parsed, trusted state file."""
+    """A trusted state file, its top level read; each target's report is read when first
+    asked for (the save hook asks for one target, not the hundred a node daemon watches).
 
-    path: str
-    document: Mapping[str, Any]
+    Every accessor raises `CorruptStateFile` for content that does not read.
+    """
+
+    def __init__(self, path: str, document: Mapping[str, Any]) -> None:
+        self.path = path
+        self.generated_at = _number(document, "generated_at", path)
+        host, pid, version = (document.get(key) for key in ("host", "pid", "version"))
+        stopped_at = document.get("stopped_at")
+        if (
+            not isinstance(host, (str, type(None)))
+            or not isinstance(pid, (int, type(None)))
+            or not isinstance(version, (str, type(None)))
+            or not isinstance(document.get("once", False), bool)
+            or not isinstance(stopped_at, (int, float, type(None)))
+        ):
+            raise CorruptStateFile(
+                f"state file {path}: host, pid, version, once or stopped_at of the wrong type"
+            )
+        self.writer = Writer(host, pid, version, document.get("once", False), stopped_at)
+        targets = document.get("targets", {})
+        if not isinstance(targets, dict):
+            raise CorruptStateFile(f"state file {path}: 'targets' is not an object")
+        self._documents: Mapping[str, Any] = targets
+        self._read: dict[str, TargetState] = {}
 
     @property
-    def generated_at(self) -> float:
-        return float(self.document.get("generated_at", 0.0))
+    def names(self) -> list[str]:
+        """The watched targets, sorted."""
+        return sorted(self._documents)
 
-    @property
-    def targets(self) -> Mapping[str, Mapping[str, Any]]:
-        return self.document.get("targets", {})
+    def target(self, name: str) -> TargetState:
+        """The state of the watched target `name` (KeyError if it is not watched)."""
+        state = self._read.get(name)
+        if state is None:
+            try:
+                state = TargetState.from_dict(self._documents[name], f"targets[{name!r}]")
+            except ReportFormatError as error:
+                raise CorruptStateFile(
+                    f"state file {self.path} does not read: {error} (written by fsprobe "
+                    f"{self.writer.version or 'of an unknown version'}; this is "
+                    f"{__version__})"
+                ) from None
+            self._read[name] = state  # a race only reads it twice
+        return state
 
-    def target_for(self, path: str) -> tuple[str, Mapping[str, Any]] | None:
-        """The watched target that is `path` or its closest ancestor, with its report.
+    def targets(self) -> dict[str, TargetState]:
+        """Every target, sorted by path."""
+        return {name: self.target(name) for name in self.names}
+
+    def target_for(self, path: str) -> str | None:
+        """The watched target that is `path` or its closest ancestor.
 
         A save into ``ckpt/epoch-5/`` is judged by the daemon's view of ``ckpt/``: same
         filesystem, same quota.
         """
         path = os.path.abspath(path)
         best = None
-        for target in self.targets:
+        for target in self._documents:
             if is_under(path, target) and (best is None or len(target) > len(best)):
                 best = target
-        return (best, self.targets[best]) if best is not None else None
+        return best
+
+
+def _number(document: Mapping[str, Any], key: str, path: str) -> float:
+    value = document.get(key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise CorruptStateFile(f"state file {path}: {key!r} is not a number")
+    return float(value)
 
 
 class StateReader:
@@ -156,19 +349,23 @@ class StateReader:
         cache = self._cache
         if cache is not None and cache[0] == identity:
             return cache[1]
-        _check_trusted(os.lstat(self.state_dir), self.state_dir, "state directory", True)
         state = self._parse()
         self._cache = (identity, state)
         return state
 
     def _parse(self) -> StateFile:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_in_state_dir(self.state_dir, STATE_FILE, "state file", os.O_RDONLY)
+        except StateFileError:
+            raise
         except OSError as error:
             raise UntrustedStateFile(f"cannot open state file {self.path}: {error}") from error
         with os.fdopen(fd, "rb") as stream:
-            _check_trusted(os.fstat(stream.fileno()), self.path, "state file", directory=False)
-            raw = stream.read()
+            raw = stream.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            raise CorruptStateFile(
+                f"state file {self.path} is larger than {MAX_STATE_BYTES >> 20} MiB: not ours"
+            )
         try:
             document = json.loads(raw)
         except ValueError as error:
@@ -181,6 +378,4 @@ class StateReader:
             raise CorruptStateFile(
                 f"state file {self.path} has schema {schema!r}, this fsprobe reads {SCHEMA}"
             )
-        if not isinstance(document.get("targets", {}), dict):
-            raise CorruptStateFile(f"state file {self.path}: 'targets' is not an object")
         return StateFile(self.path, document)

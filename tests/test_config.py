@@ -48,7 +48,7 @@ def test_a_path_alone_needs_no_file(tmp_path):
     }
     assert target.settings.deadline == 10.0
     assert target.settings.write_bytes == 1024 * 1024
-    assert target.settings.thresholds.intervals == target.intervals
+    assert target.settings.policy.intervals == target.intervals
     assert config.listen == DEFAULT_LISTEN
     assert config.state_dir == os.path.join("/tmp", f"fsprobe-{os.getuid()}")
     assert config.textfile_dir is None and config.web_config is None
@@ -113,16 +113,16 @@ group = 2000
     assert first.settings.quota.timeout == 20.0
     assert first.settings.quota.project == 4242 and first.settings.quota.user is None
     assert first.fallback_dirs == ("/scratch/fallback",)
-    assert first.settings.thresholds.headroom_degraded_ratio == 0.2
-    assert first.settings.thresholds.write_slow_seconds == 2.0
+    assert first.settings.policy.headroom_degraded_ratio == 0.2
+    assert first.settings.policy.write_slow_seconds == 2.0
     assert first.quota_enabled
 
     assert second.path == "/abs/other"
     assert second.settings.write_probe is False
     assert second.intervals["write"] == 120.0 and second.intervals["statvfs"] == 5.0
-    assert second.settings.thresholds.headroom_degraded_ratio == 0.3
-    assert second.settings.thresholds.write_slow_seconds == 2.0  # the default still applies
-    assert second.settings.thresholds.check_tmpdir is False
+    assert second.settings.policy.headroom_degraded_ratio == 0.3
+    assert second.settings.policy.write_slow_seconds == 2.0  # the default still applies
+    assert second.settings.policy.check_tmpdir is False
     assert (second.settings.quota.user, second.settings.quota.group) == (1000, 2000)
     assert second.quota_probe == "never" and not second.quota_enabled
 
@@ -375,7 +375,7 @@ def test_the_documented_example_loads_as_written():
     assert llm.fallback_dirs == ("/lustre/work/proj/llm/fallback",)
     assert home.settings.write_probe is False
     assert home.intervals["statvfs"] == 30
-    assert home.settings.thresholds.headroom_degraded_ratio == 0.20
+    assert home.settings.policy.headroom_degraded_ratio == 0.20
 
 
 def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from fsprobe.model import Status
 from fsprobe.state import StateReader
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
@@ -140,7 +141,7 @@ def test_sigterm_while_a_probe_hangs_still_stops_within_a_second(tmp_path, fault
     assert elapsed < 1.0, f"took {elapsed:.2f} s to stop"
     worker.wait(timeout=5)  # the released call returns, the worker sees us gone and exits
     state = StateReader(str(daemon.state_dir)).read()
-    report = state.targets[str(target)]
-    assert report["status"] == "unhealthy"
-    assert "mount_stuck" in [reason["code"] for reason in report["reasons"]]
-    assert report["probes"]["statvfs"]["stuck"] is True
+    report = state.target(str(target)).report
+    assert report.status is Status.UNHEALTHY
+    assert "mount_stuck" in [reason.code for reason in report.reasons]
+    assert report.snapshot.get("statvfs").stuck is True

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fsprobe.model import Status
 from fsprobe.state import StateReader
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
@@ -57,9 +58,10 @@ def test_stop_signal_ends_the_daemon_within_a_second_with_a_valid_state_file(tmp
     assert elapsed < 1.0, f"took {elapsed:.2f} s to stop"
     assert "event=stopped" in daemon.log()
     state = StateReader(str(daemon.state_dir)).read()
-    assert state is not None and state.document["pid"] == daemon.pid
-    assert state.targets[str(ckpt)]["status"] == "ok"
-    assert list(daemon.state_dir.iterdir()) == [daemon.state_dir / "state.json"]
+    assert state is not None and state.writer.pid == daemon.pid
+    assert state.writer.stopped_at is not None  # its last word: stopped cleanly
+    assert state.target(str(ckpt)).report.status is Status.OK
+    assert sorted(p.name for p in daemon.state_dir.iterdir()) == ["state.json", "writer.lock"]
 
 
 def test_state_file_is_rewritten_after_probes_with_the_documented_shape(tmp_path):
@@ -73,7 +75,7 @@ def test_state_file_is_rewritten_after_probes_with_the_documented_shape(tmp_path
         while reader.read().generated_at == first.generated_at:
             assert time.monotonic() < deadline, "the state file is not rewritten"
             time.sleep(0.05)
-        document = reader.read().document
+        document = json.loads((daemon.state_dir / "state.json").read_bytes())
     assert document["schema"] == 1
     assert document["host"] == socket.gethostname() and document["version"]
     target = document["targets"][str(ckpt)]
@@ -83,7 +85,7 @@ def test_state_file_is_rewritten_after_probes_with_the_documented_shape(tmp_path
     assert target["filesystem"]["files_free"] > 0
     assert target["write_probe"]["ok"] is True and target["write_probe"]["bytes"] == 4096
     assert set(target["probes"]) == {"statvfs", "write", "tmpdir"}
-    assert reader.read().target_for(str(ckpt / "epoch-3"))[0] == str(ckpt)
+    assert reader.read().target_for(str(ckpt / "epoch-3")) == str(ckpt)
 
 
 def test_sighup_with_a_good_config_adds_and_removes_targets(tmp_path):
@@ -98,7 +100,7 @@ def test_sighup_with_a_good_config_adds_and_removes_targets(tmp_path):
         assert daemon.value("fsprobe_health_status", path=str(first)) is None
         daemon.wait_for_log("event=probe target=" + str(second))  # the new log level holds
         state = StateReader(str(daemon.state_dir)).read()
-        assert list(state.targets) == [str(second)]
+        assert state.names == [str(second)]
 
 
 def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
@@ -142,10 +144,10 @@ def test_once_runs_every_probe_writes_the_outputs_and_prints_nothing(tmp_path):
     )
     assert (code, out, err) == (0, "", "")
     state = StateReader(str(state_dir)).read()
-    target = state.targets[str(ckpt)]
-    assert target["status"] == "ok"
-    assert target["write_probe"]["ok"] is True
-    assert {"statvfs", "write", "tmpdir"} <= set(target["probes"])
+    report = state.target(str(ckpt)).report
+    assert report.status is Status.OK and state.writer.once
+    assert report.snapshot.value("write").ok is True
+    assert {"statvfs", "write", "tmpdir"} <= set(report.snapshot.results)
     prom = (textfiles / "fsprobe.prom").read_text()
     assert f'fsprobe_health_status{{path="{ckpt}"}} 0.0' in prom
     assert "process_" not in prom  # the textfile holds fsprobe's metrics only
@@ -165,8 +167,8 @@ def test_once_exits_with_the_worst_status(tmp_path, tmpfs):
     assert code == 2, err
     assert out == ""
     state = StateReader(str(tmp_path / "state")).read()
-    assert state.targets[str(healthy)]["status"] == "ok"
-    assert state.targets[str(full)]["status"] == "unhealthy"
+    assert state.target(str(healthy)).report.status is Status.OK
+    assert state.target(str(full)).report.status is Status.UNHEALTHY
     assert "event=probe_failed" in err and "errno=ENOSPC" in err and f"target={full}" in err
 
 

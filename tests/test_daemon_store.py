@@ -12,7 +12,7 @@ from fsprobe.model import (
     Status,
     WriteProbeResult,
 )
-from fsprobe.policy import Thresholds
+from fsprobe.policy import Policy
 
 NOW = 1_700_000_000.0
 
@@ -54,9 +54,7 @@ def stuck(probe: str, at: float = NOW) -> ProbeResult:
 
 def store_with(*paths: str) -> Store:
     store = Store(clock=lambda: NOW + 1)
-    store.configure(
-        TargetSpec(path, Thresholds(), {"statvfs": 15.0, "write": 60.0}) for path in paths
-    )
+    store.configure(TargetSpec(path, Policy(), {"statvfs": 15.0, "write": 60.0}) for path in paths)
     return store
 
 
@@ -142,7 +140,7 @@ def test_a_stuck_probe_hides_values_until_the_real_result_comes():
 def test_reconfigure_keeps_history_and_drops_removed_targets():
     store = store_with("/a", "/b")
     store.record("/a", write_result(NOW, "EIO"))
-    store.configure([TargetSpec("/a", Thresholds(), {"write": 30.0}), TargetSpec("/c")])
+    store.configure([TargetSpec("/a", Policy(), {"write": 30.0}), TargetSpec("/c")])
     assert [view.path for view in store.views()] == ["/a", "/c"]
     view = store.view("/a")
     assert view.errors == {("write", "EIO"): 1} and view.intervals == {"write": 30.0}

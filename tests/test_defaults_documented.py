@@ -18,7 +18,7 @@ from typing import Any, Callable
 import fsprobe
 from fsprobe.daemon import schedule
 from fsprobe.daemon.config import Config, Overrides, TargetConfig, load
-from fsprobe.policy import DEFAULT_INTERVALS, Thresholds
+from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.saving.retry import Backoff
 from fsprobe.units import parse_size
 
@@ -53,7 +53,7 @@ def effective() -> tuple[Config, TargetConfig]:
 
 
 def _threshold(name: str) -> Callable[[Config, TargetConfig], Any]:
-    return lambda config, target: getattr(target.settings.thresholds, name)
+    return lambda config, target: getattr(target.settings.policy, name)
 
 
 def _interval(kind: str) -> Callable[[Config, TargetConfig], Any]:
@@ -62,7 +62,7 @@ def _interval(kind: str) -> Callable[[Config, TargetConfig], Any]:
 
 #: How the code answers for each documented key: (config, target) -> the value in force.
 ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
-    **{f.name: _threshold(f.name) for f in dataclasses.fields(Thresholds) if f.name != "intervals"},
+    **{f.name: _threshold(f.name) for f in dataclasses.fields(Policy) if f.name != "intervals"},
     **{f"{kind}_interval": _interval(kind) for kind in DEFAULT_INTERVALS},
     "deadline": lambda config, target: target.settings.deadline,
     "quota_timeout": lambda config, target: target.settings.quota.timeout,

@@ -24,7 +24,7 @@ from fsprobe.model import (
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Thresholds
+from fsprobe.policy import Policy
 
 NOW = 1_700_000_000.0
 GRACE_END = NOW + 3 * 86400
@@ -127,7 +127,7 @@ def result(probe: str, value=None, error: str | None = None, stuck: bool = False
 def full_store(path: str = "/lustre/ckpt") -> Store:
     store = Store(clock=lambda: NOW + 1)
     intervals = {"statvfs": 15.0, "quota": 300.0, "lfs_df": 300.0, "write": 60.0, "tmpdir": 60.0}
-    store.configure([TargetSpec(path, Thresholds(intervals=intervals), intervals)])
+    store.configure([TargetSpec(path, Policy(intervals=intervals), intervals)])
     store.record(path, result("statvfs", FS))
     store.record(path, result("quota", QUOTA))
     store.record(path, result("lfs_df", OSTS))

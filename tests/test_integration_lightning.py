@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import pytest
 
@@ -15,11 +14,10 @@ from lightning import LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-import fsprobe  # noqa: E402
 from fsprobe.atomic import parse_temp_name  # noqa: E402
 from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
 from fsprobe.saving.retry import Backoff  # noqa: E402
-from fsprobe.state import write_state  # noqa: E402
+from tests.support.state import daemon_view, publish  # noqa: E402
 
 
 class Tiny(LightningModule):
@@ -80,14 +78,7 @@ def test_redirected_checkpoint_is_loaded_and_removed_through_the_plugin(tmp_path
     target.mkdir()
     fallback.mkdir()
     state.mkdir(mode=0o700)
-    entry = fsprobe.check(str(target), write_probe=False, quota_provider="none").to_dict()
-    entry.update(
-        status="unhealthy",
-        reasons=[{"code": "readonly", "severity": "unhealthy", "message": "read-only"}],
-        intervals={"statvfs": 15.0},
-        updated_at=time.time(),
-    )
-    write_state(str(state), {"generated_at": time.time(), "targets": {str(target): entry}})
+    publish(str(state), {str(target): daemon_view(str(target), readonly=True)})
     plugin = FsprobeCheckpointIO(fallback_dirs=[fallback], state_dir=str(state))
     path = str(target / "epoch=0.ckpt")
     plugin.save_checkpoint({"epoch": 0, "state_dict": {"w": torch.ones(3)}}, path)

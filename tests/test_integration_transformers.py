@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import pytest
 
@@ -21,9 +20,9 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
-import fsprobe  # noqa: E402
 from fsprobe.integrations.transformers import FsprobeCallback  # noqa: E402
-from fsprobe.state import write_state  # noqa: E402
+from fsprobe.model import QuotaState  # noqa: E402
+from tests.support.state import daemon_view, publish, quota_entry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -90,20 +89,8 @@ def test_an_unfit_target_is_reported_and_training_goes_on(tmp_path, caplog):
     out, state = tmp_path / "out", tmp_path / "state"
     out.mkdir()
     state.mkdir(mode=0o700)
-    entry = fsprobe.check(str(out), write_probe=False, quota_provider="none").to_dict()
-    entry.update(
-        status="unhealthy",
-        reasons=[
-            {
-                "code": "quota_hard_reached",
-                "severity": "unhealthy",
-                "message": "project quota of 1234: hard limit reached; writes are refused",
-            }
-        ],
-        intervals={"statvfs": 15.0},
-        updated_at=time.time(),
-    )
-    write_state(str(state), {"generated_at": time.time(), "targets": {str(out): entry}})
+    hard = quota_entry(QuotaState.HARD_REACHED, kind="project", ident=1234)
+    publish(str(state), {str(out): daemon_view(str(out), quota=(hard,))})
     callback = FsprobeCallback(state_dir=str(state))
     with caplog.at_level(logging.WARNING, logger="fsprobe.transformers"):
         trainer, _ = run(out, callback)

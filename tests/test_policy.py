@@ -18,7 +18,7 @@ from fsprobe.model import (
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Thresholds, evaluate
+from fsprobe.policy import Policy, Severity, evaluate, judge_need
 
 NOW = 1_800_000_000.0
 GiB = 1024**3
@@ -69,11 +69,11 @@ def entry(kind="project", bytes_=None, inodes=None, ident=1234):
 
 
 def codes(verdict):
-    return {(reason.code, reason.severity) for reason in verdict.reasons}
+    return {(reason.code, reason.severity.label) for reason in verdict.reasons}
 
 
-def judge(*results, recent=(), thresholds=None, **need):
-    return evaluate(snapshot(*results, recent=recent), thresholds or Thresholds(), NOW, **need)
+def judge(*results, recent=(), policy=None, **need):
+    return evaluate(snapshot(*results, recent=recent), policy or Policy(), NOW, **need)
 
 
 def test_healthy_filesystem_is_ok_with_headroom_from_statvfs():
@@ -98,7 +98,7 @@ def test_the_tmpdir_check_alone_says_nothing_about_health():
 def test_every_probe_failed_is_unknown_with_the_reason():
     verdict = judge(result("statvfs", error="EACCES", message="Permission denied"))
     assert verdict.status is Status.UNKNOWN
-    assert ("probe_failed", Status.DEGRADED) in codes(verdict)
+    assert ("probe_failed", "degraded") in codes(verdict)
     assert "EACCES" in verdict.reasons[0].message
 
 
@@ -110,7 +110,7 @@ def test_inode_headroom_thresholds(files_free, expected):
     verdict = judge(result("statvfs", fs(files_free=files_free)))
     assert verdict.status is expected
     if expected is not Status.OK:
-        assert ("inode_headroom_low", expected) in codes(verdict)
+        assert ("inode_headroom_low", expected.label) in codes(verdict)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +165,7 @@ def test_soft_limit_without_hard_limit_does_not_bind_until_grace_expires():
     )
     verdict = judge(result("statvfs", fs()), result("quota", quota(running)))
     assert verdict.headroom.bytes_limited_by == "filesystem"
-    assert codes(verdict) == {("quota_soft_exceeded", Status.DEGRADED)}
+    assert codes(verdict) == {("quota_soft_exceeded", "degraded")}
     assert "grace period ends in 5 days" in verdict.reasons[0].message
 
 
@@ -181,8 +181,8 @@ def test_grace_expiring_within_a_day_is_named():
     )
     verdict = judge(result("statvfs", fs()), result("quota", quota(running)))
     assert codes(verdict) == {
-        ("quota_soft_exceeded", Status.DEGRADED),
-        ("quota_grace_expiring", Status.DEGRADED),
+        ("quota_soft_exceeded", "degraded"),
+        ("quota_grace_expiring", "degraded"),
     }
     assert any("3 hours 1 minute" in reason.message for reason in verdict.reasons)
 
@@ -199,7 +199,7 @@ def test_grace_that_ran_out_since_the_quota_was_read_counts_as_expired():
     )
     verdict = judge(result("statvfs", fs()), result("quota", quota(stale_timer)))
     assert verdict.status is Status.UNHEALTHY
-    assert ("quota_grace_expired", Status.UNHEALTHY) in codes(verdict)
+    assert ("quota_grace_expired", "unhealthy") in codes(verdict)
     assert verdict.headroom.bytes == 0
 
 
@@ -214,7 +214,7 @@ def test_quota_that_refuses_writes_is_unhealthy(state, code):
     full = entry(bytes_=QuotaUsage(used=20 * GiB, soft=10 * GiB, hard=20 * GiB, state=state))
     verdict = judge(result("statvfs", fs()), result("quota", quota(full)))
     assert verdict.status is Status.UNHEALTHY
-    assert (code, Status.UNHEALTHY) in codes(verdict)
+    assert (code, "unhealthy") in codes(verdict)
     assert verdict.headroom.bytes == 0
 
 
@@ -223,13 +223,13 @@ def test_quota_that_could_not_be_read_degrades():
         result("statvfs", fs()), result("quota", error=TIMEOUT, message="lfs killed after 30 s")
     )
     assert verdict.status is Status.DEGRADED
-    assert codes(verdict) == {("quota_unavailable", Status.DEGRADED)}
+    assert codes(verdict) == {("quota_unavailable", "degraded")}
     assert "lfs killed after 30 s" in verdict.reasons[0].message
 
 
 def test_inaccurate_quota_degrades():
     verdict = judge(result("statvfs", fs()), result("quota", quota(entry(), inaccurate=True)))
-    assert codes(verdict) == {("quota_unavailable", Status.DEGRADED)}
+    assert codes(verdict) == {("quota_unavailable", "degraded")}
 
 
 def test_one_full_ost_degrades_while_the_total_looks_fine():
@@ -240,7 +240,7 @@ def test_one_full_ost_degrades_while_the_total_looks_fine():
         LustreTarget("proj-OST0002", "OST", 2, 100 * TiB, 0, None, None, active=False),
     )
     verdict = judge(result("statvfs", fs()), result("lfs_df", targets))
-    assert codes(verdict) == {("lustre_target_full", Status.DEGRADED)}
+    assert codes(verdict) == {("lustre_target_full", "degraded")}
     assert "proj-OST0001" in verdict.reasons[0].message
     assert "2.0 %" in verdict.reasons[0].message
 
@@ -262,14 +262,14 @@ def test_failed_write_probe_by_errno(errno, expected):
         result("write", write_failed(errno), error=errno, message=f"failed: {errno}"),
     )
     assert verdict.status is expected
-    assert ("write_failed", expected) in codes(verdict)
+    assert ("write_failed", expected.label) in codes(verdict)
 
 
 def test_a_transient_error_in_the_last_three_writes_still_degrades():
     verdict = judge(
         result("statvfs", fs()), result("write", write_ok()), recent=("EIO", None, None)
     )
-    assert codes(verdict) == {("write_failed", Status.DEGRADED)}
+    assert codes(verdict) == {("write_failed", "degraded")}
     assert "1 of the last 3" in verdict.reasons[0].message
     older = judge(
         result("statvfs", fs()), result("write", write_ok()), recent=("EIO", None, None, None)
@@ -290,26 +290,30 @@ def test_stuck_probe_is_unhealthy_mount_stuck():
         result("statvfs", error=TIMEOUT, stuck=True, message="statvfs has not returned after 10 s")
     )
     assert verdict.status is Status.UNHEALTHY
-    assert codes(verdict) == {("mount_stuck", Status.UNHEALTHY)}
+    assert codes(verdict) == {("mount_stuck", "unhealthy")}
     assert "not returned after 10 s" in verdict.reasons[0].message
 
 
 def test_readonly_mount_is_unhealthy():
     verdict = judge(result("statvfs", fs(readonly=True)))
-    assert codes(verdict) == {("readonly", Status.UNHEALTHY)}
+    assert codes(verdict) == {("readonly", "unhealthy")}
 
 
-def test_tmpdir_on_another_device_degrades_unless_disabled():
+def test_tmpdir_on_another_device_is_a_notice_that_leaves_the_status_alone():
     results = (result("statvfs", fs()), result("tmpdir", TmpdirInfo("/tmp", False)))
-    assert codes(judge(*results)) == {("tmpdir_cross_device", Status.DEGRADED)}
-    assert judge(*results, thresholds=Thresholds(check_tmpdir=False)).status is Status.OK
+    verdict = judge(*results)
+    assert verdict.status is Status.OK
+    assert codes(verdict) == {("tmpdir_cross_device", "notice")}
+    assert "fsprobe's own saves never stage there" in verdict.reasons[0].message
+    assert verdict.concerns == () and verdict.can_take_save and verdict.acceptable_destination
+    assert judge(*results, policy=Policy(check_tmpdir=False)).reasons == ()
 
 
 def test_stale_results_are_not_used_and_say_so():
     stale = result("statvfs", fs(files_free=1000), age=46.0)
     verdict = judge(stale)
     assert verdict.status is Status.UNKNOWN
-    assert codes(verdict) == {("probe_stale", Status.DEGRADED)}
+    assert codes(verdict) == {("probe_stale", "degraded")}
     assert verdict.headroom.inodes is None
     fresh_enough = judge(result("statvfs", fs(), age=44.0))
     assert fresh_enough.status is Status.OK
@@ -331,6 +335,193 @@ def test_need_with_unknown_headroom_cannot_tell():
 
 def test_reasons_are_ordered_worst_first():
     verdict = judge(
-        result("statvfs", fs(readonly=True)), result("tmpdir", TmpdirInfo("/tmp", False))
+        result("tmpdir", TmpdirInfo("/tmp", False)),
+        result("statvfs", fs(readonly=True, avail=95 * GiB)),
     )
-    assert [reason.severity for reason in verdict.reasons] == [Status.UNHEALTHY, Status.DEGRADED]
+    assert [reason.severity for reason in verdict.reasons] == [
+        Severity.UNHEALTHY,
+        Severity.DEGRADED,
+        Severity.NOTICE,
+    ]
+
+
+# -- what the save path asks the verdict -------------------------------------------------------
+
+PASSING, REFUSING, WARNING = "passing", "refusing", "warning"
+
+
+def _kind(reason):
+    if reason.transient:
+        return PASSING
+    return REFUSING if reason.errno is not None else WARNING
+
+
+@pytest.mark.parametrize(
+    ("results", "recent", "need", "expected"),
+    [
+        ((result("statvfs", fs(readonly=True)),), (), {}, ("readonly", REFUSING, "EROFS")),
+        (
+            (result("statvfs", error=TIMEOUT, stuck=True, message="hung"),),
+            (),
+            {},
+            ("mount_stuck", PASSING, "ETIMEDOUT"),
+        ),
+        (
+            (result("statvfs", fs()), result("write", write_failed("EACCES"), error="EACCES")),
+            (),
+            {},
+            ("write_failed", REFUSING, "EACCES"),
+        ),
+        (
+            (result("statvfs", fs()), result("write", write_failed("EIO"), error="EIO")),
+            (),
+            {},
+            ("write_failed", PASSING, "EIO"),
+        ),
+        (
+            (result("statvfs", fs()), result("write", write_ok())),
+            ("EIO", None),
+            {},
+            ("write_failed", WARNING, None),
+        ),
+        (
+            (result("statvfs", fs()), result("write", write_ok(6.0))),
+            (),
+            {},
+            ("write_slow", WARNING, None),
+        ),
+        (
+            (result("statvfs", fs()), result("write", write_ok(31.0))),
+            (),
+            {},
+            ("write_slow", PASSING, None),
+        ),
+        (
+            (result("statvfs", fs()), result("write", write_ok(), age=200.0)),
+            (),
+            {},
+            ("probe_stale", PASSING, None),
+        ),
+        (
+            (result("statvfs", fs()), result("lfs_df", error="EIO", message="lfs df failed")),
+            (),
+            {},
+            ("probe_failed", PASSING, None),
+        ),
+        (
+            (result("statvfs", fs(avail=20 * GiB)),),
+            (),
+            {},
+            ("space_headroom_low", WARNING, None),
+        ),
+        (
+            (result("statvfs", fs(avail=20 * GiB)),),
+            (),
+            {"need_bytes": 30 * GiB},
+            ("space_headroom_low", REFUSING, "ENOSPC"),
+        ),
+        (
+            (
+                result("statvfs", fs()),
+                result("quota", quota(entry(inodes=QuotaUsage(used=99, hard=100)))),
+            ),
+            (),
+            {"need_inodes": 5},
+            ("inode_headroom_low", REFUSING, "EDQUOT"),
+        ),
+        (
+            (
+                result("statvfs", fs()),
+                result(
+                    "quota",
+                    quota(entry(bytes_=QuotaUsage(20, hard=20, state=QuotaState.HARD_REACHED))),
+                ),
+            ),
+            (),
+            {},
+            ("quota_hard_reached", REFUSING, "EDQUOT"),
+        ),
+        (
+            (result("statvfs", fs()), result("quota", error=TIMEOUT, message="lfs hung")),
+            (),
+            {},
+            ("quota_unavailable", WARNING, None),
+        ),
+    ],
+)
+def test_each_reason_says_whether_waiting_helps_and_what_a_write_would_get(
+    results, recent, need, expected
+):
+    verdict = judge(*results, recent=recent, **need)
+    _code, kind, _errno = expected
+    assert expected in {(reason.code, _kind(reason), reason.errno) for reason in verdict.reasons}
+    assert verdict.worth_waiting is (kind == PASSING)
+    assert verdict.acceptable_destination is (kind == WARNING)
+
+
+@pytest.mark.parametrize(
+    ("results", "can_take_save"),
+    [
+        ((result("statvfs", fs(readonly=True)),), False),  # refused for good
+        ((result("statvfs", error=TIMEOUT, stuck=True, message="hung"),), False),  # hangs
+        ((result("statvfs", fs()), result("write", write_ok(31.0))), False),  # 31 s a save
+        ((result("statvfs", fs()), result("write", write_failed("EIO"), error="EIO")), True),
+        ((result("statvfs", fs(avail=20 * GiB)),), True),  # 2 % left, but no size asked
+        ((result("statvfs", fs()), result("write", write_ok(6.0))), True),
+    ],
+)
+def test_a_target_can_take_a_save_unless_something_refuses_it_or_passing_trouble_is_bad(
+    results, can_take_save
+):
+    assert judge(*results).can_take_save is can_take_save
+
+
+def test_a_target_nobody_probed_is_no_destination():
+    verdict = judge(result("tmpdir", TmpdirInfo("/ckpt", True)))
+    assert verdict.status is Status.UNKNOWN and not verdict.acceptable_destination
+
+
+def test_the_errno_a_write_would_get_comes_from_the_worst_reason_that_names_one():
+    verdict = judge(
+        result("statvfs", fs(readonly=True)),
+        result("write", write_failed("EIO"), error="EIO"),
+    )
+    assert verdict.errno == "EROFS"
+    assert judge(result("statvfs", fs())).errno is None
+
+
+def test_a_verdict_made_without_a_size_is_judged_for_one_by_the_same_rule():
+    without = judge(result("statvfs", fs(avail=400 * GiB)))
+    assert without.fits is None
+    too_big = judge_need(without, 500 * GiB, 1)
+    assert too_big == judge(
+        result("statvfs", fs(avail=400 * GiB)), need_bytes=500 * GiB, need_inodes=1
+    )
+    assert judge_need(without, 300 * GiB, None).fits is True
+    assert judge_need(without, None, None) is without
+
+
+def test_a_verdict_holds_until_its_first_result_goes_stale():
+    verdict = judge(result("statvfs", fs(), age=10.0), result("write", write_ok(), age=100.0))
+    statvfs_due = NOW - 10.0 + 0.01 + 3 * 15.0
+    write_due = NOW - 100.0 + 0.01 + 3 * 60.0
+    assert verdict.fresh_until == pytest.approx(min(statvfs_due, write_due))
+    assert verdict.is_fresh(NOW + 30) and not verdict.is_fresh(NOW + 40)
+    slower = judge(result("statvfs", fs(), age=10.0), policy=Policy(stale_after_intervals=5))
+    assert slower.fresh_until == pytest.approx(NOW - 10.0 + 0.01 + 5 * 15.0)
+    assert judge().fresh_until is None and not judge().is_fresh(NOW)
+
+
+def test_a_stuck_mark_ages_like_any_result():
+    """A live daemon renews it while the mount hangs; a dead one's mark goes stale."""
+    verdict = judge(result("statvfs", error=TIMEOUT, stuck=True, message="hung", age=5.0))
+    assert verdict.fresh_until == pytest.approx(NOW - 5.0 + 0.01 + 45.0)
+
+
+@pytest.mark.parametrize("enum", [Status, Severity])
+def test_labels_read_back_exactly(enum):
+    for member in enum:
+        assert enum.from_label(member.label) is member
+    for bad in ("Degraded", "worse", "", None, 1):
+        with pytest.raises(ValueError):
+            enum.from_label(bad)

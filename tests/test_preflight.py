@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 
 import fsprobe
-from fsprobe.model import Status
-from fsprobe.state import write_state
+from fsprobe.model import QuotaState, Status
+from fsprobe.policy import Policy
+from fsprobe.state import Writer, write_state
+from tests.support.state import INTERVALS, daemon_view, publish, quota_entry
 
 
 @pytest.fixture
@@ -26,25 +29,6 @@ def dirs(tmp_path):
     fallback.mkdir()
     state.mkdir(mode=0o700)
     return str(target), str(fallback), str(state)
-
-
-def target_document(path: str, *, status: str = "ok", reasons=(), age: float = 0.0, **overrides):
-    """A target entry as the daemon writes it: a real check of `path`, its intervals, its age."""
-    document = fsprobe.check(path, write_probe=False, quota_provider="none").to_dict()
-    document.update(
-        status=status,
-        reasons=[{"code": c, "severity": s, "message": m} for c, s, m in reasons],
-        intervals={"statvfs": 15.0, "write": 60.0, "tmpdir": 60.0},
-        updated_at=time.time() - age,
-        **overrides,
-    )
-    return document
-
-
-def publish(state_dir: str, targets: dict) -> None:
-    write_state(
-        state_dir, {"generated_at": time.time(), "host": "node1", "pid": 1, "targets": targets}
-    )
 
 
 def test_a_healthy_directory_proceeds_from_an_inline_probe(dirs):
@@ -58,16 +42,7 @@ def test_a_healthy_directory_proceeds_from_an_inline_probe(dirs):
 
 def test_a_fresh_trusted_state_file_answers(dirs):
     target, _, state = dirs
-    publish(
-        state,
-        {
-            target: target_document(
-                target,
-                status="degraded",
-                reasons=[("write_slow", "degraded", "a 1 MiB test save took 6.0 s")],
-            )
-        },
-    )
+    publish(state, {target: daemon_view(target, write_seconds=6.0)})
     decision = fsprobe.preflight(os.path.join(target, "sub", "model.pt"), state_dir=state)
     assert decision.source == "state"
     assert decision.action == "proceed" and decision.status is Status.DEGRADED
@@ -76,14 +51,7 @@ def test_a_fresh_trusted_state_file_answers(dirs):
 
 def test_an_untrusted_state_file_is_ignored_with_one_warning(dirs, caplog):
     target, _, state = dirs
-    publish(
-        state,
-        {
-            target: target_document(
-                target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")]
-            )
-        },
-    )
+    publish(state, {target: daemon_view(target, readonly=True)})
     os.chmod(state, 0o777)  # anyone could have written it
     with caplog.at_level(logging.WARNING, logger="fsprobe.preflight"):
         first = fsprobe.preflight(os.path.join(target, "a.pt"), state_dir=state)
@@ -96,23 +64,27 @@ def test_an_untrusted_state_file_is_ignored_with_one_warning(dirs, caplog):
 
 def test_a_stale_state_entry_is_not_trusted(dirs):
     target, _, state = dirs
-    publish(
-        state,
-        {
-            target: target_document(
-                target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")], age=600
-            )
-        },
-    )
+    publish(state, {target: daemon_view(target, readonly=True, age=600)})
     decision = fsprobe.preflight(os.path.join(target, "model.pt"), state_dir=state)
     assert decision.source == "probe" and decision.action == "proceed"
 
 
+def test_the_state_holds_for_as_long_as_the_daemons_policy_says(dirs):
+    """Staleness is the policy's: `stale_after_intervals` of the daemon's probe intervals."""
+    target, _, state = dirs
+    requested = os.path.join(target, "model.pt")
+    publish(state, {target: daemon_view(target, readonly=True, age=40)})  # 3 x 15 s: fresh
+    assert fsprobe.preflight(requested, state_dir=state).source == "state"
+    publish(state, {target: daemon_view(target, readonly=True, age=50)})
+    assert fsprobe.preflight(requested, state_dir=state).source == "probe"
+    patient = Policy(intervals=INTERVALS, stale_after_intervals=5)  # 75 s
+    publish(state, {target: daemon_view(target, readonly=True, age=50, policy=patient)})
+    assert fsprobe.preflight(requested, state_dir=state).source == "state"
+
+
 def test_a_checkpoint_that_does_not_fit_is_redirected_to_a_fallback(dirs):
     target, fallback, state = dirs
-    document = target_document(target)
-    document["headroom"].update(bytes=1000, bytes_ratio=0.5)
-    publish(state, {target: document})
+    publish(state, {target: daemon_view(target, avail_bytes=1000)})
     requested = os.path.join(target, "model.pt")
     decision = fsprobe.preflight(
         requested, need_bytes=5000, fallback_dirs=[fallback], state_dir=state
@@ -125,18 +97,8 @@ def test_a_checkpoint_that_does_not_fit_is_redirected_to_a_fallback(dirs):
 
 def test_without_a_fallback_an_unhealthy_target_is_still_attempted_unless_told_not_to(dirs, caplog):
     target, _, state = dirs
-    publish(
-        state,
-        {
-            target: target_document(
-                target,
-                status="unhealthy",
-                reasons=[
-                    ("quota_hard_reached", "unhealthy", "group quota of proj: hard limit reached")
-                ],
-            )
-        },
-    )
+    hard = quota_entry(QuotaState.HARD_REACHED)
+    publish(state, {target: daemon_view(target, quota=(hard,))})
     requested = os.path.join(target, "model.pt")
     with caplog.at_level(logging.WARNING, logger="fsprobe.preflight"):
         attempted = fsprobe.preflight(requested, state_dir=state)
@@ -156,11 +118,8 @@ def test_without_a_fallback_an_unhealthy_target_is_still_attempted_unless_told_n
 
 def test_fallbacks_from_the_environment_are_used_but_never_from_the_state_file(dirs, monkeypatch):
     target, fallback, state = dirs
-    document = target_document(
-        target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")]
-    )
-    document["fallback_dirs"] = ["/somewhere/else"]  # ignored: not the caller's
-    publish(state, {target: document})
+    planted = {**daemon_view(target, readonly=True).to_dict(), "fallback_dirs": [fallback]}
+    write_state(state, time.time(), Writer("node1", 1, "0"), {target: json.dumps(planted)})
     requested = os.path.join(target, "model.pt")
     assert fsprobe.preflight(requested, state_dir=state).action == "proceed"
     monkeypatch.setenv("FSPROBE_FALLBACK_DIRS", f"/nonexistent-fallback:{fallback}")
@@ -172,17 +131,12 @@ def test_a_fallback_that_is_unhealthy_itself_is_not_taken(dirs, tmp_path):
     target, fallback, state = dirs
     other = str(tmp_path / "other")
     os.mkdir(other)
+    expired = quota_entry(QuotaState.GRACE_EXPIRED)
     publish(
         state,
         {
-            target: target_document(
-                target, status="unhealthy", reasons=[("readonly", "unhealthy", "ro")]
-            ),
-            fallback: target_document(
-                fallback,
-                status="unhealthy",
-                reasons=[("quota_grace_expired", "unhealthy", "grace over")],
-            ),
+            target: daemon_view(target, readonly=True),
+            fallback: daemon_view(fallback, quota=(expired,)),
         },
     )
     decision = fsprobe.preflight(
@@ -203,11 +157,8 @@ def test_need_defaults_to_the_last_save_into_that_directory_plus_ten_percent(dir
 
 def test_delay_waits_for_a_hung_mount_to_recover(dirs):
     target, _, state = dirs
-    stuck = target_document(
-        target, status="unhealthy", reasons=[("mount_stuck", "unhealthy", "statvfs did not return")]
-    )
-    publish(state, {target: stuck})
-    recovered = threading.Timer(1.2, publish, args=(state, {target: target_document(target)}))
+    publish(state, {target: daemon_view(target, stuck=True)})
+    recovered = threading.Timer(1.2, lambda: publish(state, {target: daemon_view(target)}))
     recovered.start()
     try:
         decision = fsprobe.preflight(os.path.join(target, "m.pt"), max_wait=20, state_dir=state)
@@ -219,14 +170,7 @@ def test_delay_waits_for_a_hung_mount_to_recover(dirs):
 
 def test_still_stuck_when_the_wait_ends_means_redirect(dirs):
     target, fallback, state = dirs
-    publish(
-        state,
-        {
-            target: target_document(
-                target, status="unhealthy", reasons=[("mount_stuck", "unhealthy", "hung")]
-            )
-        },
-    )
+    publish(state, {target: daemon_view(target, stuck=True)})
     start = time.monotonic()
     decision = fsprobe.preflight(
         os.path.join(target, "m.pt"), max_wait=1.5, fallback_dirs=[fallback], state_dir=state
@@ -238,26 +182,23 @@ def test_still_stuck_when_the_wait_ends_means_redirect(dirs):
 
 def test_decision_summary_and_dict_say_what_happened(dirs):
     target, fallback, state = dirs
-    publish(
-        state,
-        {
-            target: target_document(
-                target,
-                status="unhealthy",
-                reasons=[("readonly", "unhealthy", "/x is mounted read-only")],
-            )
-        },
-    )
+    publish(state, {target: daemon_view(target, readonly=True)})
     decision = fsprobe.preflight(
         os.path.join(target, "m.pt"), fallback_dirs=[fallback], state_dir=state
     )
+    (readonly,) = [r for r in decision.reasons if r.code == "readonly"]
     assert decision.summary().startswith("redirect (target unhealthy) to ")
-    assert "readonly: /x is mounted read-only" in decision.summary()
+    assert f"readonly: {readonly.message}" in decision.summary()
+    assert "is mounted read-only" in readonly.message
     as_dict = decision.to_dict()
     assert as_dict["action"] == "redirect" and as_dict["status"] == "unhealthy"
-    assert as_dict["reasons"] == [
-        {"code": "readonly", "severity": "unhealthy", "message": "/x is mounted read-only"}
-    ]
+    assert {
+        "code": "readonly",
+        "severity": "unhealthy",
+        "message": readonly.message,
+        "transient": False,
+        "errno": "EROFS",
+    } in as_dict["reasons"]
 
 
 def test_bad_on_unhealthy_is_refused(dirs):
@@ -288,3 +229,47 @@ def test_reads_the_state_file_that_fsprobe_run_writes(dirs):
     assert os.path.exists(os.path.join(state, "state.json")), done.stderr
     decision = fsprobe.preflight(os.path.join(target, "model.pt"), state_dir=state)
     assert decision.source == "state" and decision.action == "proceed"
+
+
+FAST_PATH = """
+import json, sys, time
+import psutil
+import fsprobe
+target, fallback, state = sys.argv[1:4]
+start = time.monotonic()
+decision = fsprobe.preflight(target + "/model.pt", need_bytes=1 << 20, fallback_dirs=[fallback],
+                             state_dir=state, timeout=5)
+print(json.dumps({
+    "action": decision.action,
+    "source": decision.source,
+    "seconds": time.monotonic() - start,
+    "children": [p.pid for p in psutil.Process().children(recursive=True)],
+    "threads": psutil.Process().num_threads(),
+}))
+"""
+
+
+def test_a_healthy_target_in_the_state_is_answered_without_a_process_or_a_fallback(dirs, faultfs):
+    """The README's pattern (DESIGN §7, issue 11.4): fallbacks are judged only for a redirect.
+
+    The fallback is a hung mount: judging it would cost the 5 s timeout and a probe worker.
+    """
+    target, _, state = dirs
+    publish(state, {target: daemon_view(target)})
+    rule = faultfs.ctl.block("statfs")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", FAST_PATH, target, str(faultfs.mountpoint), state],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert faultfs.ctl.rule(rule)["waiting"] == 0  # nobody asked the fallback anything
+    finally:
+        faultfs.ctl.remove(rule)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["action"], answer["source"]) == ("proceed", "state")
+    assert answer["children"] == []  # no probe worker started
+    assert answer["threads"] == 1
+    assert answer["seconds"] < 2.5  # far below the 5 s a probe of the hung fallback would take

@@ -17,10 +17,11 @@ import torch
 
 import fsprobe
 from fsprobe.atomic import parse_temp_name
+from fsprobe.model import QuotaState
 from fsprobe.saving import manifest, sync
 from fsprobe.saving.retry import Backoff
-from fsprobe.state import write_state
 from tests.support.durability import assert_file_saved
+from tests.support.state import daemon_view, publish, quota_entry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,27 +80,19 @@ class Setup:
         self.fallback.mkdir()
         self.state.mkdir(mode=0o700)
 
-    def mark_target(self, status: str = "ok", reasons=()) -> None:
-        document = fsprobe.check(str(self.target), write_probe=False, quota_provider="none")
-        entry = document.to_dict()
-        entry.update(
-            status=status,
-            reasons=[{"code": c, "severity": status, "message": m} for c, m in reasons],
-            intervals={"statvfs": 15.0},
-            updated_at=time.time(),
-        )
-        write_state(
-            str(self.state), {"generated_at": time.time(), "targets": {str(self.target): entry}}
-        )
+    def mark_target(self, **facts) -> None:
+        """The daemon's view of the target, with these facts seen (`daemon_view`)."""
+        view = daemon_view(str(self.target), **facts)
+        publish(str(self.state), {str(self.target): view})
 
     def save_redirected(self, obj, name: str = "model.pt") -> fsprobe.SaveResult:
         """A save that preflight redirects: the state file says the target is read-only."""
-        self.mark_target("unhealthy", [("readonly", "the target is mounted read-only")])
+        self.mark_target(readonly=True)
         result = fsprobe.save(
             obj, self.target / name, fallback_dirs=[self.fallback], state_dir=str(self.state)
         )
         assert result.redirected
-        self.mark_target("ok")
+        self.mark_target()
         return result
 
 
@@ -213,7 +206,7 @@ def test_dry_run_changes_nothing(setup):
 
 def test_an_unhealthy_target_keeps_its_entries_waiting(setup):
     result = setup.save_redirected(model_state())
-    setup.mark_target("unhealthy", [("quota_hard_reached", "project quota: hard limit reached")])
+    setup.mark_target(quota=(quota_entry(QuotaState.HARD_REACHED, kind="project"),))
     outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
     assert [o.action for o in outcomes] == ["waiting"]
     assert "quota_hard_reached" in outcomes[0].message
@@ -224,7 +217,7 @@ def test_a_readiness_callback_decides_instead_of_the_preflight(setup):
     """The daemon's sync task answers from its own verdict: the state file is not consulted."""
     state = model_state()
     result = setup.save_redirected(state)
-    setup.mark_target("unhealthy", [("readonly", "the target is mounted read-only")])
+    setup.mark_target(readonly=True)
     asked = []
 
     def refuse(entry: manifest.Entry) -> str:
@@ -362,7 +355,7 @@ def test_a_full_fallback_is_given_up_for_the_next_one(tmpfs, tmp_path):
 def test_a_read_only_fallback_is_not_chosen(tmpfs, tmp_path, setup):
     readonly = tmpfs(size="1M")
     subprocess.run(["mount", "-o", "remount,ro", str(readonly.path)], check=True)
-    setup.mark_target("unhealthy", [("readonly", "the target is mounted read-only")])
+    setup.mark_target(readonly=True)
     decision = fsprobe.preflight(
         setup.target / "model.pt",
         fallback_dirs=[readonly.path, setup.fallback],

@@ -13,29 +13,38 @@ from fsprobe.state import (
     CorruptStateFile,
     StateReader,
     UntrustedStateFile,
+    Writer,
     write_state,
-    write_state_targets,
 )
+from tests.support.state import daemon_view
 
 NOBODY = 65534
 
 
-def document(**targets: dict) -> dict:
-    return {"generated_at": 1_700_000_000.0, "host": "h", "pid": 1, "targets": targets}
+@pytest.fixture(scope="module")
+def view_text(tmp_path_factory) -> str:
+    """A real target's state, as the daemon encodes it."""
+    return json.dumps(daemon_view(str(tmp_path_factory.mktemp("ckpt"))).to_dict())
+
+
+def write(directory: Path, targets: dict[str, str], generated_at: float = 1_700_000_000.0) -> None:
+    write_state(str(directory), generated_at, Writer("h", 1, "0.1.0"), targets)
 
 
 @pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
+def state_dir(tmp_path: Path, view_text: str) -> Path:
     directory = tmp_path / "state"
-    write_state(str(directory), document(**{"/ckpt": {"status": "ok"}}))
+    write(directory, {"/ckpt": view_text})
     return directory
 
 
-def test_a_file_written_by_write_state_is_trusted_and_parsed(state_dir):
+def test_a_file_written_by_write_state_is_trusted_and_parsed(state_dir, view_text):
     state = StateReader(str(state_dir)).read()
-    assert state.document["schema"] == 1
-    assert state.targets == {"/ckpt": {"status": "ok"}}
+    assert json.loads((state_dir / STATE_FILE).read_bytes())["schema"] == 1
+    assert state.names == ["/ckpt"]
+    assert state.target("/ckpt").to_dict() == json.loads(view_text)
     assert state.generated_at == 1_700_000_000.0
+    assert state.writer == Writer("h", 1, "0.1.0")
     assert oct(os.stat(state_dir).st_mode & 0o777) == oct(0o755)
     assert oct(os.stat(state_dir / STATE_FILE).st_mode & 0o777) == oct(0o644)
 
@@ -80,7 +89,7 @@ def test_writing_into_a_directory_of_another_user_is_refused(tmp_path):
     planted.mkdir(mode=0o755)
     os.chown(planted, NOBODY, NOBODY)
     with pytest.raises(UntrustedStateFile, match=f"belongs to uid {NOBODY}"):
-        write_state(str(planted), document())
+        write(planted, {})
     assert not (planted / STATE_FILE).exists()
 
 
@@ -101,7 +110,9 @@ def test_a_symlink_in_place_of_the_file_is_refused(state_dir, tmp_path):
         (b"\x00\xff garbage", "not valid JSON"),
         (b'{"schema": 2, "targets": {}}', "has schema 2"),
         (b'["schema", 1]', "has schema None"),
-        (b'{"schema": 1, "targets": []}', "'targets' is not an object"),
+        (b'{"schema": 1, "generated_at": 1, "targets": []}', "'targets' is not an object"),
+        (b'{"schema": 1, "targets": {}}', "'generated_at' is not a number"),
+        (b'{"schema": 1, "generated_at": 1, "pid": "me", "targets": {}}', "of the wrong type"),
     ],
 )
 def test_a_corrupt_file_is_reported_with_the_reason(state_dir, content, message):
@@ -111,14 +122,37 @@ def test_a_corrupt_file_is_reported_with_the_reason(state_dir, content, message)
         StateReader(str(state_dir)).read()
 
 
-def test_the_parse_is_cached_until_the_file_changes(state_dir):
+def test_the_parse_is_cached_until_the_file_changes(state_dir, view_text):
     reader = StateReader(str(state_dir))
     first = reader.read()
     assert reader.read() is first
-    write_state(str(state_dir), document(**{"/other": {"status": "degraded"}}))
+    write(state_dir, {"/other": view_text})
     second = reader.read()
-    assert second is not first and list(second.targets) == ["/other"]
+    assert second is not first and second.names == ["/other"]
     assert reader.read() is second
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ({"status": "ok"}, "targets['/ckpt'].probes: missing"),  # an old or foreign writer
+        (5, "targets['/ckpt']: expected an object, not an integer"),
+    ],
+)
+def test_a_target_that_does_not_read_is_corrupt_and_says_which_field(state_dir, target, message):
+    write(state_dir, {"/ckpt": json.dumps(target)})
+    state = StateReader(str(state_dir)).read()  # the top level reads; the target does not
+    with pytest.raises(CorruptStateFile) as raised:
+        state.target("/ckpt")
+    assert message in str(raised.value) and "written by fsprobe 0.1.0" in str(raised.value)
+
+
+def test_a_target_without_its_intervals_is_corrupt(state_dir, view_text):
+    document = json.loads(view_text)
+    del document["intervals"]
+    write(state_dir, {"/ckpt": json.dumps(document)})
+    with pytest.raises(CorruptStateFile, match=r"targets\['/ckpt'\]\.intervals"):
+        StateReader(str(state_dir)).read().target("/ckpt")
 
 
 def test_a_trust_change_is_noticed_even_with_a_cached_parse(state_dir):
@@ -129,29 +163,28 @@ def test_a_trust_change_is_noticed_even_with_a_cached_parse(state_dir):
         reader.read()
 
 
-def test_target_for_picks_the_closest_watched_ancestor(state_dir):
-    write_state(
-        str(state_dir),
-        document(**{"/ckpt": {"status": "ok"}, "/ckpt/run1": {"status": "degraded"}}),
-    )
+def test_target_for_picks_the_closest_watched_ancestor(state_dir, view_text):
+    write(state_dir, {"/ckpt": view_text, "/ckpt/run1": view_text})
     state = StateReader(str(state_dir)).read()
-    assert state.target_for("/ckpt/run1/epoch-3")[0] == "/ckpt/run1"
-    assert state.target_for("/ckpt/run10")[0] == "/ckpt"
-    assert state.target_for("/ckpt")[0] == "/ckpt"
+    assert state.target_for("/ckpt/run1/epoch-3") == "/ckpt/run1"
+    assert state.target_for("/ckpt/run10") == "/ckpt"
+    assert state.target_for("/ckpt") == "/ckpt"
     assert state.target_for("/elsewhere") is None
 
 
-def test_write_state_targets_writes_the_same_document_as_write_state(tmp_path):
-    targets = {"/ckpt": {"status": "ok", "path": "/ckpt"}, '/we"ird\\ü': {"status": "degraded"}}
-    header = {"generated_at": 1.5, "host": "h", "pid": 7, "version": "0.1.0"}
-    write_state(str(tmp_path / "a"), {**header, "targets": targets})
-    write_state_targets(
-        str(tmp_path / "b"),
-        header,
-        {path: json.dumps(target) for path, target in targets.items()},
-    )
-    first = StateReader(str(tmp_path / "a")).read().document
-    second = StateReader(str(tmp_path / "b")).read().document
-    assert first == second
-    assert list(second) == ["schema", "generated_at", "host", "pid", "version", "targets"]
-    assert second["targets"]['/we"ird\\ü'] == {"status": "degraded"}
+def test_targets_are_joined_as_json_text_whatever_their_names(tmp_path, view_text):
+    names = ["/ckpt", '/we"ird\\ü']
+    write(tmp_path, dict.fromkeys(names, view_text), generated_at=1.5)
+    document = json.loads((tmp_path / STATE_FILE).read_bytes())
+    assert list(document) == [
+        "schema",
+        "generated_at",
+        "host",
+        "pid",
+        "version",
+        "once",
+        "stopped_at",
+        "targets",
+    ]
+    assert document["targets"] == dict.fromkeys(names, json.loads(view_text))
+    assert StateReader(str(tmp_path)).read().names == sorted(names)

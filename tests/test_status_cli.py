@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import fsprobe
 from fsprobe.cli import main
 from fsprobe.daemon.publish import Publisher
 from fsprobe.daemon.store import Store, TargetSpec
@@ -24,10 +25,11 @@ from fsprobe.model import (
     QuotaUsage,
     WriteProbeResult,
 )
-from fsprobe.policy import Thresholds
-from fsprobe.state import STATE_FILE, write_state
+from fsprobe.policy import Policy
+from fsprobe.state import STATE_FILE
 from tests.daemon_process import clean_environment, run_fsprobe
 from tests.support.cli import cli_runner
+from tests.support.state import daemon_view, publish
 
 
 def status(state_dir: Path, *args: str) -> tuple[int, str, str]:
@@ -62,7 +64,7 @@ def test_status_shows_a_table_of_every_target(tmp_path):
     code, out, err = status(state_dir)
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0].startswith("fsprobe daemon pid ") and "state written" in lines[0]
+    assert lines[0].startswith("fsprobe run --once (pid ") and "state written" in lines[0]
     header = next(line for line in lines if line.startswith("STATUS"))
     for column in ("TARGET", "SPACE FREE", "INODES FREE", "QUOTA", "WRITE", "AGE"):
         assert column in header
@@ -81,9 +83,10 @@ def test_status_json_for_scripts(tmp_path):
     assert code == 0 and report["status"] == "ok" and report["stale"] is False
     assert report["state_file"] == str(state_dir / STATE_FILE)
     assert report["writer"]["host"] == socket.gethostname()
-    assert report["writer"]["alive"] is False  # --once has exited
+    assert report["writer"]["once"] is True
+    assert report["writer"]["alive"] is False and report["running"] is False  # --once exited
     assert report["targets"][str(ckpt)]["write_probe"]["ok"] is True
-    assert report["age_seconds"] < report["stale_after_seconds"]
+    assert report["age_seconds"] < 5 and report["fresh_until"] > time.time() + 30
 
 
 def test_status_exits_with_the_worst_status_and_shows_why(tmp_path, tmpfs):
@@ -119,56 +122,66 @@ def test_the_state_dir_comes_from_the_environment(tmp_path):
     assert code == 0 and str(ckpt) in out
 
 
-def stale_state(state_dir: Path, pid: int, age: float) -> None:
-    write_state(
+@pytest.fixture
+def ckpt(tmp_path: Path) -> str:
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    return str(path)
+
+
+def state_of(state_dir: Path, ckpt: str, pid: int, age: float, **writer) -> None:
+    """A state file without a writer lock, `age` seconds old, written by `pid` on this host."""
+    publish(
         str(state_dir),
-        {
-            "generated_at": time.time() - age,
-            "host": socket.gethostname(),
-            "pid": pid,
-            "version": "0.1.0",
-            "targets": {
-                "/ckpt": {
-                    "status": "ok",
-                    "reasons": [],
-                    "headroom": {},
-                    "intervals": {"statvfs": 15.0},
-                    "updated_at": time.time() - age,
-                }
-            },
-        },
+        {ckpt: daemon_view(ckpt, age=age)},
+        host=socket.gethostname(),
+        pid=pid,
+        generated_at=time.time() - age,
+        **writer,
     )
 
 
-def test_stale_state_of_a_dead_daemon_is_unknown_and_says_so(tmp_path):
+def test_without_a_lock_a_dead_writer_is_guessed_from_its_pid(tmp_path, ckpt):
     pid = dead_pid()
-    stale_state(tmp_path, pid, age=600)
-    code, out, err = status(tmp_path)
+    state_of(tmp_path / "state", ckpt, pid, age=600)
+    code, out, err = status(tmp_path / "state")
     assert code == 3
-    assert "STALE" in err and "10 min ago" in err
-    assert f"pid {pid} on {socket.gethostname()}, which is no longer running" in err
-    assert "/ckpt" in out  # the old numbers are still shown, marked as old
-    report = json.loads(status(tmp_path, "--json")[1])
-    assert report["stale"] is True and report["status"] == "unknown"
+    assert f"fsprobe run (pid {pid} on {socket.gethostname()}) is not running since" in err
+    assert "(10 min ago) at the latest" in err and "did not stop cleanly" in err
+    assert ckpt in out  # the old numbers are still shown, marked as old
+    report = json.loads(status(tmp_path / "state", "--json")[1])
+    assert report["status"] == "unknown" and report["running"] is False
+    assert report["stale"] is True
     assert report["writer"] == {
         "host": socket.gethostname(),
         "pid": pid,
+        "version": fsprobe.__version__,
+        "once": False,
+        "stopped_at": None,
         "alive": False,
-        "version": "0.1.0",
     }
 
 
-def test_stale_state_of_a_live_daemon_suggests_it_hangs(tmp_path):
-    stale_state(tmp_path, os.getpid(), age=120)
-    code, _out, err = status(tmp_path)
+def test_stale_state_of_a_live_daemon_suggests_it_hangs(tmp_path, ckpt):
+    state_of(tmp_path / "state", ckpt, os.getpid(), age=120)
+    code, _out, err = status(tmp_path / "state")
     assert code == 3
-    assert "still running but has stopped writing it" in err
+    assert "STALE" in err and "still running but has stopped writing it" in err
 
 
-def test_fresh_state_is_not_stale(tmp_path):
-    stale_state(tmp_path, dead_pid(), age=5)
-    code, out, err = status(tmp_path)
-    assert code == 0 and "STALE" not in err and "/ckpt" in out
+def test_fresh_state_of_a_live_writer_is_not_stale(tmp_path, ckpt):
+    state_of(tmp_path / "state", ckpt, os.getpid(), age=5)
+    code, out, err = status(tmp_path / "state")
+    assert code == 0 and err == "" and ckpt in out
+
+
+def test_the_state_of_a_one_off_run_holds_until_its_policy_says_it_is_stale(tmp_path, ckpt):
+    state_of(tmp_path / "state", ckpt, dead_pid(), age=30, once=True)  # 3 x 15 s: fresh
+    code, out, err = status(tmp_path / "state")
+    assert code == 0 and err == "" and "fsprobe run --once" in out
+    state_of(tmp_path / "state", ckpt, dead_pid(), age=50, once=True)
+    code, _out, err = status(tmp_path / "state")
+    assert code == 3 and "STALE" in err and "which has exited (a one-off run)" in err
 
 
 @pytest.mark.parametrize(
@@ -176,13 +189,16 @@ def test_fresh_state_is_not_stale(tmp_path):
     [
         (b'{"schema": 1, "generated_at": 1', "not valid JSON"),
         (b'{"schema": 7}', "has schema 7"),
-        (b'{"schema": 1, "generated_at": "x", "targets": {}}', "unexpected content"),
-        (b'{"schema": 1, "generated_at": 1, "targets": {"/x": 5}}', "unexpected content"),
-        (b'{"schema": 1, "generated_at": 1, "targets": {"/x": {"status": "ok"}}}', "STALE"),
+        (b'{"schema": 1, "generated_at": "x", "targets": {}}', "'generated_at' is not a number"),
+        (b'{"schema": 1, "generated_at": 1, "targets": {"/x": 5}}', "expected an object"),
+        (
+            b'{"schema": 1, "generated_at": 1, "targets": {"/x": {"status": "ok"}}}',
+            "targets['/x'].probes: missing",
+        ),
     ],
 )
 def test_a_corrupt_state_file_is_reported_never_a_crash(tmp_path, content, message):
-    write_state(str(tmp_path), {"targets": {}})
+    publish(str(tmp_path), {})
     (tmp_path / STATE_FILE).write_bytes(content)
     code, _out, err = status(tmp_path)
     assert code == 3
@@ -192,8 +208,9 @@ def test_a_corrupt_state_file_is_reported_never_a_crash(tmp_path, content, messa
     assert json.loads(out)["status"] == "unknown"
 
 
-def test_an_untrusted_state_file_is_reported_with_the_reason(tmp_path):
-    stale_state(tmp_path, os.getpid(), age=1)
+def test_an_untrusted_state_file_is_reported_with_the_reason(tmp_path, ckpt):
+    state_of(tmp_path / "state", ckpt, os.getpid(), age=1)
+    tmp_path = tmp_path / "state"
     os.chmod(tmp_path / STATE_FILE, 0o666)
     code, _out, err = status(tmp_path)
     assert code == 3
@@ -203,7 +220,7 @@ def test_an_untrusted_state_file_is_reported_with_the_reason(tmp_path):
 def test_the_quota_column_names_the_fullest_quota(tmp_path):
     path = "/lustre/ckpt"
     store = Store(clock=time.time)
-    store.configure([TargetSpec(path, Thresholds(check_tmpdir=False), {"statvfs": 15.0})])
+    store.configure([TargetSpec(path, Policy(check_tmpdir=False), {"statvfs": 15.0})])
     now = time.time()
     fs = FilesystemInfo(path, "/lustre", "lustre", "mds@tcp:/x", 2**44, 2**43, 10**7, 9 * 10**6,
                         False, 1)  # fmt: skip

@@ -28,7 +28,7 @@ from fsprobe.model import (
     Status,
     WriteProbeResult,
 )
-from fsprobe.policy import Thresholds, evaluate
+from fsprobe.policy import Policy, evaluate
 from fsprobe.quota.lustre import usage_from_cells
 
 NOW = 1_800_000_000.0
@@ -70,11 +70,11 @@ def write_took(seconds: float) -> ProbeResult:
 
 def verdict(*results: ProbeResult, recent=(), need_bytes=None, need_inodes=None):
     snapshot = Snapshot("/ckpt", {r.probe: r for r in results}, tuple(recent))
-    return evaluate(snapshot, Thresholds(), NOW, need_bytes=need_bytes, need_inodes=need_inodes)
+    return evaluate(snapshot, Policy(), NOW, need_bytes=need_bytes, need_inodes=need_inodes)
 
 
 def severity_of(code: str, judged) -> Status | None:
-    found = [reason.severity for reason in judged.reasons if reason.code == code]
+    found = [reason.severity.status for reason in judged.reasons if reason.code == code]
     return max(found) if found else None
 
 

@@ -70,5 +70,5 @@ def check(
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(render_report(report.to_dict(), time.time()))
+        click.echo(render_report(report, time.time()))
     return int(report.status)

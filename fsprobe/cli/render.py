@@ -1,16 +1,16 @@
 """Human output: a target's report as a short block a person can read at a glance.
 
-Works on the JSON form of a report (`Report.to_dict()`), so that `fsprobe check` (fresh probes)
-and `fsprobe status` (the daemon's state file) show exactly the same thing.
+Works on the typed `Report`, so that `fsprobe check` (fresh probes) and whatever reads a report
+back from the daemon's state file show exactly the same thing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import click
 
+from fsprobe.model import FilesystemInfo, QuotaEntry, QuotaReport, QuotaState, QuotaUsage
+from fsprobe.policy import Headroom, Reason
+from fsprobe.report import Report
 from fsprobe.units import (
     format_bytes,
     format_count,
@@ -19,7 +19,13 @@ from fsprobe.units import (
     format_seconds,
 )
 
-STATUS_COLORS = {"ok": "green", "degraded": "yellow", "unhealthy": "red", "unknown": "magenta"}
+STATUS_COLORS = {
+    "ok": "green",
+    "notice": "cyan",
+    "degraded": "yellow",
+    "unhealthy": "red",
+    "unknown": "magenta",
+}
 _LABEL_WIDTH = 8
 
 
@@ -37,63 +43,78 @@ def _limit_note(limited_by: str | None) -> str:
     return click.style(f"  (the {limited_by.split(':', 1)[1]} quota binds)", fg="cyan")
 
 
-def _headroom_lines(report: Mapping[str, Any]) -> list[str]:
-    fs, headroom = report.get("filesystem"), report["headroom"]
+def _headroom_lines(fs: FilesystemInfo | None, headroom: Headroom) -> list[str]:
     lines = []
-    for label, resource, fmt, unit, capacity in (
-        ("space", "bytes", format_bytes, "", "size_bytes"),
-        ("inodes", "inodes", format_count, " inodes", "files"),
+    for label, left, ratio, limited_by, capacity, fmt, unit in (
+        (
+            "space",
+            headroom.bytes,
+            headroom.bytes_ratio,
+            headroom.bytes_limited_by,
+            fs.size_bytes if fs else None,
+            format_bytes,
+            "",
+        ),
+        (
+            "inodes",
+            headroom.inodes,
+            headroom.inodes_ratio,
+            headroom.inodes_limited_by,
+            fs.files if fs else None,
+            format_count,
+            " inodes",
+        ),
     ):
-        left, limited_by = headroom.get(resource), headroom.get(f"{resource}_limited_by")
         if left is None:
             continue
         text = f"{fmt(left)}{unit} free"
-        if fs and limited_by == "filesystem":
-            text += f" of {fmt(fs[capacity])}"
-        text += f"  ({format_percent(headroom[f'{resource}_ratio'])} left)"
+        if capacity is not None and limited_by == "filesystem":
+            text += f" of {fmt(capacity)}"
+        if ratio is not None:
+            text += f"  ({format_percent(ratio)} left)"
         lines.append(_line(label, text + _limit_note(limited_by)))
     return lines
 
 
-def _usage_text(usage: Mapping[str, Any], fmt, now: float) -> str:
-    limit = usage.get("hard") or usage.get("soft")
-    text = fmt(usage["used"])
-    if usage.get("soft") is not None:
-        text += f" / soft {fmt(usage['soft'])}"
-    if usage.get("hard") is not None:
-        text += f" / hard {fmt(usage['hard'])}"
+def _usage_text(usage: QuotaUsage, fmt, now: float) -> str:
+    limit = usage.hard or usage.soft
+    text = fmt(usage.used)
+    if usage.soft is not None:
+        text += f" / soft {fmt(usage.soft)}"
+    if usage.hard is not None:
+        text += f" / hard {fmt(usage.hard)}"
     if limit:
-        text += f" ({format_percent(usage['used'] / limit)})"
-    if usage.get("state") == "grace_expired":
+        text += f" ({format_percent(usage.used / limit)})"
+    state = usage.state_at(now)
+    if state is QuotaState.GRACE_EXPIRED:
         text += click.style(", grace expired", fg="red")
-    elif usage.get("state") == "hard_reached":
+    elif state is QuotaState.HARD_REACHED:
         text += click.style(", hard limit reached", fg="red")
-    elif usage.get("grace_expires_at"):
-        left = format_duration(usage["grace_expires_at"] - now)
+    elif usage.grace_expires_at:
+        left = format_duration(usage.grace_expires_at - now)
         text += click.style(f", grace ends in {left}", fg="yellow")
     return text
 
 
-def _has_limits(usage: Mapping[str, Any]) -> bool:
-    return usage.get("soft") is not None or usage.get("hard") is not None
+def _has_limits(usage: QuotaUsage) -> bool:
+    return usage.soft is not None or usage.hard is not None
 
 
-def quota_lines(entries: list[Mapping[str, Any]], now: float) -> list[str]:
+def quota_lines(entries: tuple[QuotaEntry, ...], now: float) -> list[str]:
     """Per quota ID: one line when it has no limits, else one line per limited resource."""
     lines = []
     for entry in entries:
-        who = f"{entry['type']} {entry.get('name') or entry['id']}"
+        who = f"{entry.type} {entry.name or entry.id}"
         label = "" if lines else "quota"
-        space, inodes = entry["bytes"], entry["inodes"]
-        if not (_has_limits(space) or _has_limits(inodes)):
-            used = f"{format_bytes(space['used'])}, {format_count(inodes['used'])} inodes"
+        if not (_has_limits(entry.bytes) or _has_limits(entry.inodes)):
+            used = f"{format_bytes(entry.bytes.used)}, {format_count(entry.inodes.used)} inodes"
             lines.append(_line(label, f"{who:<16} {used}  (no limits)"))
             continue
         limited = [
             (noun, usage, fmt)
             for noun, usage, fmt in (
-                ("space", space, format_bytes),
-                ("inodes", inodes, format_count),
+                ("space", entry.bytes, format_bytes),
+                ("inodes", entry.inodes, format_count),
             )
             if _has_limits(usage)
         ]
@@ -108,57 +129,67 @@ def quota_lines(entries: list[Mapping[str, Any]], now: float) -> list[str]:
     return lines
 
 
-def _write_line(write: Mapping[str, Any] | None) -> list[str]:
-    if write is None:
+def _write_line(report: Report) -> list[str]:
+    result = report.snapshot.get("write")
+    if result is None:
         return []
-    latency = write.get("latency_seconds") or {}
+    if result.stuck:
+        return [_line("write", click.style(f"stuck: {result.message}", fg="red"))]
+    write = result.value
+    if write is None:
+        return [_line("write", click.style(result.message or result.error or "failed", fg="red"))]
     steps = sorted(
-        ((step, seconds) for step, seconds in latency.items() if step != "total"),
+        ((step, seconds) for step, seconds in write.latency_seconds.items() if step != "total"),
         key=lambda item: -item[1],
     )
     detail = ", ".join(f"{step} {format_seconds(seconds)}" for step, seconds in steps[:3])
-    if write.get("ok"):
-        text = f"{format_bytes(write['bytes'])} atomic save in {format_seconds(latency['total'])}"
+    if write.ok:
+        text = f"{format_bytes(write.bytes)} atomic save in {format_seconds(write.total_seconds)}"
         return [_line("write", f"{text}  ({detail})")]
-    return [_line("write", click.style(write.get("message") or "failed", fg="red"))]
+    return [_line("write", click.style(write.message or "failed", fg="red"))]
 
 
-def _need_line(report: Mapping[str, Any]) -> list[str]:
-    need = report.get("need") or {}
-    if need.get("bytes") is None and need.get("inodes") is None:
+def _need_line(report: Report) -> list[str]:
+    if report.need_bytes is None and report.need_inodes is None:
         return []
     parts = []
-    if need.get("bytes") is not None:
-        parts.append(format_bytes(need["bytes"]))
-    if need.get("inodes") is not None:
-        parts.append(f"{format_count(need['inodes'])} inode{'s' if need['inodes'] != 1 else ''}")
-    fits = report.get("fits")
+    if report.need_bytes is not None:
+        parts.append(format_bytes(report.need_bytes))
+    if report.need_inodes is not None:
+        plural = "s" if report.need_inodes != 1 else ""
+        parts.append(f"{format_count(report.need_inodes)} inode{plural}")
     answer = {True: click.style("fits", fg="green"), False: click.style("does NOT fit", fg="red")}
-    return [_line("need", f"{' + '.join(parts)}: {answer.get(fits, 'cannot tell')}")]
+    return [_line("need", f"{' + '.join(parts)}: {answer.get(report.fits, 'cannot tell')}")]
 
 
-def render_report(report: Mapping[str, Any], now: float) -> str:
+def reason_lines(reasons: tuple[Reason, ...], indent: str = "  ") -> list[str]:
+    """One line per reason: severity, code, sentence."""
+    width = max((len(reason.code) for reason in reasons), default=0)
+    lines = []
+    for reason in reasons:
+        label = reason.severity.label
+        severity = click.style(f"{label:<9}", fg=STATUS_COLORS.get(label))
+        lines.append(f"{indent}{severity} {reason.code:<{width}}  {reason.message}")
+    return lines
+
+
+def render_report(report: Report, now: float) -> str:
     """The full block for one target, status first, reasons last."""
-    fs = report.get("filesystem")
-    where = f"{fs['fstype']} on {fs['mountpoint']}" if fs else "filesystem not readable"
+    fs: FilesystemInfo | None = report.snapshot.value("statvfs")
+    where = f"{fs.fstype} on {fs.mountpoint}" if fs else "filesystem not readable"
     lines = [
-        f"{status_badge(report['status'])} {click.style(report['path'], bold=True)}  ({where})"
+        f"{status_badge(report.status.label)} {click.style(report.path, bold=True)}  ({where})"
     ]
-    lines += _headroom_lines(report)
-    if report.get("quota"):
-        lines += quota_lines(report["quota"], now)
-    lines += _write_line(report.get("write_probe"))
-    tmpdir = report.get("tmpdir")
+    lines += _headroom_lines(fs, report.verdict.headroom)
+    quota: QuotaReport | None = report.snapshot.value("quota")
+    if quota is not None and quota.entries:
+        lines += quota_lines(quota.entries, now)
+    lines += _write_line(report)
+    tmpdir = report.snapshot.value("tmpdir")
     if tmpdir is not None:
-        same = "same filesystem" if tmpdir["same_device"] else "another filesystem"
-        lines.append(_line("tmpdir", f"{tmpdir['path']}: {same}"))
+        same = "same filesystem" if tmpdir.same_device else "another filesystem"
+        lines.append(_line("tmpdir", f"{tmpdir.path}: {same}"))
     lines += _need_line(report)
-    if report["reasons"]:
-        lines.append("")
-        width = max(len(reason["code"]) for reason in report["reasons"])
-        for reason in report["reasons"]:
-            severity = click.style(
-                f"{reason['severity']:<9}", fg=STATUS_COLORS.get(reason["severity"])
-            )
-            lines.append(f"  {severity} {reason['code']:<{width}}  {reason['message']}")
+    if report.reasons:
+        lines += ["", *reason_lines(report.reasons)]
     return "\n".join(lines)

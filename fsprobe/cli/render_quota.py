@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 from fsprobe.model import QuotaEntry, QuotaReport, QuotaState, QuotaUsage
-from fsprobe.serialize import plain
+from fsprobe.report import quota_entry_to_dict
 from fsprobe.units import format_bytes, format_count, format_duration, format_percent
 
 _RESOURCES = (("space", "bytes"), ("files", "inodes"))
@@ -163,7 +163,7 @@ def as_json(
         "path": path,
         "mountpoint": mountpoint,
         "provider": provider,
-        "quota": plain(list(report.entries)) if report is not None else None,
+        "quota": [quota_entry_to_dict(e) for e in report.entries] if report is not None else None,
         "inaccurate": report.inaccurate if report is not None else False,
         "errors": list(report.errors) if report is not None else [],
     }

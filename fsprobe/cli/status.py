@@ -1,8 +1,13 @@
 """`fsprobe status`: what the running daemon sees, from its state file, at a glance.
 
 Reads the state file only — no probe runs — so it answers at once even on a hung mount. When
-the file is missing, stale, untrusted or corrupt, it says so and what to do, and exits 3
-(unknown), as a monitoring plugin would.
+the file is missing, stale, untrusted or corrupt, or its writer is gone, it says so and what to
+do, and exits 3 (unknown), as a monitoring plugin would.
+
+Whether the writer still runs is proven by its lock on the state dir (the kernel drops it when
+the process ends, however it ends), not guessed from a pid; only a state file written without
+a lock leaves the guess. Whether its view is still current is the policy's call: each target's
+verdict says until when it holds without a new probe result (`Verdict.fresh_until`).
 """
 
 from __future__ import annotations
@@ -11,35 +16,32 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
 import click
 
-from fsprobe.cli.render import STATUS_COLORS
-from fsprobe.model import Status
-from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
+from fsprobe.cli.render import STATUS_COLORS, reason_lines
+from fsprobe.model import QuotaReport, Status, WriteProbeResult
+from fsprobe.state import (
+    StateFile,
+    StateFileError,
+    StateReader,
+    TargetState,
+    Writer,
+    default_state_dir,
+    writer_running,
+)
 from fsprobe.units import format_bytes, format_count, format_percent, format_seconds
 
-#: The state counts as stale after this many of its shortest probe interval without a rewrite
-#: (the daemon rewrites it after every probe), and never before STALE_FLOOR seconds.
-STALE_INTERVALS = 3
-STALE_FLOOR = 30.0
 _COLUMNS = ("STATUS", "TARGET", "SPACE FREE", "INODES FREE", "QUOTA", "WRITE", "AGE")
 
 
-def stale_after(state: StateFile) -> float:
-    intervals = [
-        float(seconds)
-        for target in state.targets.values()
-        for seconds in (target.get("intervals") or {}).values()
-    ]
-    return max(STALE_FLOOR, STALE_INTERVALS * min(intervals, default=15.0))
+def pid_alive(host: str | None, pid: int | None) -> bool | None:
+    """A guess at whether `pid` on `host` still runs; None for another host or no pid.
 
-
-def writer_alive(host: Any, pid: Any) -> bool | None:
-    """Whether the daemon that wrote the state still runs; None when it ran on another host."""
-    if host != socket.gethostname() or not isinstance(pid, int):
+    Only for a state file without a writer lock: a pid may have been reused since.
+    """
+    if host != socket.gethostname() or pid is None:
         return None
     try:
         os.kill(pid, 0)
@@ -48,13 +50,6 @@ def writer_alive(host: Any, pid: Any) -> bool | None:
     except PermissionError:
         return True
     return True
-
-
-def _status_of(label: Any) -> Status:
-    try:
-        return Status[str(label).upper()]
-    except KeyError:
-        return Status.UNKNOWN
 
 
 def short_age(seconds: float) -> str:
@@ -68,87 +63,140 @@ def short_age(seconds: float) -> str:
     return f"{seconds / 86400:.0f} d"
 
 
-def _headroom(target: Mapping[str, Any], resource: str, fmt) -> str:
-    headroom = target.get("headroom") or {}
-    left, ratio = headroom.get(resource), headroom.get(f"{resource}_ratio")
+def _headroom(left: int | None, ratio: float | None, limited_by: str | None, fmt) -> str:
     if left is None:
         return "-"
     notes = [format_percent(ratio)] if ratio is not None else []
-    limited_by = headroom.get(f"{resource}_limited_by") or "filesystem"
-    if limited_by != "filesystem":
+    if limited_by and limited_by != "filesystem":
         notes.append(f"{limited_by.split(':', 1)[1]} quota")
     return fmt(left) + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _quota(target: Mapping[str, Any]) -> str:
+def _quota(quota: QuotaReport | None, now: float) -> str:
     """The fullest quota, as "project 42: inodes 93 %"; "-" when there is none."""
+    if quota is None or not quota.entries:
+        return "-"
     worst: tuple[float, str] | None = None
-    for entry in target.get("quota") or ():
-        for resource in ("bytes", "inodes"):
-            usage = entry[resource]
-            limit = usage.get("hard") or usage.get("soft")
+    for entry in quota.entries:
+        for resource, usage in (("bytes", entry.bytes), ("inodes", entry.inodes)):
+            limit = usage.hard or usage.soft
             if not limit:
                 continue
-            ratio = usage["used"] / limit
-            state = usage.get("state") or "ok"
-            who = f"{entry['type']} {entry.get('name') or entry['id']}"
-            text = f"{who}: {resource} {format_percent(ratio)}"
+            ratio = usage.used / limit
+            text = f"{entry.type} {entry.name or entry.id}: {resource} {format_percent(ratio)}"
+            state = usage.state_at(now).value
             if state != "ok":
                 text += f" {state.replace('_', ' ')}"
             if worst is None or ratio > worst[0]:
                 worst = (ratio, text)
-    if worst is not None:
-        return worst[1]
-    return "no limits" if target.get("quota") else "-"
+    return worst[1] if worst is not None else "no limits"
 
 
-def _write(target: Mapping[str, Any]) -> str:
-    probe = (target.get("probes") or {}).get("write") or {}
-    if probe.get("stuck"):
-        return "stuck"
-    write = target.get("write_probe")
-    if not write:
+def _write(target: TargetState) -> str:
+    result = target.report.snapshot.get("write")
+    if result is None:
         return "-"
-    if write.get("ok"):
-        return format_seconds(write["latency_seconds"]["total"])
-    return f"{write.get('errno') or 'failed'} at {write.get('step') or '?'}"
+    if result.stuck:
+        return "stuck"
+    write: WriteProbeResult | None = result.value
+    if write is None:
+        return result.error or "failed"
+    if write.ok:
+        return format_seconds(write.total_seconds)
+    return f"{write.errno or 'failed'} at {write.step or '?'}"
 
 
-def _row(path: str, target: Mapping[str, Any], now: float) -> list[str]:
-    updated = target.get("updated_at") or target.get("probed_at")
+def _row(path: str, target: TargetState, now: float) -> list[str]:
+    headroom = target.report.verdict.headroom
     return [
-        str(target["status"]),
+        target.report.status.label,
         path,
-        _headroom(target, "bytes", format_bytes),
-        _headroom(target, "inodes", format_count),
-        _quota(target),
+        _headroom(headroom.bytes, headroom.bytes_ratio, headroom.bytes_limited_by, format_bytes),
+        _headroom(headroom.inodes, headroom.inodes_ratio, headroom.inodes_limited_by, format_count),
+        _quota(target.report.snapshot.value("quota"), now),
         _write(target),
-        short_age(now - float(updated)) if updated else "-",
+        short_age(now - target.updated_at),
     ]
 
 
-def render_table(state: StateFile, now: float) -> str:
-    rows = [_row(path, target, now) for path, target in sorted(state.targets.items())]
+def render_table(targets: dict[str, TargetState], now: float) -> str:
+    rows = [_row(path, target, now) for path, target in targets.items()]
     widths = [max(len(row[i]) for row in [list(_COLUMNS), *rows]) for i in range(len(_COLUMNS))]
     lines = ["  ".join(title.ljust(width) for title, width in zip(_COLUMNS, widths)).rstrip()]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths)]
         cells[0] = click.style(cells[0], fg=STATUS_COLORS.get(row[0]), bold=True)
         lines.append("  ".join(cells).rstrip())
-    for path, target in sorted(state.targets.items()):
-        if target["status"] == "ok" or not target.get("reasons"):
-            continue
-        lines += ["", click.style(path, bold=True)]
-        for reason in target["reasons"]:
-            severity = reason["severity"]
-            word = click.style(f"{severity:<9}", fg=STATUS_COLORS.get(severity))
-            lines.append(f"  {word} {reason['code']}: {reason['message']}")
+    for path, target in targets.items():
+        if target.report.reasons:
+            lines += ["", click.style(path, bold=True), *reason_lines(target.report.reasons)]
     return "\n".join(lines)
 
 
-def _writer(state: StateFile) -> str:
-    document = state.document
-    return f"pid {document.get('pid')} on {document.get('host')}"
+@dataclass(frozen=True)
+class _Assessment:
+    """What the state says about its writer and its age, judged once for both outputs."""
+
+    running: bool | None  # None: cannot tell (another host, no lock, no pid)
+    gone: bool  # a daemon that is not running any more (a --once run is never "gone")
+    stale: bool  # some target's verdict no longer holds
+    fresh_until: float | None
+    status: Status
+
+
+def _assess(
+    state: StateFile, targets: dict[str, TargetState], running: bool | None, now: float
+) -> _Assessment:
+    writer = state.writer
+    if running is None:
+        running = pid_alive(writer.host, writer.pid)
+    gone = running is False and not writer.once
+    ends = [t.report.verdict.fresh_until for t in targets.values()]
+    fresh_until = None if None in ends else min(ends, default=None)
+    stale = any(not t.report.verdict.is_fresh(now) for t in targets.values())
+    worst = max((t.report.status for t in targets.values()), default=Status.UNKNOWN)
+    return _Assessment(
+        running, gone, stale, fresh_until, Status.UNKNOWN if gone or stale else worst
+    )
+
+
+def _clock(moment: float, now: float) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
+    return f"{when} ({short_age(now - moment)} ago)"
+
+
+def _describe(writer: Writer) -> str:
+    command = "fsprobe run --once" if writer.once else "fsprobe run"
+    return f"{command} (pid {writer.pid} on {writer.host})"
+
+
+def _warning(state: StateFile, assessment: _Assessment, now: float) -> str | None:
+    """The line that says why the numbers below cannot be taken as current, if they cannot."""
+    writer = state.writer
+    if assessment.gone:
+        if writer.stopped_at is not None:
+            return (
+                f"{_describe(writer)} is not running since {_clock(writer.stopped_at, now)}: "
+                "it stopped cleanly. The numbers below are its last view; start it again to "
+                "watch these targets."
+            )
+        return (
+            f"{_describe(writer)} is not running since {_clock(state.generated_at, now)} at "
+            "the latest (its last write): it did not stop cleanly (killed, or crashed?). "
+            "The numbers below are its last view; start it again to watch these targets."
+        )
+    if assessment.stale:
+        why = {
+            True: "which is still running but has stopped writing it (hung?)",
+            False: "which has exited (a one-off run)",
+            None: "on another host",
+        }[assessment.running]
+        return (
+            f"{state.path} was last written {short_age(now - state.generated_at)} ago by "
+            f"{_describe(writer)}, {why}; the numbers below are that old. Start `fsprobe run` "
+            "again or point --state-dir at the running daemon's state dir."
+        )
+    return None
 
 
 def _problem(path: str, message: str, as_json: bool) -> int:
@@ -175,12 +223,14 @@ def status(state_dir: str | None, as_json: bool) -> int:
     One line per watched target: status, free space and inodes (the tighter of filesystem
     and quota), the fullest quota, the latest test-write latency, and the age of the data.
     Exit status: 0 ok, 1 degraded, 2 unhealthy (the worst target), 3 unknown: no daemon
-    state, stale state, or a state file that cannot be trusted.
+    state, a daemon that is not running any more, stale state, or a state file that cannot
+    be trusted.
     """
     state_dir = state_dir or default_state_dir()
     reader = StateReader(state_dir)
     try:
         state = reader.read()
+        targets = state.targets() if state is not None else {}
     except StateFileError as error:
         return _problem(reader.path, f"cannot use the state file: {error}", as_json)
     if state is None:
@@ -190,58 +240,32 @@ def status(state_dir: str | None, as_json: bool) -> int:
             "`fsprobe run PATH` or point --state-dir / FSPROBE_STATE_DIR at it",
             as_json,
         )
-    try:
-        return _show(state, time.time(), as_json)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        message = (
-            f"state file {state.path} has unexpected content ({type(error).__name__}: {error})"
-        )
-        return _problem(state.path, message, as_json)
-
-
-def _show(state: StateFile, now: float, as_json: bool) -> int:
-    age, limit = now - state.generated_at, stale_after(state)
-    document = state.document
-    alive = writer_alive(document.get("host"), document.get("pid"))
-    stale = age > limit
-    worst = max((_status_of(t["status"]) for t in state.targets.values()), default=Status.UNKNOWN)
-    overall = Status.UNKNOWN if stale else worst
+    now = time.time()
+    assessment = _assess(state, targets, writer_running(state_dir), now)
     if as_json:
+        writer = state.writer
         click.echo(
             json.dumps(
                 {
                     "state_file": state.path,
-                    "status": overall.label,
-                    "stale": stale,
-                    "age_seconds": age,
-                    "stale_after_seconds": limit,
-                    "writer": {
-                        "host": document.get("host"),
-                        "pid": document.get("pid"),
-                        "alive": alive,
-                        "version": document.get("version"),
-                    },
-                    "targets": dict(state.targets),
+                    "status": assessment.status.label,
+                    "running": assessment.running,
+                    "stale": assessment.stale,
+                    "age_seconds": now - state.generated_at,
+                    "fresh_until": assessment.fresh_until,
+                    "writer": {**writer.header(), "alive": assessment.running},
+                    "targets": {path: target.to_dict() for path, target in targets.items()},
                 },
                 indent=2,
             )
         )
-        return int(overall)
-    table = render_table(state, now)  # before printing anything: it may find bad content
-    if stale:
-        running = {
-            True: "which is still running but has stopped writing it (hung?)",
-            False: "which is no longer running",
-            None: "on another host",
-        }[alive]
-        click.echo(
-            click.style(" STALE ", fg="black", bg="magenta")
-            + f" {state.path} was last written {short_age(age)} ago by {_writer(state)}, "
-            f"{running}; the numbers below are that old. Start `fsprobe run` again or point "
-            "--state-dir at the running daemon's state dir.\n",
-            err=True,
-        )
+        return int(assessment.status)
+    warning = _warning(state, assessment, now)
+    if warning is not None:
+        badge = " NOT RUNNING " if assessment.gone else " STALE "
+        click.echo(click.style(badge, fg="black", bg="magenta") + f" {warning}\n", err=True)
     else:
-        click.echo(f"fsprobe daemon {_writer(state)}, state written {short_age(age)} ago\n")
-    click.echo(table)
-    return int(overall)
+        age = short_age(now - state.generated_at)
+        click.echo(f"{_describe(state.writer)}, state written {age} ago\n")
+    click.echo(render_table(targets, now))
+    return int(assessment.status)

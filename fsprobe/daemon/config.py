@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsprobe.policy import DEFAULT_INTERVALS, Thresholds
+from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.quota import QuotaSettings
 from fsprobe.saving.fallback import all_fallback_dirs
@@ -457,7 +457,7 @@ def _check_consistency(reader: _Reader, settings: _FileSettings) -> None:
         for index, (_values, thresholds) in enumerate(settings.targets)
     ]
     for path, thresholds in scopes:
-        merged = {**dataclasses.asdict(Thresholds()), **thresholds}
+        merged = {**dataclasses.asdict(Policy()), **thresholds}
         for low, high in (
             ("headroom_unhealthy_ratio", "headroom_degraded_ratio"),
             ("write_slow_seconds", "write_very_slow_seconds"),
@@ -525,7 +525,7 @@ def _target(
         write_probe=values.get("write_probe", base.write_probe),
         write_bytes=values.get("write_bytes", base.write_bytes),
         quota=quota,
-        thresholds=Thresholds(**thresholds, intervals=intervals),
+        policy=Policy(**thresholds, intervals=intervals),
     )
     mode = values.get("quota_probe", "auto")
     return TargetConfig(

@@ -7,6 +7,11 @@ probes stuck in the kernel are abandoned (they block a thread of the probe worke
 never one of ours), and the state file — always replaced atomically — stays valid. SIGHUP
 re-reads the configuration; a configuration that does not pass its checks is logged and the
 running one kept.
+
+A daemon, and a `--once` run, is the one writer of its state dir for as long as it lives
+(`fsprobe.state.WriterLock`): a second one on the same dir refuses to start instead of
+overwriting the first one's state file. A daemon that stops cleanly says so in a last write of
+the state file, so that `fsprobe status` can tell when it stopped.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from fsprobe.exporters.webconfig import WebConfigError, load_web_config
 from fsprobe.model import Status
 from fsprobe.probing.plan import run_plans
 from fsprobe.probing.worker import shared_runner
-from fsprobe.state import StateFileError, ensure_state_dir
+from fsprobe.state import StateFileError, WriterLock, ensure_state_dir
 from fsprobe.version import __version__
 
 
@@ -49,6 +54,17 @@ def _check_outputs(config: Config) -> None:
         raise StartupError(f"textfile dir {config.textfile_dir} is not a writable directory")
 
 
+def _lock_state_dir(state_dir: str) -> WriterLock:
+    """Become the one writer of `state_dir`, or refuse: two writers would overwrite each
+    other's state file, and `fsprobe status` would show one under the other's pid."""
+    lock = WriterLock(state_dir)
+    try:
+        lock.acquire()
+    except (OSError, StateFileError) as error:
+        raise StartupError(str(error)) from None
+    return lock
+
+
 class Daemon:
     """The long-running `fsprobe run`: scheduler, store, outputs and the metrics endpoint."""
 
@@ -62,17 +78,23 @@ class Daemon:
         )
         self.scheduler = Scheduler(self.store, self.publisher.publish)
         self.server: MetricsServer | None = None
+        self._lock: WriterLock | None = None
 
     def start(self) -> None:
-        """Check the outputs, bind the endpoint, start probing. StartupError if impossible."""
+        """Check the outputs, lock the state dir, bind the endpoint, start probing.
+
+        StartupError if any of it is impossible; nothing is left held then.
+        """
         _check_outputs(self.config)
         try:
             web = load_web_config(self.config.web_config)
         except WebConfigError as error:
             raise StartupError(str(error)) from None
+        self._lock = _lock_state_dir(self.config.state_dir)
         try:
             self.server = MetricsServer(self.config.listen_address, self.exposition.render, web)
         except OSError as error:
+            self._lock.release()
             raise StartupError(f"cannot listen on {self.config.listen}: {error}") from None
         self.scheduler.configure(self.config.targets)
         self.scheduler.start()
@@ -107,6 +129,15 @@ class Daemon:
                 message="a new listen address takes effect on restart",
             )
             config = dataclasses.replace(config, listen=self.config.listen)
+        if config.state_dir != self.config.state_dir:
+            try:
+                lock = _lock_state_dir(config.state_dir)
+            except StartupError as error:
+                event(logging.ERROR, "reload_failed", message=error)
+                return False
+            if self._lock is not None:
+                self._lock.release()
+            self._lock = lock
         logs.configure(config.log_level)
         self.publisher.state_dir = config.state_dir
         self.publisher.textfile_dir = config.textfile_dir
@@ -121,6 +152,10 @@ class Daemon:
         self.scheduler.stop(timeout=0.5)
         if self.server is not None:
             self.server.stop()
+        if self._lock is not None:
+            self.publisher.publish_stopped()
+            self._lock.release()
+            self._lock = None
         event(logging.INFO, "stopped", pid=os.getpid())
 
     def run_until_signalled(self) -> None:
@@ -166,16 +201,22 @@ def run_once(config: Config) -> Status:
     For cron: nothing is served and nothing printed; each probe is bounded by its deadline.
     """
     _check_outputs(config)
-    store = Store()
-    exposition = Exposition(store.views, process_metrics=False)
-    publisher = Publisher(store.views, exposition, config.state_dir, config.textfile_dir)
-    store.configure(target_spec(target) for target in config.targets)
-    plans = {target.path: planned_probes(target) for target in config.targets}
-    for path, results in run_plans(plans, shared_runner()).items():
-        for result in results.values():
-            before = store.view(path)
-            after = store.record(path, result)
-            if after is not None:
-                log_result(before, after, result)
-    publisher.publish(store.views())
+    lock = _lock_state_dir(config.state_dir)
+    try:
+        store = Store()
+        exposition = Exposition(store.views, process_metrics=False)
+        publisher = Publisher(
+            store.views, exposition, config.state_dir, config.textfile_dir, once=True
+        )
+        store.configure(target_spec(target) for target in config.targets)
+        plans = {target.path: planned_probes(target) for target in config.targets}
+        for path, results in run_plans(plans, shared_runner()).items():
+            for result in results.values():
+                before = store.view(path)
+                after = store.record(path, result)
+                if after is not None:
+                    log_result(before, after, result)
+        publisher.publish(store.views())
+    finally:
+        lock.release()
     return max(view.verdict.status for view in store.views())

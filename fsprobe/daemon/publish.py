@@ -8,13 +8,13 @@ difference between 10 % of a CPU and well under 1 %.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from fsprobe.daemon.logs import event
 from fsprobe.errors import name_of
@@ -22,16 +22,15 @@ from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.textfile import write_textfile
 from fsprobe.exporters.view import TargetView
 from fsprobe.report import Report
-from fsprobe.state import StateFileError, write_state_targets
+from fsprobe.state import StateFileError, TargetState, Writer, write_state
 from fsprobe.version import __version__
 
 
-def target_document(view: TargetView) -> dict[str, Any]:
-    """A target in the state file: the `check --json` object, its intervals and its age."""
-    document = Report(view.path, view.snapshot, view.verdict).to_dict()
-    document["intervals"] = dict(view.intervals)
-    document["updated_at"] = view.updated_at
-    return document
+def target_state(view: TargetView) -> TargetState:
+    """A target in the state file: its report, its probes' intervals, when it was judged."""
+    return TargetState(
+        Report(view.path, view.snapshot, view.verdict), dict(view.intervals), view.updated_at
+    )
 
 
 class Publisher:
@@ -44,12 +43,14 @@ class Publisher:
         state_dir: str,
         textfile_dir: str | None = None,
         clock: Callable[[], float] = time.time,
+        once: bool = False,
     ) -> None:
         self._views = views
         self.exposition = exposition
         self.state_dir = state_dir
         self.textfile_dir = textfile_dir
         self._clock = clock
+        self._writer = Writer(socket.gethostname(), os.getpid(), __version__, once=once)
         self._texts: dict[str, tuple[int, str]] = {}
         self._failing: dict[str, str] = {}  # output -> errno name, while it fails
 
@@ -57,24 +58,24 @@ class Publisher:
         """Bring every output up to date with the store."""
         self.exposition.warm(changed)
         views = self._views()
-        self._write(
-            "state",
-            lambda: write_state_targets(self.state_dir, self.header(), self._target_texts(views)),
-        )
+        self._write_state(views, self._writer)
         if self.textfile_dir:
             directory = self.textfile_dir
             self._write(
                 "textfile", lambda: write_textfile(directory, self.exposition.fsprobe_text())
             )
 
-    def header(self) -> dict[str, Any]:
-        """The top of the state document: who wrote it, and when."""
-        return {
-            "generated_at": self._clock(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "version": __version__,
-        }
+    def publish_stopped(self) -> None:
+        """Write the state once more, saying that its writer stops now: `fsprobe status` then
+        tells "not running since ..." from a writer that is alive."""
+        now = self._clock()
+        self._write_state(self._views(), dataclasses.replace(self._writer, stopped_at=now))
+
+    def _write_state(self, views: Sequence[TargetView], writer: Writer) -> None:
+        self._write(
+            "state",
+            lambda: write_state(self.state_dir, self._clock(), writer, self._target_texts(views)),
+        )
 
     def _target_texts(self, views: Sequence[TargetView]) -> dict[str, str]:
         """Each target's JSON, encoded again only when its view changed."""
@@ -82,7 +83,7 @@ class Publisher:
         for view in views:
             cached = self._texts.get(view.path)
             if cached is None or cached[0] != view.version:
-                text = json.dumps(target_document(view), separators=(",", ":"))
+                text = json.dumps(target_state(view).to_dict(), separators=(",", ":"))
                 cached = self._texts[view.path] = (view.version, text)
             texts[view.path] = cached[1]
         for path in [path for path in self._texts if path not in texts]:

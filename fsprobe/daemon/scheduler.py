@@ -67,10 +67,10 @@ def planned_probes(target: TargetConfig) -> dict[str, PlannedProbe]:
 
 
 def target_spec(target: TargetConfig) -> TargetSpec:
-    """How the store judges `target`: its thresholds and the intervals of the probes that run."""
+    """How the store judges `target`: its policy and the intervals of the probes that run."""
     kinds = planned_probes(target)
     intervals = {kind: target.intervals[kind] for kind in kinds}
-    return TargetSpec(target.path, target.settings.thresholds, intervals)
+    return TargetSpec(target.path, target.settings.policy, intervals)
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class Scheduler:
                     message = None
             now = time.monotonic()
             self._watchdog(changed)
-            self._dispatch(now)
+            self._dispatch(now, changed)
             if changed:
                 try:
                     self._publish(list(changed.values()))
@@ -224,11 +224,16 @@ class Scheduler:
             )
             self._record(path, run.stuck_result(), changed)
 
-    def _dispatch(self, now: float) -> None:
+    def _dispatch(self, now: float, changed: dict[str, TargetView]) -> None:
         for key in self._schedule.due(now):
             self._schedule.advance(key, now)
-            if key in self._running:
-                continue  # the previous run is still out: at most one per target and probe
+            if key in self._running:  # the previous run is still out: one per target and probe
+                if key in self._marked_stuck:
+                    # Still hung: say so again, as of now. A result goes stale after a few
+                    # intervals (the policy's rule), and a stuck mark never renewed would make
+                    # a live daemon's view of a hung mount read as stale.
+                    self._record(key[0], self._running[key].stuck_result(), changed)
+                continue
             path, kind = key
             planned = self._probes[path][kind]
             run = self.runner.submit(path, kind, planned.function, planned.deadline)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from fsprobe.exporters.view import Histogram, TargetView
 from fsprobe.model import ProbeResult, Snapshot, WriteProbeResult
-from fsprobe.policy import Thresholds, evaluate
+from fsprobe.policy import Policy, evaluate
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class TargetSpec:
     """What the store needs to know about a target: how to judge it and which probes run."""
 
     path: str
-    thresholds: Thresholds = field(default_factory=Thresholds)
+    policy: Policy = field(default_factory=Policy)
     intervals: Mapping[str, float] = field(default_factory=dict)  # the probes that run
 
 
@@ -66,7 +66,7 @@ class Store:
                 if target is None:
                     target = self._targets[path] = _Target(spec)
                 target.spec = spec
-                window = spec.thresholds.transient_write_window
+                window = spec.policy.transient_write_window
                 target.recent_write_errors = deque(target.recent_write_errors, maxlen=window)
                 self._publish(target)
 
@@ -115,7 +115,7 @@ class Store:
         view = TargetView(
             path=spec.path,
             snapshot=snapshot,
-            verdict=evaluate(snapshot, spec.thresholds, now),
+            verdict=evaluate(snapshot, spec.policy, now),
             intervals=dict(spec.intervals),
             last_success=dict(target.last_success),
             errors=dict(target.errors),

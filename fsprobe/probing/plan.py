@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fsprobe.model import ProbeResult, Snapshot
-from fsprobe.policy import Thresholds
+from fsprobe.policy import Policy
 from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
 from fsprobe.probing.runner import ProbeRunner, Run
@@ -30,7 +30,7 @@ class ProbeSettings:
     write_probe: bool = True
     write_bytes: int = DEFAULT_WRITE_BYTES
     quota: QuotaSettings = field(default_factory=QuotaSettings)
-    thresholds: Thresholds = field(default_factory=Thresholds)
+    policy: Policy = field(default_factory=Policy)
 
 
 @dataclass(frozen=True)

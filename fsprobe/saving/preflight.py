@@ -3,10 +3,13 @@
 It asks the daemon first: a fresh, trusted state file answers in microseconds (one `lstat` and
 a cached parse). Without one (no daemon, a stale or untrusted file, a target the daemon does not
 watch) it probes inline, cheaply: statvfs and the $TMPDIR check, no test write, no quota unless
-configured. Inline probes run in the process's shared runner (`fsprobe.probing.worker`): in a worker
-process, so that a hung mount costs one blocked thread there however often a trainer asks, and
-never a thread in the trainer that would keep it from exiting at the end of the job. Their
-result is reused for `INLINE_CACHE_SECONDS`.
+configured. Inline probes run in the process's shared runner (`fsprobe.probing.worker`): in a
+worker process, so that a hung mount costs one blocked thread there however often a trainer
+asks, and never a thread in the trainer that would keep it from exiting at the end of the job.
+Their result is reused for `INLINE_CACHE_SECONDS`.
+
+The policy judges (`fsprobe.policy.Verdict`): whether the target can take the save, whether
+waiting is worth it, whether a fallback is good enough to take it; this module only asks.
 
 The answer is a `Decision`:
 
@@ -19,8 +22,11 @@ The answer is a `Decision`:
   ended) and a fallback directory can: write to `path`, which is inside that fallback;
 - ``fail``: only when asked for with ``on_unhealthy="fail"``: do not write.
 
-Preflight never blocks longer than `timeout` (plus `max_wait` when it waits), also on a hung
-mount: the target and every fallback are judged at once, each probe bounded by `timeout`.
+Fallbacks are judged only when a redirect is needed, or alongside the target when the target
+itself has to be probed: a healthy target in a fresh state file costs no probe, no process and
+no look at any fallback. Preflight never blocks much longer than `timeout` (plus `max_wait`
+when it waits), also on a hung mount: every probe is bounded by `timeout`, and the probes of
+one round run in parallel.
 Fallback directories come from the caller and ``FSPROBE_FALLBACK_DIRS``, never from the state
 file (which a daemon writes, and which must not be able to send a checkpoint elsewhere).
 """
@@ -38,16 +44,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fsprobe.errors import ErrorClass, classify
 from fsprobe.model import Snapshot, Status
-from fsprobe.policy import Headroom, Reason, evaluate, fit
+from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, write_errno
 from fsprobe.probing.plan import ProbeSettings, plan, run_plans
 from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import QuotaSettings
 from fsprobe.report import reason_to_dict
 from fsprobe.saving.fallback import all_fallback_dirs, redirect_path
-from fsprobe.state import StateFileError, StateReader, default_state_dir
+from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
 
 log = logging.getLogger("fsprobe.preflight")
@@ -60,16 +65,6 @@ INLINE_CACHE_SECONDS = 15.0
 POLL_SECONDS = 1.0
 #: `need_bytes` defaults to the last save into the same directory times this margin.
 NEED_MARGIN = 1.1
-#: A state entry older than this many statvfs intervals of the daemon is not trusted.
-STALE_AFTER_INTERVALS = 3.0
-DEFAULT_STATVFS_INTERVAL = 15.0
-
-#: Reasons that say "not now" rather than "not here": worth waiting for.
-_PASSING = frozenset({"mount_stuck", "probe_stale", "probe_failed"})
-#: Reasons that say the target refuses writes outright.
-_REFUSING = frozenset({"quota_hard_reached", "quota_grace_expired", "readonly"})
-#: Reasons about software that stages checkpoints in $TMPDIR; fsprobe.save never does.
-_NOT_ABOUT_THIS_SAVE = frozenset({"tmpdir_cross_device"})
 
 
 class Decision(NamedTuple):
@@ -100,10 +95,15 @@ class Decision(NamedTuple):
 
     @property
     def concerns(self) -> tuple[Reason, ...]:
-        """The reasons that matter for this save (not how other tools stage in $TMPDIR)."""
+        """The reasons that weigh on the status (not the notices, such as $TMPDIR's)."""
         if not self.reasons:
             return ()
-        return tuple(r for r in self.reasons if r.code not in _NOT_ABOUT_THIS_SAVE)
+        return tuple(r for r in self.reasons if r.severity is not Severity.NOTICE)
+
+    @property
+    def errno(self) -> str | None:
+        """The error a write to the requested target would most likely fail with now."""
+        return write_errno(self.reasons)
 
     def summary(self) -> str:
         """One line for a log: the action, the target's status and the reasons that matter."""
@@ -131,58 +131,12 @@ class Decision(NamedTuple):
         }
 
 
-@dataclass(frozen=True)
-class _Judgement:
-    """The health of one directory for one save, from the state file or an inline probe."""
+class _Judged(NamedTuple):
+    """The verdict on one directory for one save, and whence it came (state file or probe)."""
 
     directory: str
-    status: Status
-    reasons: tuple[Reason, ...]
-    fits: bool | None
+    verdict: Verdict
     source: str
-    fit_reasons: tuple[Reason, ...] = ()
-    latest_write_error: str | None = None
-    fresh_until: float = math.inf  # from the state file: when the daemon's view goes stale
-
-    # The properties below are computed once per judgement; a judgement from the state file is
-    # reused for as long as the file is unchanged, which is what keeps the hook in microseconds.
-
-    @functools.cached_property
-    def refusing(self) -> tuple[Reason, ...]:
-        """Why the directory cannot take the save at all (empty if it can)."""
-        return self.fit_reasons + tuple(
-            r
-            for r in self.reasons
-            if r.code in _REFUSING or (r.code == "write_failed" and r.severity is Status.UNHEALTHY)
-        )
-
-    @functools.cached_property
-    def passing(self) -> tuple[Reason, ...]:
-        """Trouble that may clear by itself: a hung mount, a transient write error, slowness."""
-        transient_write = self.latest_write_error is not None and (
-            classify(self.latest_write_error) is ErrorClass.TRANSIENT
-        )
-        return tuple(
-            reason
-            for reason in self.reasons
-            if reason.code in _PASSING
-            or (reason.code == "write_slow" and reason.severity is Status.UNHEALTHY)
-            or (
-                reason.code == "write_failed"
-                and reason.severity is Status.DEGRADED
-                and transient_write
-            )
-        )
-
-    @functools.cached_property
-    def blocked(self) -> bool:
-        """Cannot take the save now: refusing, or unhealthy for a reason that may pass later."""
-        return bool(self.refusing) or any(r.severity is Status.UNHEALTHY for r in self.passing)
-
-    @functools.cached_property
-    def acceptable(self) -> bool:
-        """Good enough to redirect a save to."""
-        return self.status is not Status.UNKNOWN and not self.refusing and not self.passing
 
 
 # -- remembered save sizes ----------------------------------------------------------------------
@@ -246,73 +200,15 @@ def _reader(state_dir: str | None) -> StateReader:
     return reader
 
 
-def _status(label: str) -> Status:
-    return Status[label.upper()]
-
-
-def _judge_document(
-    target: str,
-    document: Mapping[str, Any],
-    generated_at: float,
-    need_bytes: int | None,
-    need_inodes: int | None,
-) -> _Judgement:
-    """Judge a target from its state entry (whether it is still fresh is checked per call)."""
-    updated_at = float(document.get("updated_at") or generated_at)
-    interval = float((document.get("intervals") or {}).get("statvfs", DEFAULT_STATVFS_INTERVAL))
-    reasons = tuple(
-        Reason(str(r["code"]), _status(r["severity"]), str(r["message"]))
-        for r in document.get("reasons", ())
-    )
-    room = document.get("headroom") or {}
-    headroom = Headroom(
-        bytes=room.get("bytes"),
-        inodes=room.get("inodes"),
-        bytes_ratio=room.get("bytes_ratio"),
-        inodes_ratio=room.get("inodes_ratio"),
-        bytes_limited_by=room.get("bytes_limited_by"),
-        inodes_limited_by=room.get("inodes_limited_by"),
-    )
-    write = (document.get("probes") or {}).get("write") or {}
-    return _judged(
-        target,
-        _status(document["status"]),
-        reasons,
-        headroom,
-        need_bytes,
-        need_inodes,
-        "state",
-        latest_write_error=write.get("error"),
-        fresh_until=updated_at + STALE_AFTER_INTERVALS * interval,
-    )
-
-
-def _judged(
-    directory: str,
-    status: Status,
-    reasons: tuple[Reason, ...],
-    headroom: Headroom,
-    need_bytes: int | None,
-    need_inodes: int | None,
-    source: str,
-    **details: Any,
-) -> _Judgement:
-    """A judgement including whether this save fits: one that does not fit makes it unhealthy."""
-    fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
-    if fit_reasons:
-        status = max(status, Status.UNHEALTHY)
-        reasons = tuple(sorted([*fit_reasons, *reasons], key=lambda r: -r.severity))
-    return _Judgement(directory, status, reasons, fits, source, tuple(fit_reasons), **details)
-
-
-#: Judgements made from the state file, by directory, with the parsed file and the need they
+#: Verdicts made from the state file, by directory, with the parsed file and the need they
 #: were made for: reused while the `StateReader` hands out the same parsed file.
-_state_judgements: dict[str, tuple[object, tuple[int | None, int | None], _Judgement]] = {}
+_state_judgements: dict[str, tuple[StateFile, tuple[int | None, int | None], _Judged]] = {}
 
 
 def _from_state(
     directory: str, state_dir: str | None, need_bytes: int | None, need_inodes: int | None
-) -> _Judgement | None:
+) -> _Judged | None:
+    """The daemon's verdict on `directory` for this save, or None if it has none to give."""
     reader = _reader(state_dir)
     try:
         state = reader.read()
@@ -332,37 +228,32 @@ def _from_state(
     need = (need_bytes, need_inodes)
     cached = _state_judgements.get(directory)  # entries are replaced whole, never mutated
     if cached is not None and cached[0] is state and cached[1] == need:
-        judgement = cached[2]
+        judged = cached[2]
     else:
-        found = state.target_for(directory)
-        if found is None:
+        target = state.target_for(directory)
+        if target is None:
             return None
-        target, document = found
         try:
-            judgement = _judge_document(
-                target, document, state.generated_at, need_bytes, need_inodes
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            _warn_once(
-                f"malformed:{target}",
-                f"the fsprobe state for {target} is malformed ({error!r}); probing inline",
-            )
+            report = state.target(target).report
+        except StateFileError as error:
+            _warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
             return None
+        judged = _Judged(target, judge_need(report.verdict, need_bytes, need_inodes), "state")
         with _lock:
-            _remember(_state_judgements, directory, (state, need, judgement))
-    if judgement.status is Status.UNKNOWN:
+            _remember(_state_judgements, directory, (state, need, judged))
+    verdict = judged.verdict
+    if verdict.status is Status.UNKNOWN:
         return None  # the daemon has seen nothing yet; a probe of our own says more
     now = time.time()
-    if now > judgement.fresh_until:
+    if not verdict.is_fresh(now):
+        since = f" {format_duration(now - verdict.fresh_until)} ago" if verdict.fresh_until else ""
         _warn_once(
-            f"stale:{judgement.directory}",
-            f"the fsprobe state for {judgement.directory} went stale "
-            f"{format_duration(now - judgement.fresh_until)} ago (no update for "
-            f"{STALE_AFTER_INTERVALS:g} daemon intervals): is `fsprobe run` still running? "
-            "probing inline",
+            f"stale:{judged.directory}",
+            f"the fsprobe state for {judged.directory} went stale{since}: is `fsprobe run` "
+            "still running? probing inline",
         )
         return None
-    return judgement
+    return judged
 
 
 # -- inline probes --------------------------------------------------------------------------------
@@ -414,111 +305,106 @@ def _judge_all(
     state_dir: str | None,
     probe_settings: Callable[[], ProbeSettings],
     fresh: bool = False,
-) -> dict[str, _Judgement]:
+) -> dict[str, _Judged]:
     """Judge each directory from the state file, and probe those it says nothing (fresh) about.
 
     `probe_settings` is called only when something has to be probed: the common case, a fresh
     state file, should not pay for building probe settings it does not use.
     """
-    judgements: dict[str, _Judgement] = {}
+    judgements: dict[str, _Judged] = {}
     unanswered = []
     for directory in dict.fromkeys(directories):
-        judgement = _from_state(directory, state_dir, need_bytes, need_inodes)
-        if judgement is None:
+        judged = _from_state(directory, state_dir, need_bytes, need_inodes)
+        if judged is None:
             unanswered.append(directory)
         else:
-            judgements[directory] = judgement
+            judgements[directory] = judged
     if not unanswered:
         return judgements
     settings = probe_settings()
     now = time.time()
     for directory, snapshot in _probe_inline(unanswered, settings, fresh).items():
-        verdict = evaluate(snapshot, settings.thresholds, now)
-        judgements[directory] = _judged(
-            directory,
-            verdict.status,
-            verdict.reasons,
-            verdict.headroom,
-            need_bytes,
-            need_inodes,
-            "probe",
-        )
+        verdict = evaluate(snapshot, settings.policy, now, need_bytes, need_inodes)
+        judgements[directory] = _Judged(directory, verdict, "probe")
     return judgements
 
 
 def _wait_for_recovery(
-    directory: str,
-    judgement: _Judgement,
-    max_wait: float,
-    judge,
-) -> tuple[_Judgement, float]:
-    """Judge `directory` again every `POLL_SECONDS` until it recovers or `max_wait` passes."""
+    target: _Judged, max_wait: float, judge: Callable[[float], _Judged]
+) -> tuple[_Judged, float]:
+    """Judge the target again every `POLL_SECONDS` until waiting is no longer worth it (it
+    recovered, or it refuses the save for good) or `max_wait` has passed."""
     start = time.monotonic()
     until = start + max_wait
     log.info(
         "preflight: %s is %s (%s); waiting up to %s for it to recover",
-        directory,
-        judgement.status.label,
-        ", ".join(r.code for r in judgement.passing),
+        target.directory,
+        target.verdict.status.label,
+        ", ".join(r.code for r in target.verdict.passing),
         format_seconds(max_wait),
     )
     while (remaining := until - time.monotonic()) > 0:
         time.sleep(min(POLL_SECONDS, remaining))
-        judgement = judge(max(0.05, until - time.monotonic()))
-        if not judgement.passing or judgement.refusing:
+        target = judge(max(0.05, until - time.monotonic()))
+        if not target.verdict.worth_waiting:
             break
-    return judgement, time.monotonic() - start
+    return target, time.monotonic() - start
 
 
 @dataclass(frozen=True)
 class _Candidate:
-    """Where a save would land in one fallback, and whether that fallback exists at all."""
+    """Where a save would land in one fallback."""
 
     fallback: str
     path: str
-    exists: Run  # `os.path.isdir(fallback)`, bounded like every probe
 
     @property
     def directory(self) -> str:
         return os.path.dirname(self.path)
 
 
-def _candidates(
-    requested: str, fallback_dirs: Sequence[str | os.PathLike[str]], deadline: float
-) -> list[_Candidate]:
-    """Where `requested` would land in each of these fallbacks, in order.
+def _candidates(requested: str, fallback_dirs: Sequence[str]) -> list[_Candidate]:
+    """Where `requested` would land in each of these fallbacks, in order (none that would
+    land it in its own directory)."""
+    if not fallback_dirs:
+        return []  # the common case, on the path of every save
+    directory = os.path.dirname(requested)
+    candidates = (_Candidate(f, redirect_path(f, requested)) for f in fallback_dirs)
+    return [c for c in candidates if c.directory != directory]
+
+
+def _check_existence(candidates: Sequence[_Candidate], deadline: float) -> dict[str, Run]:
+    """Start checking that each fallback exists, in the probe runner (a hung fallback must
+    not hang the caller).
 
     A fallback that does not exist is a mistake (a typo, scratch not mounted here) that the
-    probes would not notice: they judge the nearest existing ancestor. So its existence is
-    checked too, in the probe runner, so that a hung fallback does not hang the caller.
+    probes would not notice: they judge the nearest existing ancestor.
     """
-    candidates: list[_Candidate] = []
-    if not fallback_dirs:
-        return candidates
-    directory = os.path.dirname(requested)
-    for fallback in map(os.fspath, fallback_dirs):
-        path = redirect_path(fallback, requested)
-        if os.path.dirname(path) != directory:
-            exists = shared_runner().submit(
-                fallback, "exists", functools.partial(os.path.isdir, fallback), deadline
-            )
-            candidates.append(_Candidate(fallback, path, exists))
-    return candidates
+    runner = shared_runner()
+    return {
+        c.fallback: runner.submit(
+            c.fallback, "exists", functools.partial(os.path.isdir, c.fallback), deadline
+        )
+        for c in candidates
+    }
 
 
 def _first_acceptable(
-    candidates: list[_Candidate], judgements: Mapping[str, _Judgement], requested: str
+    candidates: Sequence[_Candidate],
+    existence: Mapping[str, Run],
+    judgements: Mapping[str, _Judged],
+    requested: str,
 ) -> str | None:
     for candidate in candidates:
-        judgement = judgements[candidate.directory]
-        exists = candidate.exists.result()
-        if exists.ok and exists.value and judgement.acceptable:
+        verdict = judgements[candidate.directory].verdict
+        exists = existence[candidate.fallback].result()
+        if exists.ok and exists.value and verdict.acceptable_destination:
             return candidate.path
         if not (exists.ok and exists.value):
             why = exists.message or "it does not exist"
         else:
-            trouble = judgement.refusing + judgement.passing
-            why = "; ".join(r.message for r in trouble) or judgement.status.label
+            trouble = verdict.refusing + verdict.passing
+            why = "; ".join(r.message for r in trouble) or verdict.status.label
         log.info("preflight: fallback %s cannot take %s: %s", candidate.fallback, requested, why)
     return None
 
@@ -543,7 +429,10 @@ def find_fallback(
     """
     requested = os.path.abspath(os.fspath(path))
     need = need_bytes if need_bytes is not None else expected_need(requested)
-    candidates = _candidates(requested, tuple(fallback_dirs), timeout)
+    candidates = _candidates(requested, tuple(map(os.fspath, fallback_dirs)))
+    if not candidates:
+        return None
+    existence = _check_existence(candidates, timeout)
     judgements = _judge_all(
         [c.directory for c in candidates],
         need,
@@ -552,7 +441,7 @@ def find_fallback(
         functools.partial(_inline_settings, settings, quota, timeout),
         fresh=True,
     )
-    return _first_acceptable(candidates, judgements, requested)
+    return _first_acceptable(candidates, existence, judgements, requested)
 
 
 def preflight(
@@ -584,47 +473,60 @@ def preflight(
     directory = os.path.dirname(requested)
     need = need_bytes if need_bytes is not None else expected_need(requested)
     probe_settings = functools.partial(_inline_settings, settings, quota, timeout)
-    fallbacks = all_fallback_dirs(fallback_dirs) if redirect else ()
-    candidates = _candidates(requested, fallbacks, timeout)
+    candidates = _candidates(requested, all_fallback_dirs(fallback_dirs) if redirect else ())
 
-    # Fallbacks are judged alongside the target, so that a hung target costs `timeout` once.
-    judgements = _judge_all(
-        [directory, *(c.directory for c in candidates)],
-        need,
-        need_inodes,
-        state_dir,
-        probe_settings,
-    )
-    target = judgements[directory]
+    existence: dict[str, Run] | None = None
+    target = _from_state(directory, state_dir, need, need_inodes)
+    if target is None:
+        # The target has to be probed: the fallbacks are judged alongside it, so that a hung
+        # target costs `timeout` once, not once more for the fallbacks. When the daemon's
+        # state answers, nothing is probed and no fallback judged unless a redirect is needed.
+        existence = _check_existence(candidates, timeout)
+        judged = _judge_all(
+            [directory, *(c.directory for c in candidates)],
+            need,
+            need_inodes,
+            state_dir,
+            probe_settings,
+        )
+        target = judged[directory]
     waited = 0.0
-    if max_wait > 0 and target.passing and not target.refusing:
+    if max_wait > 0 and target.verdict.worth_waiting:
 
-        def judge_again(deadline: float) -> _Judgement:
+        def judge_again(deadline: float) -> _Judged:
             again = functools.partial(_inline_settings, settings, quota, min(timeout, deadline))
             return _judge_all([directory], need, need_inodes, state_dir, again, fresh=True)[
                 directory
             ]
 
-        target, waited = _wait_for_recovery(directory, target, max_wait, judge_again)
+        target, waited = _wait_for_recovery(target, max_wait, judge_again)
 
+    verdict = target.verdict
     action, where = ("delay" if waited else "proceed"), requested
-    if target.blocked:
-        candidate = _first_acceptable(candidates, judgements, requested)
-        if candidate is not None:
-            action, where = "redirect", candidate
-    unhealthy = target.blocked or target.status is Status.UNHEALTHY
-    if action != "redirect" and on_unhealthy == "fail" and unhealthy:
+    if not verdict.can_take_save and candidates:
+        existence = existence or _check_existence(candidates, timeout)
+        judgements = _judge_all(  # from the state, or what was probed above (cached)
+            [c.directory for c in candidates], need, need_inodes, state_dir, probe_settings
+        )
+        found = _first_acceptable(candidates, existence, judgements, requested)
+        if found is not None:
+            action, where = "redirect", found
+    if (
+        action != "redirect"
+        and on_unhealthy == "fail"
+        and (not verdict.can_take_save or verdict.status is Status.UNHEALTHY)
+    ):
         action = "fail"
     decision = Decision(
         action=action,
         path=where,
-        status=target.status,
-        reasons=target.reasons,
+        status=verdict.status,
+        reasons=verdict.reasons,
         wait_seconds=waited,
         source=target.source,
         requested_path=requested,
         need_bytes=need,
-        fits=target.fits,
+        fits=verdict.fits,
     )
     _log_decision(decision)
     return decision

@@ -41,15 +41,6 @@ from fsprobe.units import format_bytes, format_seconds
 log = logging.getLogger("fsprobe.save")
 
 DEFAULT_ATTEMPTS = 5
-#: The errno a write would get, by the reason code that made the preflight say ``fail``.
-_FAIL_ERRNOS = {
-    "readonly": "EROFS",
-    "quota_hard_reached": "EDQUOT",
-    "quota_grace_expired": "EDQUOT",
-    "space_headroom_low": "ENOSPC",
-    "inode_headroom_low": "ENOSPC",
-    "mount_stuck": "ETIMEDOUT",
-}
 
 
 @dataclass(frozen=True)
@@ -240,10 +231,7 @@ class Attempts:
             timeout=options.timeout,
         )
         if decision.action == "fail":
-            code = next(
-                (_FAIL_ERRNOS[r.code] for r in decision.reasons if r.code in _FAIL_ERRNOS), "EIO"
-            )
-            attempt = FailedAttempt(code, "preflight", decision.summary())
+            attempt = FailedAttempt(decision.errno or "EIO", "preflight", decision.summary())
             raise SaveError(
                 self.requested, [attempt], f"not saving {self.requested}: {decision.summary()}"
             )

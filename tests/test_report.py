@@ -1,0 +1,165 @@
+"""`Report` and its JSON, both ways: real reports read back to the same JSON, bad JSON named."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fsprobe.model import QuotaReport, Status
+from fsprobe.policy import Severity
+from fsprobe.report import Report, ReportFormatError
+from tests.fakes.fake_lfs import fake_lfs_for
+
+AS_USER = ["--user", "1000", "--group", "1000"]
+
+
+@pytest.fixture
+def fake_lfs(monkeypatch, tmp_path):
+    yield from fake_lfs_for(monkeypatch, tmp_path)
+
+
+def check_json(path, *args) -> dict:
+    """What `fsprobe check --json` prints, from a real process."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "check", str(path), "--json", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(path)},
+        timeout=120,
+    )
+    assert completed.stdout, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def assert_round_trip(document: dict) -> Report:
+    report = Report.from_dict(copy.deepcopy(document))
+    assert report.to_dict() == document
+    assert json.loads(json.dumps(report.to_dict())) == document
+    return report
+
+
+def test_a_healthy_directory_with_a_test_write_and_a_need(tmp_path):
+    document = check_json(tmp_path, "--need", "1M")
+    report = assert_round_trip(document)
+    assert report.status is Status.OK and report.fits is True
+    assert report.need_bytes == 1 << 20 and report.need_inodes == 1
+    assert report.snapshot.value("statvfs").files == os.statvfs(tmp_path).f_files
+    assert report.snapshot.value("write").ok and report.snapshot.get("write").ok
+    assert report.verdict.fresh_until > report.snapshot.probed_at
+
+
+def test_quota_and_lustre_targets_from_a_forced_lustre_target(faultfs, fake_lfs):
+    fake_lfs.configure(version="2.16", control=faultfs.ctl.socket_path, project=4242)
+    faultfs.ctl.set_quota("inodes", hard=100)
+    for index in range(95):
+        (faultfs.mountpoint / f"shard-{index}").write_bytes(b"x")
+    document = check_json(faultfs.mountpoint, "--quota-provider", "lfs", *AS_USER)
+    assert document["quota"] and document["lustre_targets"]
+    report = assert_round_trip(document)
+    quota: QuotaReport = report.snapshot.value("quota")
+    assert quota.provider == "lfs"
+    assert {entry.type for entry in quota.entries} == {"user", "group", "project"}
+    assert {target.kind for target in report.snapshot.value("lfs_df")} == {"MDT", "OST"}
+    assert "inode_headroom_low" in {reason.code for reason in report.reasons}
+
+
+def test_failed_probes_keep_their_errors_and_what_they_saw(tmp_path):
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    report = assert_round_trip(check_json(regular))
+    statvfs, write = report.snapshot.get("statvfs"), report.snapshot.get("write")
+    assert (statvfs.ok, statvfs.error, statvfs.value) == (False, "ENOTDIR", None)
+    assert write.error == "ENOTDIR" and write.value.errno == "ENOTDIR"
+    (failed,) = [reason for reason in report.reasons if reason.code == "write_failed"]
+    assert (failed.severity, failed.transient, failed.errno) == (
+        Severity.UNHEALTHY,
+        False,
+        "ENOTDIR",
+    )
+
+
+def test_a_stuck_probe_on_a_hung_mount(faultfs):
+    rule = faultfs.ctl.block("statfs")
+    try:
+        document = check_json(faultfs.mountpoint, "--timeout", "2")
+    finally:
+        faultfs.ctl.remove(rule)
+    report = assert_round_trip(document)
+    assert report.snapshot.get("statvfs").stuck
+    (stuck,) = [reason for reason in report.reasons if reason.code == "mount_stuck"]
+    assert stuck.transient and stuck.errno == "ETIMEDOUT"
+    assert not report.verdict.can_take_save and report.verdict.worth_waiting
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> dict:
+    return check_json(tmp_path_factory.mktemp("healthy"))
+
+
+def _set(document: dict, path: tuple, value) -> dict:
+    changed = copy.deepcopy(document)
+    place = changed
+    for key in path[:-1]:
+        place = place[key]
+    if value is KeyError:
+        del place[path[-1]]
+    else:
+        place[path[-1]] = value
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("status",), "fine", "status: 'fine' is not one of ok, degraded, unhealthy, unknown"),
+        (("headroom",), KeyError, "headroom: missing"),
+        (
+            ("headroom", "bytes"),
+            "lots",
+            "headroom.bytes: expected an integer or null, not a string",
+        ),
+        (
+            ("filesystem", "readonly"),
+            0,
+            "filesystem.readonly: expected true or false, not an integer",
+        ),
+        (
+            ("filesystem", "size_bytes"),
+            True,
+            "filesystem.size_bytes: expected an integer, not a boolean",
+        ),
+        (("probes", "statvfs", "stuck"), KeyError, "probes.statvfs.stuck: missing"),
+        (("probes", "gossip"), {}, "probes.gossip: not one of statvfs"),
+        (("reasons",), {}, "reasons: expected a list, not an object"),
+        (("reasons",), [5], "reasons[0]: expected an object, not an integer"),
+        (("tmpdir",), [], "tmpdir: expected an object or null, not a list"),
+        (("need",), None, "need: expected an object, not null"),
+    ],
+)
+def test_a_document_that_does_not_read_is_named_never_a_key_error(healthy, path, value, message):
+    with pytest.raises(ReportFormatError) as raised:
+        Report.from_dict(_set(healthy, path, value))
+    assert message in str(raised.value)
+
+
+def test_a_reason_with_an_unknown_severity_is_named(healthy):
+    notice = {
+        "code": "tmpdir_cross_device",
+        "severity": "meh",
+        "message": "x",
+        "transient": False,
+        "errno": None,
+    }
+    with pytest.raises(ReportFormatError, match=r"reasons\[0\]\.severity: 'meh' is not one of"):
+        Report.from_dict({**healthy, "reasons": [notice]})
+
+
+@pytest.mark.parametrize("document", [None, [], "report", 3])
+def test_something_that_is_no_object_at_all(document):
+    with pytest.raises(ReportFormatError, match="report: expected an object"):
+        Report.from_dict(document)

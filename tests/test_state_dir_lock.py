@@ -1,0 +1,149 @@
+"""One writer per state dir: a second daemon or `--once` run refuses, and `fsprobe status` tells a
+live writer from one that is gone, by the writer's lock rather than by a pid."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fsprobe.state import LOCK_FILE, StateDirBusy, StateReader, WriterLock, writer_running
+from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+
+FAST = """
+[defaults]
+statvfs_interval = 0.2
+write_interval = 0.5
+tmpdir_interval = 0.5
+write_bytes = "4K"
+quota_probe = "never"
+"""
+
+
+def start_daemon(tmp_path: Path, name: str = "ckpt") -> tuple[DaemonProcess, Path]:
+    target = tmp_path / name
+    target.mkdir()
+    config = tmp_path / f"{name}.toml"
+    config.write_text(FAST + f'\n[[targets]]\npath = "{target}"\n')
+    daemon = DaemonProcess(
+        tmp_path, "--config", str(config), env=clean_environment(TMPDIR=str(tmp_path))
+    ).start()
+    daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(target))
+    return daemon, target
+
+
+def status(state_dir: Path, *args: str) -> tuple[int, str, str]:
+    return run_fsprobe("status", "--state-dir", str(state_dir), *args)
+
+
+def wait_for_rewrite(state_dir: Path, after: float, timeout: float = 5.0):
+    reader = StateReader(str(state_dir))
+    deadline = time.monotonic() + timeout
+    while (state := reader.read()).generated_at <= after:
+        assert time.monotonic() < deadline, "the state file is not rewritten"
+        time.sleep(0.05)
+    return state
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["daemon", "once"])
+def test_a_second_writer_refuses_and_the_first_keeps_its_file(tmp_path, once):
+    daemon, target = start_daemon(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    try:
+        args = ["--once"] if once else ["--listen", "127.0.0.1:0"]
+        code, _out, err = run_fsprobe(
+            "run", str(other), "--state-dir", str(daemon.state_dir), *args,
+            env=clean_environment(TMPDIR=str(tmp_path)),
+        )  # fmt: skip
+        assert code == 69, err
+        assert f"{daemon.state_dir} is the state dir of another running fsprobe" in err
+        assert f"(pid {daemon.pid})" in err and "--state-dir" in err
+        before = time.time()
+        state = wait_for_rewrite(daemon.state_dir, before)  # the first one still writes it
+        assert state.writer.pid == daemon.pid and state.names == [str(target)]
+        assert daemon.proc.poll() is None
+    finally:
+        daemon.stop()
+
+
+def test_status_tells_a_live_daemon_from_one_stopped_by_sigterm(tmp_path):
+    daemon, target = start_daemon(tmp_path)
+    try:
+        code, out, err = status(daemon.state_dir)
+        assert (code, err) == (0, "")
+        assert out.startswith(f"fsprobe run (pid {daemon.pid} on ")
+        assert json.loads(status(daemon.state_dir, "--json")[1])["running"] is True
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait(timeout=5) == 0
+        stopped = time.time()
+    finally:
+        daemon.stop()
+    code, out, err = status(daemon.state_dir)
+    assert code == 3
+    assert f"fsprobe run (pid {daemon.pid} on " in err
+    assert "is not running since" in err and "it stopped cleanly" in err
+    assert str(target) in out  # its last view, for what it is worth
+    report = json.loads(status(daemon.state_dir, "--json")[1])
+    assert report["status"] == "unknown" and report["running"] is False
+    assert stopped - 5 < report["writer"]["stopped_at"] <= stopped
+
+
+def test_status_after_sigkill_says_the_daemon_did_not_stop_cleanly(tmp_path):
+    daemon, _target = start_daemon(tmp_path)
+    try:
+        daemon.send(signal.SIGKILL)
+        daemon.wait(timeout=5)
+    finally:
+        daemon.stop()
+    code, _out, err = status(daemon.state_dir)
+    assert code == 3
+    assert "is not running since" in err and "did not stop cleanly" in err
+    assert writer_running(str(daemon.state_dir)) is False  # the kernel dropped its lock
+
+
+def test_a_moment_of_a_reader_testing_the_lock_does_not_turn_a_writer_away(tmp_path):
+    state_dir = tmp_path / "state"
+    first = WriterLock(str(state_dir))
+    first.acquire()  # creates the lock file
+    first.release()
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # what `fsprobe status` holds for microseconds
+    threading.Timer(0.1, os.close, args=(fd,)).start()
+    lock = WriterLock(str(state_dir))
+    lock.acquire()
+    assert writer_running(str(state_dir)) is True
+    lock.release()
+    assert writer_running(str(state_dir)) is False
+
+
+def test_a_lock_held_by_another_process_is_refused_with_its_pid(tmp_path):
+    state_dir = tmp_path / "state"
+    holder = DaemonProcess(tmp_path, str(tmp_path), env=clean_environment(TMPDIR=str(tmp_path)))
+    with holder:
+        start = time.monotonic()
+        with pytest.raises(StateDirBusy, match=f"pid {holder.pid}"):
+            WriterLock(str(state_dir)).acquire()
+        assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_a_lock_file_planted_by_someone_else_is_refused_without_blocking(tmp_path, planted):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o755)
+    if planted == "fifo":
+        os.mkfifo(state_dir / LOCK_FILE)
+    else:
+        (state_dir / LOCK_FILE).symlink_to(tmp_path / "elsewhere")
+    code, _out, err = run_fsprobe(
+        "run", str(tmp_path), "--state-dir", str(state_dir), "--once", timeout=30
+    )
+    assert code == 69, err
+    assert not (tmp_path / "elsewhere").exists()
+    assert writer_running(str(state_dir)) is None  # nothing to prove either way
