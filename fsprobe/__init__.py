@@ -4,7 +4,7 @@ The public API (DESIGN §6)::
 
     fsprobe.check(path, need_bytes=None, ...) -> Report          # probe now, judge
     fsprobe.preflight(path, need_bytes=None, ...) -> Decision     # right before a save
-    fsprobe.save(obj, path, ...) -> SaveResult                    # torch.save, but survives
+    fsprobe.save(obj, path_or_fileobj, ...) -> SaveResult         # torch.save, but survives
     fsprobe.atomic_write(path, write, ...) -> SaveResult          # the same for any writer
     fsprobe.save_dir(path, write, ...) -> SaveResult              # a directory, committed whole
     fsprobe.SaveError                                             # an OSError, every attempt

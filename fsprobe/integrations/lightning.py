@@ -25,16 +25,21 @@ import os
 from collections.abc import Iterable
 from typing import Any, Callable
 
-import torch
-
-try:
-    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-except ImportError:  # only the standalone pytorch_lightning / lightning_fabric packages
-    from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-
+from fsprobe.extras import import_extra, is_missing, missing_extra
 from fsprobe.saving.fallback import all_fallback_dirs
 from fsprobe.saving.file import DEFAULT_ATTEMPTS, SaveResult, atomic_write
 from fsprobe.saving.manifest import forget, newest_copy
+
+torch = import_extra("torch", "lightning", __name__)
+try:
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+except ImportError:  # only the standalone pytorch_lightning / lightning_fabric packages
+    try:
+        from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+    except ModuleNotFoundError as error:
+        if not is_missing(error, "lightning_fabric"):
+            raise
+        raise missing_extra("lightning", "lightning", __name__) from None
 
 
 def _is_local(path: str | os.PathLike[str]) -> bool:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 from fsprobe.atomic import fsync_directory, open_exclusive, temp_name
+from fsprobe.extras import import_extra
 from fsprobe.saving.manifest import new_entry, record, sha256_of
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
@@ -264,7 +266,7 @@ def _record_redirect(fallback: str, attempts: Attempts, size: int) -> None:
 
 def save(
     obj: object,
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | BinaryIO,
     *,
     attempts: int = DEFAULT_ATTEMPTS,
     fallback_dirs: Iterable[str | os.PathLike[str]] = (),
@@ -281,10 +283,16 @@ def save(
 ) -> SaveResult:
     """`torch.save(obj, path, **torch_save_kwargs)`, made atomic, retried and redirectable.
 
-    A drop-in for `torch.save` with a path; see `atomic_write` for the other arguments.
+    A drop-in for `torch.save`; see `atomic_write` for the other arguments. Given a writable
+    file object instead of a path (an ``io.BytesIO``, an open file), it is `torch.save` and
+    nothing more: there is no file of fsprobe's to make atomic, retry or redirect, so the
+    other arguments are ignored; `SaveResult.bytes` is what the stream's position moved by.
+    Without PyTorch it raises `fsprobe.extras.MissingExtra` naming ``fsprobe[torch]``.
     """
-    import torch  # lazily: `import fsprobe` must not import torch
-
+    # Imported on use: `import fsprobe` must not import torch.
+    torch = import_extra("torch", "torch", "fsprobe.save")
+    if not isinstance(path, (str, os.PathLike)):  # what torch.save itself takes for a path
+        return _save_to_stream(torch, obj, path, torch_save_kwargs)
     return atomic_write(
         path,
         lambda stream: torch.save(obj, stream, **torch_save_kwargs),
@@ -300,3 +308,29 @@ def save(
         state_dir=state_dir,
         timeout=timeout,
     )
+
+
+def _save_to_stream(
+    torch: Any, obj: object, stream: BinaryIO, kwargs: dict[str, Any]
+) -> SaveResult:
+    """`torch.save` into a caller's file object, as it is; what it did, as a `SaveResult`."""
+    start = time.monotonic()
+    before = _position(stream)
+    torch.save(obj, stream, **kwargs)
+    after = _position(stream)
+    name = str(getattr(stream, "name", "<stream>"))
+    return SaveResult(
+        path=name,
+        requested_path=name,
+        redirected=False,
+        attempts=1,
+        bytes=after - before if before is not None and after is not None else 0,
+        seconds=time.monotonic() - start,
+    )
+
+
+def _position(stream: BinaryIO) -> int | None:
+    try:
+        return stream.tell()
+    except (OSError, AttributeError, ValueError):  # a pipe, a socket: no position to tell
+        return None

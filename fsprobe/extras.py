@@ -1,0 +1,44 @@
+"""Optional dependencies: when one is missing, say which fsprobe extra installs it.
+
+fsprobe's core needs neither PyTorch nor Lightning, so `import fsprobe` and the daemon work
+without them; the parts that do need them import them on use, through `import_extra`, so that
+a missing one reads ``fsprobe.save needs torch: pip install 'fsprobe[torch]'`` rather than a
+bare ``No module named 'torch'`` from deep inside fsprobe.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+class MissingExtra(ModuleNotFoundError):
+    """An optional dependency is not installed; the message names the extra that installs it.
+
+    A `ModuleNotFoundError` still, so that code probing for optional features keeps working.
+    """
+
+
+def missing_extra(module: str, extra: str, needed_by: str) -> MissingExtra:
+    """The error to raise when `module` is missing for `needed_by`."""
+    return MissingExtra(
+        f"{needed_by} needs {module}, which is not installed: pip install 'fsprobe[{extra}]'",
+        name=module,
+    )
+
+
+def is_missing(error: ModuleNotFoundError, module: str) -> bool:
+    """Whether `error` says that `module` itself (or its package) is not installed, as opposed
+    to an installed module failing to import one of its own dependencies."""
+    top = module.split(".")[0]
+    return error.name is not None and error.name.split(".")[0] == top
+
+
+def import_extra(module: str, extra: str, needed_by: str) -> ModuleType:
+    """`import module`, or `MissingExtra` naming ``fsprobe[extra]`` if it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if not is_missing(error, module):
+            raise  # installed, but broken: its own error says more than ours would
+        raise missing_extra(module, extra, needed_by) from error
