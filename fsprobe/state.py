@@ -115,7 +115,11 @@ class WriterLock:
     def acquire(self) -> None:
         """Take the lock; `StateDirBusy` if another process holds it."""
         ensure_state_dir(self.state_dir)
-        fd = _open_in_state_dir(self.state_dir, LOCK_FILE, "lock file", os.O_RDWR | os.O_CREAT)
+        # Readable by its owner only: anyone who can open it can hold a lock on it, and a
+        # shared lock held by another user would keep the daemon from ever starting again.
+        fd = _open_in_state_dir(
+            self.state_dir, LOCK_FILE, "lock file", os.O_RDWR | os.O_CREAT, mode=0o600
+        )
         give_up = time.monotonic() + LOCK_PATIENCE_SECONDS
         while True:
             try:
@@ -132,6 +136,7 @@ class WriterLock:
                     f"(pid {holder or 'unknown'}), which writes its {STATE_FILE}: stop that "
                     "one first, or give this one a state dir of its own (--state-dir)"
                 ) from None
+        os.fchmod(fd, 0o600)  # also one left behind by an earlier, laxer writer
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -143,8 +148,8 @@ class WriterLock:
 
 
 def writer_running(state_dir: str) -> bool | None:
-    """Whether a process holds the writer lock of `state_dir`; None when there is no usable
-    lock file (a state file written by a writer that takes no lock: nothing to prove)."""
+    """Whether a process holds the writer lock of `state_dir`; None when there is no lock
+    file this process can use (a writer that takes no lock, or another user's writer)."""
     try:
         fd = _open_in_state_dir(state_dir, LOCK_FILE, "lock file", os.O_RDONLY)
     except (OSError, StateFileError):  # none, or not one a writer of ours could hold

@@ -6,7 +6,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -15,6 +18,9 @@ import pytest
 
 from fsprobe.state import LOCK_FILE, StateDirBusy, StateReader, WriterLock, writer_running
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+from tests.support.capability import require
+
+NOBODY = 65534
 
 FAST = """
 [defaults]
@@ -147,3 +153,59 @@ def test_a_lock_file_planted_by_someone_else_is_refused_without_blocking(tmp_pat
     assert code == 69, err
     assert not (tmp_path / "elsewhere").exists()
     assert writer_running(str(state_dir)) is None  # nothing to prove either way
+
+
+def test_another_user_cannot_hold_the_lock_to_keep_the_daemon_from_starting():
+    require(None if os.getuid() == 0 else "running a child as another user needs root")
+    require(None if shutil.which("flock") else "util-linux flock(1) not found on PATH")
+    home = tempfile.mkdtemp(prefix="fsprobe-lock-")  # pytest's own are closed to others
+    try:
+        os.chmod(home, 0o755)
+        state_dir = os.path.join(home, "state")
+        lock = WriterLock(state_dir)
+        lock.acquire()
+        lock.release()
+        assert os.stat(os.path.join(state_dir, LOCK_FILE)).st_mode & 0o777 == 0o600
+        readable = os.path.join(state_dir, "readable")
+        with open(readable, "w"):
+            os.chmod(readable, 0o644)
+        for path, refused in ((readable, False), (os.path.join(state_dir, LOCK_FILE), True)):
+            # util-linux's flock(1) opens the file read-only and takes a shared lock on it.
+            done = subprocess.run(
+                ["flock", "--shared", "--nonblock", path, "true"], user=NOBODY, capture_output=True
+            )
+            assert (done.returncode != 0) is refused, done.stderr
+            assert (b"Permission denied" in done.stderr) is refused, done.stderr
+    finally:
+        shutil.rmtree(home)
+
+
+def test_a_reload_moves_the_lock_to_the_new_state_dir_or_keeps_the_old_one(tmp_path):
+    (tmp_path / "other").mkdir()
+    other, _ = start_daemon(tmp_path / "other")  # holds other/state
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    config = tmp_path / "fsprobe.toml"
+
+    def configure(state_dir: Path) -> None:
+        config.write_text(f'state_dir = "{state_dir}"\n{FAST}\n[[targets]]\npath = "{target}"\n')
+
+    first, taken, free = tmp_path / "first", other.state_dir, tmp_path / "free"
+    configure(first)
+    daemon = DaemonProcess(tmp_path, env=clean_environment(TMPDIR=str(tmp_path)))
+    daemon.args = ["--listen", "127.0.0.1:0", "--config", str(config)]
+    try:
+        daemon.start()
+        configure(taken)
+        daemon.send(signal.SIGHUP)
+        line = daemon.wait_for_log("event=reload_failed")
+        assert f"pid {other.pid}" in line
+        assert writer_running(str(first)) is True and other.proc.poll() is None
+        configure(free)
+        daemon.send(signal.SIGHUP)
+        daemon.wait_for_log("event=reloaded")
+        assert writer_running(str(free)) is True
+        assert writer_running(str(first)) is False
+    finally:
+        daemon.stop()
+        other.stop()
