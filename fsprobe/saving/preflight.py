@@ -473,14 +473,17 @@ def preflight(
     directory = os.path.dirname(requested)
     need = need_bytes if need_bytes is not None else expected_need(requested)
     probe_settings = functools.partial(_inline_settings, settings, quota, timeout)
-    candidates = _candidates(requested, all_fallback_dirs(fallback_dirs) if redirect else ())
 
+    # Fallbacks are worked out only when needed: the common case, a healthy target in a fresh
+    # state file, pays for none of it.
+    candidates: list[_Candidate] | None = None
     existence: dict[str, Run] | None = None
     target = _from_state(directory, state_dir, need, need_inodes)
     if target is None:
         # The target has to be probed: the fallbacks are judged alongside it, so that a hung
         # target costs `timeout` once, not once more for the fallbacks. When the daemon's
         # state answers, nothing is probed and no fallback judged unless a redirect is needed.
+        candidates = _candidates(requested, all_fallback_dirs(fallback_dirs) if redirect else ())
         existence = _check_existence(candidates, timeout)
         judged = _judge_all(
             [directory, *(c.directory for c in candidates)],
@@ -503,6 +506,8 @@ def preflight(
 
     verdict = target.verdict
     action, where = ("delay" if waited else "proceed"), requested
+    if not verdict.can_take_save and candidates is None:
+        candidates = _candidates(requested, all_fallback_dirs(fallback_dirs) if redirect else ())
     if not verdict.can_take_save and candidates:
         existence = existence or _check_existence(candidates, timeout)
         judgements = _judge_all(  # from the state, or what was probed above (cached)
