@@ -491,3 +491,18 @@ def test_run_once_with_an_infinite_deadline_is_a_usage_error_not_a_crash(tmp_pat
     assert result.returncode == 64, result.stderr
     assert f"{config}:2: defaults.deadline: expected a finite number, got inf" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_user_and_group_may_be_names(tmp_path):
+    config = load(
+        Overrides(
+            config_file=write(tmp_path, '[[targets]]\npath = "/a"\nuser = "root"\ngroup = "root"\n')
+        ),
+        environ={},
+    )
+    assert (config.targets[0].settings.quota.user, config.targets[0].settings.quota.group) == (0, 0)
+    error = refused(tmp_path, '[[targets]]\npath = "/a"\nuser = "no-such-user-harden"\n')
+    assert (error.line, error.key) == (3, "targets[0].user")
+    assert "no user named 'no-such-user-harden'" in error.reason
+    error = refused(tmp_path, '[[targets]]\npath = "/a"\nproject = "alice"\n')
+    assert "a numeric ID" in error.reason

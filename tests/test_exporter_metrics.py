@@ -293,8 +293,10 @@ def test_labels_survive_awkward_paths():
     store.configure([TargetSpec(path)])
     store.record(path, result("statvfs", FS))
     families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
-    assert one(families, "fsprobe_health_status", path=path) == 0
-    assert one(families, "fsprobe_filesystem_files", path=path) == 1_000_000
+    # Escaped as in the human output: the backslash doubled, the newline as \n (fsprobe.paths).
+    label = '/data/we"ird\\\\name\\nx # HELP y'
+    assert one(families, "fsprobe_health_status", path=label) == 0
+    assert one(families, "fsprobe_filesystem_files", path=label) == 1_000_000
 
 
 def test_the_fast_exposition_is_byte_for_byte_what_the_registry_renders():

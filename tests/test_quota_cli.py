@@ -200,3 +200,34 @@ def test_a_hung_mount_is_reported_by_the_deadline(faultfs):
     assert done.returncode == 3
     assert "TIMEOUT" in done.stderr and "hung" in done.stderr
     assert elapsed < 10, f"took {elapsed:.1f} s with --timeout 1"
+
+
+def test_user_and_group_take_names_and_lfs_is_asked_by_number(tmp_path: Path, fake_lfs):
+    fake_lfs.configure(state=state(tmp_path))
+    result = run(str(tmp_path), "--quota-provider", "lfs", "--user", "root", "--group", "root")
+    assert result.exit_code == 0, result.output
+    asked = [call["argv"][1:3] for call in fake_lfs.calls() if call["argv"][0] == "quota"]
+    assert ["-u", "0"] in asked and ["-g", "0"] in asked
+    shown = [line.split()[:2] for line in result.stdout.splitlines()]
+    assert ["user", "root"] in shown and ["group", "root"] in shown
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--user", "no-such-user-harden", "no user named 'no-such-user-harden'"),
+        ("--group", "no-such-group-harden", "no group named 'no-such-group-harden'"),
+        ("--project", "alice", "projects are numbers"),
+        ("--user", "4294967295", "not a user ID"),
+    ],
+)
+def test_a_name_that_does_not_resolve_is_a_usage_error_naming_it(tmp_path, option, value, said):
+    for command in ("quota", "check"):
+        result = subprocess.run(
+            [sys.executable, "-m", "fsprobe", command, str(tmp_path), option, value],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 64, result.stderr
+        assert said in result.stderr

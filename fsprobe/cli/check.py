@@ -8,13 +8,12 @@ import time
 import click
 
 from fsprobe.checking import check as run_check
-from fsprobe.cli.options import SECONDS, SIZE, quota_options
+from fsprobe.cli.options import DIRECTORY, SECONDS, SIZE, quota_options
 from fsprobe.cli.render import render_report
 
 
 @click.command()
-# A plain string, not click.Path: validating it would stat it here, and hang on a hung mount.
-@click.argument("path")
+@click.argument("path", type=DIRECTORY)
 @click.option("--need", type=SIZE, metavar="SIZE", help="Space the checkpoint needs, e.g. 50G.")
 @click.option("--need-inodes", type=click.IntRange(min=0), metavar="N", help="Inodes it needs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object for scripts.")

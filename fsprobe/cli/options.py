@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import click
 
-from fsprobe.daemon.config import MAX_DEADLINE, MIN_INTERVAL
+from fsprobe.daemon.config import MAX_DEADLINE, MAX_ID, MIN_INTERVAL
+from fsprobe.quota.ids import id_of
 from fsprobe.units import parse_size
 
 
@@ -26,6 +27,23 @@ class SizeType(click.ParamType):
 
 
 SIZE = SizeType()
+
+
+class DirectoryType(click.ParamType):
+    """A directory as text. Never stat'ed here, unlike click.Path: the parent process never
+    touches a target (on a hung mount the stat would hang the command); the probes, in their
+    worker, find out what it is. Only an empty name is refused (it is not the working
+    directory)."""
+
+    name = "PATH"
+
+    def convert(self, value, param, ctx):
+        if not value:
+            self.fail("an empty path names no directory", param, ctx)
+        return value
+
+
+DIRECTORY = DirectoryType()
 
 
 class SecondsType(click.ParamType):
@@ -54,6 +72,35 @@ class SecondsType(click.ParamType):
 SECONDS = SecondsType()
 
 
+class IdType(click.ParamType):
+    """A uid or gid as a number or a name (``alice``, ``1000``); a project ID as a number.
+
+    Names are resolved here, with the system's user and group databases (pwd, grp), as `lfs
+    quota -u` would; the probe is given the number, which is also what its output is checked
+    against.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # user | group | project
+        self.name = "ID" if kind == "project" else "NAME|ID"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.isdigit() and text.isascii():
+            number = int(text)
+            if number > MAX_ID:
+                self.fail(f"{text} is not a {self.kind} ID (0 to {MAX_ID})", param, ctx)
+            return number
+        if self.kind == "project":
+            self.fail(f"{value!r} is not a project ID: projects are numbers", param, ctx)
+        try:
+            return id_of(self.kind, text)
+        except KeyError:
+            self.fail(f"no {self.kind} named {value!r} on this system", param, ctx)
+
+
 def quota_options(command: Callable) -> Callable:
     """--quota-provider, --lfs and the ID overrides, as `check` and `quota` both take them."""
     options = [
@@ -73,20 +120,17 @@ def quota_options(command: Callable) -> Callable:
         ),
         click.option(
             "--user",
-            type=click.IntRange(min=0),
-            metavar="ID",
-            help="Query this uid instead of yours.",
+            type=IdType("user"),
+            help="Query this user (name or uid) instead of yourself.",
         ),
         click.option(
             "--group",
-            type=click.IntRange(min=0),
-            metavar="ID",
-            help="Query this gid instead of the one a new file would get.",
+            type=IdType("group"),
+            help="Query this group (name or gid) instead of the one a new file would get.",
         ),
         click.option(
             "--project",
-            type=click.IntRange(min=0),
-            metavar="ID",
+            type=IdType("project"),
             help="Query this project ID instead of the directory's.",
         ),
     ]

@@ -9,9 +9,10 @@ import time
 
 import click
 
-from fsprobe.cli.options import SECONDS, quota_options
+from fsprobe.cli.options import DIRECTORY, SECONDS, quota_options
 from fsprobe.cli.render_quota import as_json, render
 from fsprobe.model import ProbeResult
+from fsprobe.paths import escaped
 from fsprobe.probing.plan import LFS_KILL_SLACK
 from fsprobe.probing.quota import QuotaLookup, lookup_quota
 from fsprobe.probing.runner import ProbeRunner
@@ -42,14 +43,16 @@ def _lookup_in_worker(path: str, settings: QuotaSettings) -> ProbeResult:
 
 def _not_applicable(path: str, lookup: QuotaLookup, provider: str) -> str:
     if provider == "none":
-        return f"{path}: quota provider is 'none': no quota read"
+        return f"{escaped(path)}: quota provider is 'none': no quota read"
     fstype = lookup.mount.fstype if lookup.mount is not None else "an unknown filesystem"
-    return f"{path} is on {fstype}, not Lustre: no lfs quota; use --quota-provider lfs to force"
+    return (
+        f"{escaped(path)} is on {fstype}, not Lustre: no lfs quota; "
+        "use --quota-provider lfs to force"
+    )
 
 
 @click.command()
-# A plain string, not click.Path: validating it would stat it here, and hang on a hung mount.
-@click.argument("path")
+@click.argument("path", type=DIRECTORY)
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object for scripts.")
 @click.option(
     "--timeout",
@@ -90,7 +93,7 @@ def quota(
     )
     result = _lookup_in_worker(path, settings)
     if not result.ok:
-        message = f"cannot read the quota of {path}: {result.error}: {result.message}"
+        message = f"cannot read the quota of {escaped(path)}: {result.error}: {result.message}"
         if json_output:
             document = as_json(path, None, settings.provider, None)
             document["errors"] = [message]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from fsprobe.model import FilesystemInfo, QuotaEntry, QuotaReport, QuotaState, QuotaUsage
+from fsprobe.paths import escaped
 from fsprobe.policy import Headroom, Reason
 from fsprobe.report import Report
 from fsprobe.units import (
@@ -176,10 +177,9 @@ def reason_lines(reasons: tuple[Reason, ...], indent: str = "  ") -> list[str]:
 def render_report(report: Report, now: float) -> str:
     """The full block for one target, status first, reasons last."""
     fs: FilesystemInfo | None = report.snapshot.value("statvfs")
-    where = f"{fs.fstype} on {fs.mountpoint}" if fs else "filesystem not readable"
-    lines = [
-        f"{status_badge(report.status.label)} {click.style(report.path, bold=True)}  ({where})"
-    ]
+    where = f"{fs.fstype} on {escaped(fs.mountpoint)}" if fs else "filesystem not readable"
+    path = click.style(escaped(report.path), bold=True)
+    lines = [f"{status_badge(report.status.label)} {path}  ({where})"]
     lines += _headroom_lines(fs, report.verdict.headroom)
     quota: QuotaReport | None = report.snapshot.value("quota")
     if quota is not None and quota.entries:
@@ -188,7 +188,7 @@ def render_report(report: Report, now: float) -> str:
     tmpdir = report.snapshot.value("tmpdir")
     if tmpdir is not None:
         same = "same filesystem" if tmpdir.same_device else "another filesystem"
-        lines.append(_line("tmpdir", f"{tmpdir.path}: {same}"))
+        lines.append(_line("tmpdir", f"{escaped(tmpdir.path)}: {same}"))
     lines += _need_line(report)
     if report.reasons:
         lines += ["", *reason_lines(report.reasons)]

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 from fsprobe.model import QuotaEntry, QuotaReport, QuotaState, QuotaUsage
+from fsprobe.paths import escaped
 from fsprobe.report import quota_entry_to_dict
 from fsprobe.units import format_bytes, format_count, format_duration, format_percent
 
@@ -143,8 +144,8 @@ def render(
     path: str, mountpoint: str | None, fstype: str | None, report: QuotaReport, now: float
 ) -> str:
     """The human output of `fsprobe quota`."""
-    where = f"{fstype or 'unknown filesystem'} at {mountpoint or '?'}"
-    lines = [f"Quota for new files in {path} ({where}, read with {report.provider})", ""]
+    where = f"{fstype or 'unknown filesystem'} at {escaped(mountpoint or '?')}"
+    lines = [f"Quota for new files in {escaped(path)} ({where}, read with {report.provider})", ""]
     lines.append(table(report, now) if report.entries else "(no quota entries)")
     lines += ["", verdict(report, now)]
     if report.inaccurate:

@@ -22,6 +22,7 @@ import click
 
 from fsprobe.cli.render import STATUS_COLORS, reason_lines
 from fsprobe.model import QuotaReport, Status, WriteProbeResult
+from fsprobe.paths import escaped
 from fsprobe.state import (
     StateFile,
     StateFileError,
@@ -110,7 +111,7 @@ def _row(path: str, target: TargetState, now: float) -> list[str]:
     headroom = target.report.verdict.headroom
     return [
         target.report.status.label,
-        path,
+        escaped(path),
         _headroom(headroom.bytes, headroom.bytes_ratio, headroom.bytes_limited_by, format_bytes),
         _headroom(headroom.inodes, headroom.inodes_ratio, headroom.inodes_limited_by, format_count),
         _quota(target.report.snapshot.value("quota"), now),
@@ -129,7 +130,11 @@ def render_table(targets: dict[str, TargetState], now: float) -> str:
         lines.append("  ".join(cells).rstrip())
     for path, target in targets.items():
         if target.report.reasons:
-            lines += ["", click.style(path, bold=True), *reason_lines(target.report.reasons)]
+            lines += [
+                "",
+                click.style(escaped(path), bold=True),
+                *reason_lines(target.report.reasons),
+            ]
     return "\n".join(lines)
 
 

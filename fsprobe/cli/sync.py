@@ -6,7 +6,8 @@ import json
 
 import click
 
-from fsprobe.cli.options import SECONDS
+from fsprobe.cli.options import DIRECTORY, SECONDS
+from fsprobe.paths import escaped
 from fsprobe.saving.fallback import FALLBACK_ENV, all_fallback_dirs
 from fsprobe.saving.sync import SyncOutcome
 from fsprobe.saving.sync import sync as run_sync
@@ -30,7 +31,7 @@ _COLORS = {
 
 def _line(outcome: SyncOutcome) -> str:
     label = click.style(f"{outcome.action:<17}", fg=_COLORS.get(outcome.action))
-    return f"{label} {outcome.entry.requested}\n{'':<17}   {outcome.message}"
+    return f"{label} {escaped(outcome.entry.requested)}\n{'':<17}   {outcome.message}"
 
 
 def exit_status(outcomes: list[SyncOutcome]) -> int:
@@ -47,7 +48,7 @@ def exit_status(outcomes: list[SyncOutcome]) -> int:
     "--fallback-dir",
     "fallback_dirs",
     multiple=True,
-    type=click.Path(file_okay=False, path_type=str),
+    type=DIRECTORY,
     metavar="DIR",
     help=f"A fallback directory to look in (repeatable; also ${FALLBACK_ENV}, colon-separated).",
 )

@@ -26,6 +26,7 @@ from typing import Any
 from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.quota import QuotaSettings
+from fsprobe.quota.ids import id_of
 from fsprobe.saving.fallback import all_fallback_dirs
 from fsprobe.state import default_state_dir
 from fsprobe.units import format_bytes, parse_size
@@ -177,6 +178,21 @@ def _whole(low: int, high: int, what: str = "a whole number") -> Callable[[Any],
     return check
 
 
+def _account(kind: str) -> Callable[[Any], int]:
+    """A uid or gid as a number or a name (resolved now, with pwd/grp); projects as numbers."""
+    numeric = _whole(0, MAX_ID, "a numeric ID")
+
+    def check(value: Any) -> int:
+        if isinstance(value, str) and kind != "project":
+            try:
+                return id_of(kind, value)
+            except KeyError:
+                raise _Invalid(f"no {kind} named {value!r} on this system") from None
+        return numeric(value)
+
+    return check
+
+
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise _Invalid(f"expected true or false, got {_describe(value)}")
@@ -261,9 +277,9 @@ _TARGET_KEYS: dict[str, Callable[[Any], Any]] = {
     "path": _string,
     **_PROBE_KEYS,
     "fallback_dirs": _string_list,
-    "user": _whole(0, MAX_ID, "a numeric ID"),
-    "group": _whole(0, MAX_ID, "a numeric ID"),
-    "project": _whole(0, MAX_ID, "a numeric ID"),
+    "user": _account("user"),
+    "group": _account("group"),
+    "project": _account("project"),
 }
 _TOP_KEYS: dict[str, Callable[[Any], Any]] = {
     "listen": _listen,
@@ -592,6 +608,8 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
     ]
     listed = {target.path for target in targets}
     for path in overrides.paths:
+        if not path or "\0" in path:
+            raise ConfigError(f"not a directory name: {path!r}", key="PATH")
         absolute = os.path.abspath(os.path.expanduser(path))
         if absolute not in listed:
             listed.add(absolute)

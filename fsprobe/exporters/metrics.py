@@ -29,6 +29,7 @@ from fsprobe.model import (
     QuotaState,
     TmpdirInfo,
 )
+from fsprobe.paths import escaped
 from fsprobe.version import __version__
 
 CACHED = "Cached from fsprobe's background probes; a scrape never probes."
@@ -197,8 +198,9 @@ _FAMILY_TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 
 
 def _label(text: str) -> str:
-    """A label value that encodes as UTF-8 even for a path with undecodable bytes."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    """A label value that encodes as UTF-8 even for a path with undecodable bytes, and stays
+    distinct for paths that differ only in them (see `fsprobe.paths.escaped`)."""
+    return escaped(text)
 
 
 def empty_families() -> dict[str, Metric]:

@@ -8,6 +8,7 @@ are octal-escaped there (``\\040`` for a space); they are unescaped before compa
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterable
@@ -83,12 +84,22 @@ def nearest_existing(path: str) -> str:
     """`path` made absolute and resolved, or its nearest ancestor that exists.
 
     A checkpoint directory often does not exist before the first save; the directory that will
-    hold it has the same filesystem and (almost always) the same quota as its parent.
+    hold it has the same filesystem and (almost always) the same quota as its parent. Only a
+    name that does not exist (ENOENT) hands over to its parent: a symlink loop (ELOOP), a file
+    in the way (ENOTDIR) or a directory we may not search (EACCES) is raised, an error of the
+    target itself, never judged by a parent that is fine. An empty path is refused (ENOENT),
+    not taken for the working directory.
     """
+    if not path:
+        raise FileNotFoundError(errno.ENOENT, "an empty path names no directory", path)
     candidate = os.path.abspath(path)
-    while not os.path.exists(candidate):
-        parent = os.path.dirname(candidate)
-        if parent == candidate:
-            break
-        candidate = parent
-    return os.path.realpath(candidate)
+    while True:
+        try:
+            os.stat(candidate)
+        except FileNotFoundError:
+            parent = os.path.dirname(candidate)
+            if parent == candidate:
+                raise
+            candidate = parent
+        else:
+            return os.path.realpath(candidate)

@@ -88,7 +88,11 @@ def probe_write(target: str, size: int = DEFAULT_WRITE_BYTES) -> WriteProbeResul
     When the target does not exist yet, its nearest existing ancestor is where the first save
     will have to create it, so that is where writing is tested.
     """
-    directory = nearest_existing(target)
+    start = time.monotonic()
+    try:
+        directory = nearest_existing(target)
+    except OSError as error:  # a symlink loop, a directory we may not search: no file to create
+        raise _failure(error, "create", size, {"total": time.monotonic() - start}) from error
     # Incompressible data, made before the clock starts: no filesystem can shortcut the write.
     rehearsal = _Rehearsal(directory, os.urandom(size))
     start = time.monotonic()
@@ -98,16 +102,17 @@ def probe_write(target: str, size: int = DEFAULT_WRITE_BYTES) -> WriteProbeResul
         step = list(rehearsal.latency)[-1] if rehearsal.latency else "create"
         note = rehearsal.clean_up()
         rehearsal.latency["total"] = time.monotonic() - start
-        errno = name_of(error)
-        message = f"test write failed at {step}: {error.strerror or error} ({errno}){note}"
-        result = WriteProbeResult(
-            ok=False,
-            bytes=size,
-            latency_seconds=rehearsal.latency,
-            step=step,
-            errno=errno,
-            message=message,
-        )
-        raise ProbeFailure(errno, message, value=result) from error
+        raise _failure(error, step, size, rehearsal.latency, note) from error
     rehearsal.latency["total"] = time.monotonic() - start
     return WriteProbeResult(ok=True, bytes=size, latency_seconds=rehearsal.latency)
+
+
+def _failure(
+    error: OSError, step: str, size: int, latency: dict[str, float], note: str = ""
+) -> ProbeFailure:
+    errno = name_of(error)
+    message = f"test write failed at {step}: {error.strerror or error} ({errno}){note}"
+    result = WriteProbeResult(
+        ok=False, bytes=size, latency_seconds=latency, step=step, errno=errno, message=message
+    )
+    return ProbeFailure(errno, message, value=result)

@@ -112,6 +112,19 @@ def resolve_ids(
     )
 
 
+def id_of(quota_type: str, name: str) -> int:
+    """The uid of a user name or the gid of a group name; KeyError when there is none.
+
+    `lfs quota -u alice` takes names too, but fsprobe asks lfs by number, so that the header
+    it prints can be checked against the question.
+    """
+    if quota_type == "user":
+        return pwd.getpwnam(name).pw_uid
+    if quota_type == "group":
+        return grp.getgrnam(name).gr_gid
+    raise KeyError(f"{quota_type} IDs have no names")
+
+
 def id_name(quota_type: str, quota_id: int) -> str | None:
     """The user or group name of an ID, for people; projects have no standard name database."""
     try:
