@@ -10,6 +10,7 @@ import click
 from fsprobe.checking import check as run_check
 from fsprobe.cli.options import DIRECTORY, SECONDS, SIZE, quota_options
 from fsprobe.cli.render import render_report
+from fsprobe.daemon.config import ConfigError, load_target
 
 
 @click.command()
@@ -25,6 +26,14 @@ from fsprobe.cli.render import render_report
 )
 @click.option("--no-write-probe", is_flag=True, help="Skip the test write (read-only check).")
 @click.option("--no-quota", is_flag=True, help="Skip lfs quota and lfs df.")
+@click.option(
+    "--config",
+    "config_file",
+    metavar="FILE",
+    help="Judge and probe as `fsprobe run --config FILE` would: its thresholds, deadlines, "
+    "write size and quota settings, with PATH's own overrides when the file lists PATH. "
+    "The other options refine it.",
+)
 @quota_options
 def check(
     path: str,
@@ -34,6 +43,7 @@ def check(
     timeout: float | None,
     no_write_probe: bool,
     no_quota: bool,
+    config_file: str | None,
     quota_provider: str,
     lfs: str | None,
     user: int | None,
@@ -53,7 +63,14 @@ def check(
     Examples:
       fsprobe check /lustre/proj/ckpt --need 50G
       fsprobe check "$CKPT_DIR" --need 120G --json | jq .headroom
+      fsprobe check /lustre/proj/ckpt --config /etc/fsprobe/fsprobe.toml
     """
+    settings = None
+    if config_file:
+        try:
+            settings = load_target(config_file, path).settings
+        except ConfigError as error:
+            raise click.UsageError(str(error)) from None
     report = run_check(
         path,
         need_bytes=need,
@@ -65,6 +82,7 @@ def check(
         user=user,
         group=group,
         project=project,
+        settings=settings,
     )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

@@ -555,6 +555,26 @@ def _target(
     )
 
 
+def load_target(
+    config_file: str, path: str, environ: Mapping[str, str] = os.environ
+) -> TargetConfig:
+    """How `path` is probed and judged under `config_file`: as the file's own target when the
+    file lists `path` (its overrides apply), else with the file's ``[defaults]``.
+
+    For `fsprobe check --config`, so that a one-off check judges by the daemon's thresholds.
+    Paths are compared as text, made absolute: the target is never touched here.
+    """
+    file = _read_file(config_file)
+    absolute = os.path.abspath(os.path.expanduser(path))
+    for values, thresholds in file.targets:
+        if values["path"] == absolute:
+            merged = {**file.defaults, **values}
+            return _target(
+                absolute, merged, {**file.default_thresholds, **thresholds}, None, environ, False
+            )
+    return _target(absolute, file.defaults, file.default_thresholds, None, environ, False)
+
+
 def _from_environment(environ: Mapping[str, str], name: str, check: Callable[[Any], Any]) -> Any:
     value = environ.get(name)
     if not value:
