@@ -70,3 +70,17 @@ class ProbeFailure(Exception):
         self.error = error
         self.message = message
         self.value = value
+
+    @classmethod
+    def of(cls, error: OSError | ProbeFailure) -> ProbeFailure:
+        """The failure an exception stands for: itself, or an OSError's errno name and text."""
+        if isinstance(error, ProbeFailure):
+            return error
+        return cls(name_of(error), error.strerror or str(error))
+
+    def again(self) -> ProbeFailure:
+        """A fresh copy to raise: a failure kept as data (cached, shared) has many raisers."""
+        return ProbeFailure(self.error, self.message, self.value)
+
+    def same_as(self, other: ProbeFailure) -> bool:
+        return (self.error, self.message) == (other.error, other.message)

@@ -166,14 +166,14 @@ def test_nothing_read_raises_the_failure(tmp_path: Path, fake_lfs: FakeLfs, fail
     assert failure.value.error == error
 
 
-def test_missing_lfs_is_an_oserror_that_says_what_to_do(
+def test_missing_lfs_is_enoent_and_says_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setenv("FSPROBE_LFS", str(tmp_path / "no" / "lfs"))
-    with pytest.raises(OSError) as failure:
+    with pytest.raises(ProbeFailure) as failure:
         probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1, group=1, project=1))
-    assert failure.value.errno == errno.ENOENT
-    assert "--lfs" in str(failure.value) and "FSPROBE_LFS" in str(failure.value)
+    assert failure.value.error == "ENOENT"
+    assert "--lfs" in failure.value.message and "FSPROBE_LFS" in failure.value.message
 
 
 def test_not_lustre_needs_no_lfs(tmp_path: Path, fake_lfs: FakeLfs):

@@ -18,7 +18,7 @@ from fsprobe.probing.mounts import Mount
 from fsprobe.quota import QuotaSettings
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.lustre import LustreQuotaProvider, outcome_from_output, usage_from_cells
-from fsprobe.quota.provider import Failure, IdOutcome, assemble
+from fsprobe.quota.provider import IdOutcome, assemble
 from fsprobe.quota.registry import select_provider
 from tests.fakes.fake_lfs import load_fixtures
 
@@ -165,7 +165,7 @@ def test_assemble_keeps_a_partial_result():
         "lfs",
         (
             IdOutcome("user", 1, entry=_entry("user", inaccurate=True)),
-            IdOutcome("group", 2, failure=Failure("ESRCH", "grp quotas are not enabled.")),
+            IdOutcome("group", 2, failure=ProbeFailure("ESRCH", "grp quotas are not enabled.")),
             IdOutcome("project", 3, entry=_entry("project"), notes=("lfs: a note",)),
         ),
         ("cannot read the project ID of /x: EACCES",),
@@ -180,20 +180,20 @@ def test_assemble_keeps_a_partial_result():
 
 
 def test_assemble_raises_when_nothing_was_read():
-    same = Failure("EPERM", "lfs quota: Permission denied.")
+    same = ProbeFailure("EPERM", "lfs quota: Permission denied.")
     with pytest.raises(ProbeFailure) as failure:
         assemble("lfs", (IdOutcome("user", 1, failure=same), IdOutcome("group", 2, failure=same)))
     assert (failure.value.error, failure.value.message) == ("EPERM", same.message)
-    missing = Failure("ENOENT", "'lfs' is not on PATH", errno.ENOENT)
-    with pytest.raises(OSError) as os_failure:
+    missing = ProbeFailure.of(FileNotFoundError(errno.ENOENT, "'lfs' is not on PATH"))
+    with pytest.raises(ProbeFailure) as not_found:
         assemble("lfs", (IdOutcome("user", 1, failure=missing),))
-    assert os_failure.value.errno == errno.ENOENT
+    assert (not_found.value.error, not_found.value.message) == ("ENOENT", "'lfs' is not on PATH")
     with pytest.raises(ProbeFailure) as mixed:
         assemble(
             "lfs",
             (
-                IdOutcome("user", 1, failure=Failure("TIMEOUT", "too slow")),
-                IdOutcome("group", 2, failure=Failure("EIO", "broken")),
+                IdOutcome("user", 1, failure=ProbeFailure("TIMEOUT", "too slow")),
+                IdOutcome("group", 2, failure=ProbeFailure("EIO", "broken")),
             ),
         )
     assert mixed.value.error == "TIMEOUT"

@@ -18,10 +18,10 @@ from fsprobe.model import TIMEOUT, LustreTarget
 from fsprobe.probing.mounts import Mount
 from fsprobe.probing.quota import locate
 from fsprobe.quota.cache import SingleFlight
-from fsprobe.quota.provider import Deadline, Failure
+from fsprobe.quota.provider import Deadline
 from fsprobe.quota.settings import QuotaSettings
 
-DF_CACHE: SingleFlight[tuple[LustreTarget, ...] | Failure] = SingleFlight()
+DF_CACHE: SingleFlight[tuple[LustreTarget, ...] | ProbeFailure] = SingleFlight()
 
 
 def lfs_df_applies(settings: QuotaSettings, mount: Mount | None) -> bool:
@@ -33,7 +33,7 @@ def lfs_df_applies(settings: QuotaSettings, mount: Mount | None) -> bool:
 
 def read_targets(
     directory: str, mountpoint: str | None, binary: str, deadline: Deadline
-) -> tuple[LustreTarget, ...] | Failure:
+) -> tuple[LustreTarget, ...] | ProbeFailure:
     """Run both `lfs df` and merge them; failures are returned (they are cached and shared)."""
     blocks = []
     try:
@@ -44,14 +44,14 @@ def read_targets(
             blocks.append(pick_block(output, mountpoint, command, directory))
         return merge_targets(blocks[0], blocks[1])
     except (OSError, ProbeFailure) as error:
-        return Failure.of(error)
+        return ProbeFailure.of(error)
 
 
 def probe_lfs_df(target: str, settings: QuotaSettings) -> tuple[LustreTarget, ...] | None:
     """Every MDT and OST of the target's filesystem; None when `lfs df` does not apply.
 
-    Raises OSError (`lfs` missing) or ProbeFailure (errno name of the exit status, TIMEOUT,
-    PARSE) when the tables cannot be read. Targets that lfs could not ask are included with
+    Raises ProbeFailure (ENOENT for a missing `lfs`, the errno name of the exit status, TIMEOUT,
+    E2BIG, PARSE) when the tables cannot be read. Targets that lfs could not ask are included with
     unknown sizes; inactive ones with ``active=False``.
     """
     directory, mount = locate(target)
@@ -70,6 +70,6 @@ def probe_lfs_df(target: str, settings: QuotaSettings) -> tuple[LustreTarget, ..
         )
     except TimeoutError:
         raise ProbeFailure(TIMEOUT, "lfs df: another probe's call was still running") from None
-    if isinstance(result, Failure):
-        raise result.exception()
+    if isinstance(result, ProbeFailure):
+        raise result.again()
     return result

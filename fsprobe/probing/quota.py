@@ -42,7 +42,7 @@ def locate(target: str) -> tuple[str, Mount | None]:
 
 
 def lookup_quota(target: str, settings: QuotaSettings) -> QuotaLookup:
-    """Read the quota of `target`; raises OSError or ProbeFailure when nothing could be read."""
+    """Read the quota of `target`; raises as `probe_quota` does when nothing could be read."""
     directory, mount = locate(target)
     provider = select_provider(settings, mount)
     if provider is None:
@@ -63,8 +63,9 @@ def lookup_quota(target: str, settings: QuotaSettings) -> QuotaLookup:
 def probe_quota(target: str, settings: QuotaSettings) -> QuotaReport | None:
     """The quota report of `target`; None when no provider applies.
 
-    Raises OSError (`lfs` missing: the message says how to name it) or ProbeFailure (the errno
-    name of lfs's exit status, TIMEOUT or PARSE) when no ID could be read; a partial result is
-    returned with `errors` (and `inaccurate`) set.
+    Raises ProbeFailure when no ID could be read: ENOENT for a missing `lfs` (the message says
+    how to name it), the errno name of lfs's exit status, TIMEOUT, E2BIG or PARSE; OSError when
+    the target itself cannot be reached. A partial result is returned with `errors` (and
+    `inaccurate`) set.
     """
     return lookup_quota(target, settings).report

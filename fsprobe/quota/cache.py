@@ -5,7 +5,7 @@ Several targets on one filesystem are charged to the same IDs, and the daemon's 
 overlap, so the same question is often asked twice at once: the second caller waits for the
 first caller's answer instead of starting its own `lfs`, and the answer is kept for the quota
 interval. The computation must not raise for expected failures: it returns them as data (see
-`fsprobe.quota.provider.Failure`), so they are shared and cached like results.
+`fsprobe.errors.ProbeFailure` as a value), so they are shared and cached like results.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.ids import id_name
 from fsprobe.quota.provider import (
     Deadline,
-    Failure,
     IdOutcome,
     QuotaProvider,
     QuotaRequest,
@@ -104,7 +103,7 @@ def outcome_from_output(
     status_name = status_error_name(output.status) if output.status else None
 
     def failed(error: str, message: str) -> IdOutcome:
-        return IdOutcome(quota_type, quota_id, failure=Failure(error, f"{command}: {message}"))
+        return IdOutcome(quota_type, quota_id, failure=ProbeFailure(error, f"{command}: {message}"))
 
     unexpected = output.message("unexpected_error")
     if status_name is not None and (row is None or unexpected is not None):
@@ -138,7 +137,7 @@ def query(directory: str, quota_type: str, quota_id: int, binary: str, deadline:
     try:
         run = run_lfs(args, binary=binary, timeout=deadline.remaining())
     except (OSError, ProbeFailure) as error:
-        return IdOutcome(quota_type, quota_id, failure=Failure.of(error))
+        return IdOutcome(quota_type, quota_id, failure=ProbeFailure.of(error))
     output = parse_quota(run.stdout, run.stderr, run.status)
     return outcome_from_output(
         output,
@@ -165,7 +164,7 @@ class LustreQuotaProvider(QuotaProvider):
         outcomes = []
         for quota_type, quota_id in request.queries:
             if quota_id < 0:  # it would reach lfs as an option ("-5"), never as an ID
-                failure = Failure("EINVAL", f"{quota_type} ID {quota_id} is negative")
+                failure = ProbeFailure("EINVAL", f"{quota_type} ID {quota_id} is negative")
                 outcomes.append(IdOutcome(quota_type, quota_id, failure=failure))
                 continue
             key = (filesystem or request.directory, quota_type, quota_id, binary)
@@ -181,7 +180,7 @@ class LustreQuotaProvider(QuotaProvider):
             except TimeoutError:
                 flag = _TYPE_FLAGS[quota_type]
                 message = f"lfs quota {flag} {quota_id}: another probe's call was still running"
-                outcome = IdOutcome(quota_type, quota_id, failure=Failure(TIMEOUT, message))
+                outcome = IdOutcome(quota_type, quota_id, failure=ProbeFailure(TIMEOUT, message))
             outcomes.append(outcome)
         return tuple(outcomes)
 

@@ -13,7 +13,7 @@ import abc
 import time
 from dataclasses import dataclass
 
-from fsprobe.errors import ProbeFailure, errno_name
+from fsprobe.errors import ProbeFailure
 from fsprobe.model import QuotaEntry, QuotaReport
 from fsprobe.probing.mounts import Mount
 from fsprobe.quota.settings import QuotaSettings
@@ -34,38 +34,13 @@ class Deadline:
 
 
 @dataclass(frozen=True)
-class Failure:
-    """Why something could not be read: an errno name, ``TIMEOUT`` or ``PARSE``, and a sentence.
-
-    `os_errno` is set when the cause was an OSError (the tool could not be started); it is raised
-    as one again, so that a caller sees e.g. ENOENT for a missing `lfs`.
-    """
-
-    error: str
-    message: str
-    os_errno: int | None = None
-
-    @classmethod
-    def of(cls, exc: OSError | ProbeFailure) -> Failure:
-        if isinstance(exc, ProbeFailure):
-            return cls(exc.error, exc.message)
-        return cls(errno_name(exc.errno), exc.strerror or str(exc), exc.errno)
-
-    def exception(self) -> OSError | ProbeFailure:
-        """A fresh exception to raise (cached failures are raised by many callers)."""
-        if self.os_errno is not None:
-            return OSError(self.os_errno, self.message)
-        return ProbeFailure(self.error, self.message)
-
-
-@dataclass(frozen=True)
 class IdOutcome:
     """The quota of one (type, id): an entry, or a failure; `notes` are non-fatal problems."""
 
     type: str
     id: int
     entry: QuotaEntry | None = None
-    failure: Failure | None = None
+    failure: ProbeFailure | None = None
     notes: tuple[str, ...] = ()
 
 
@@ -116,14 +91,14 @@ def assemble(
     if not entries and failed:
         first = failed[0].failure
         assert first is not None
-        if all(o.failure == first for o in failed):
+        if all(o.failure is not None and o.failure.same_as(first) for o in failed):
             message = first.message
         elif all(o.failure is not None and o.failure.error == first.error for o in failed):
             others = ", ".join(_label(o) for o in failed[1:])
             message = first.message + (f" (and the same for {others})" if others else "")
         else:
             message = "; ".join(f"{_label(o)}: {o.failure.message}" for o in failed if o.failure)
-        raise Failure(first.error, message, first.os_errno).exception()
+        raise ProbeFailure(first.error, message)
     errors = [f"{_label(o)}: {o.failure.error}: {o.failure.message}" for o in failed if o.failure]
     errors += [f"{_label(o)}: {note}" for o in outcomes for note in o.notes]
     errors += list(notes)
