@@ -7,11 +7,13 @@ The public API (DESIGN §6)::
     fsprobe.save(obj, path_or_fileobj, ...) -> SaveResult         # torch.save, but survives
     fsprobe.atomic_write(path, write, ...) -> SaveResult          # the same for any writer
     fsprobe.save_dir(path, write, ...) -> SaveResult              # a directory, committed whole
+    fsprobe.distributed.save_dir(path, write, ...) -> SaveResult  # ... written by every rank
     fsprobe.SaveError                                             # an OSError, every attempt
 
 Every name is loaded on first use, so `import fsprobe` costs next to nothing (the probe worker
 process imports this package too), and none of them imports torch, Lightning or transformers;
-the integrations live in `fsprobe.integrations`.
+the integrations live in `fsprobe.integrations`, and `fsprobe.distributed` (a module, loaded
+when first used) imports `torch.distributed`.
 
 No public name is also the name of a submodule (the module behind `fsprobe.check` is
 `fsprobe.checking`): importing a submodule binds its name on the package, which would replace
@@ -50,7 +52,13 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from fsprobe.saving.retry import SaveResult as SaveResult
 
 
+#: Submodules that are public as modules, loaded on first use (they import torch).
+_MODULES = frozenset({"distributed"})
+
+
 def __getattr__(name: str) -> object:
+    if name in _MODULES:  # the import binds it on the package: no second lookup
+        return importlib.import_module(f"{__name__}.{name}")
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'fsprobe' has no attribute {name!r}")

@@ -24,6 +24,7 @@ from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
 from fsprobe.saving.swap import exchange, parse_retired_name
 from fsprobe.saving.tree import digest_tree, open_directory, opened
+from tests.support.durability import assert_directory_saved
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,7 +155,9 @@ def test_a_failure_in_the_middle_publishes_nothing_leaves_nothing_and_is_retried
         seen.append(target.exists())
         checkpoint_writer(1, calls=calls)(staging)
 
+    faultfs.ctl.clear_journal()
     result = fsprobe.save_dir(target, write, backoff=quick(sleeps))
+    assert_directory_saved(faultfs, target)  # the attempt that counts
     assert faultfs.ctl.rule(rule)["hits"] == 1
     assert (result.attempts, result.errors) == (2, ("EIO",)) and len(sleeps) == 1
     assert seen == [False, False]  # nothing published by the failed attempt
@@ -178,10 +181,12 @@ def test_every_file_and_directory_is_fsynced_before_the_rename_and_the_parent_af
 
     watcher = threading.Thread(target=watch)
     watcher.start()
+    faultfs.ctl.clear_journal()
     try:
         fsprobe.save_dir(parent / "ckpt", checkpoint_writer(2))
     finally:
         watcher.join(timeout=60)
+    assert_directory_saved(faultfs, parent / "ckpt")  # and in that order
     after = faultfs.ctl.counts()
     # 5 files (3 shards, optim/state.pt, meta.json); 2 directories (the staging dir, optim).
     assert (at_rename.get("fsync"), at_rename.get("fsyncdir")) == (5, 2)

@@ -250,7 +250,7 @@ def tree_digest(files: dict[str, str]) -> str:
     return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _record_redirect(fallback: str, attempts: Attempts, size: int) -> None:
+def record_redirect(fallback: str, attempts: Attempts, size: int) -> None:
     """Add the redirected directory to the fallback's manifest (see `file._record_redirect`)."""
     requested, actual = attempts.requested, attempts.destination
     try:
@@ -313,6 +313,6 @@ def save_dir(
         Attempt(
             write=lambda destination: write_directory_once(destination, write, fsync),
             clean=clean_directory,
-            record=_record_redirect,
+            record=record_redirect,
         ),
     )

@@ -272,7 +272,7 @@ def newest_copy(requested: str, fallback_dirs: Iterable[str]) -> str:
     except FileNotFoundError:
         original_mtime = None
     for entry in pending(fallback_dirs):  # newest first
-        if entry.requested != requested or not os.path.isfile(entry.actual):
+        if entry.requested != requested or not os.path.exists(entry.actual):
             continue
         if original_mtime is None or original_mtime < entry.time:
             return entry.actual

@@ -152,6 +152,13 @@ def failure_of(error: BaseException, step: str) -> FailedAttempt | None:
     return None
 
 
+def deciding(failures: Iterable[FailedAttempt]) -> FailedAttempt | None:
+    """Of failures at once (several ranks), the one that decides what comes next: a permanent
+    error before a capacity error before a transient one, else the first."""
+    order = (ErrorClass.PERMANENT, ErrorClass.CAPACITY, ErrorClass.TRANSIENT)
+    return min(failures, key=lambda f: order.index(classify(f.errno)), default=None)
+
+
 @dataclass(frozen=True)
 class SaveOptions:
     """What the caller of any save chooses, apart from what to write (see `atomic_write`)."""

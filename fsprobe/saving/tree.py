@@ -106,19 +106,33 @@ def _walk(
     return total
 
 
-def sync_tree(root_fd: int, *, files: bool = True) -> TreeSize:
-    """fsync every regular file (unless `files` is False) and then every directory, bottom up.
+def _sync_file(dir_fd: int, name: str, _relative: str = "") -> None:
+    with opened(open_regular(name, dir_fd)) as fd:
+        os.fsync(fd)
+
+
+def sync_tree(root_fd: int, *, files: bool = True, directories: bool = True) -> TreeSize:
+    """fsync every regular file and then every directory, bottom up (either can be left out).
 
     Each directory is synced after everything in it, the root last: once this returns, a crash
     cannot lose a file's data nor its name. Symbolic links and special files are not opened
     (their directory's fsync makes them durable). Returns what the tree holds.
     """
+    return _walk(root_fd, _sync_file if files else _nothing, os.fsync if directories else _nothing)
 
-    def sync_file(dir_fd: int, name: str, _relative: str) -> None:
-        with opened(open_regular(name, dir_fd)) as fd:
-            os.fsync(fd)
 
-    return _walk(root_fd, sync_file if files else _nothing, os.fsync)
+def sync_file_at(root_fd: int, relative: str) -> None:
+    """fsync the regular file at `relative` (``a/b.pt``) below `root_fd`, following no link."""
+    *directories, name = [part for part in relative.split("/") if part not in ("", ".")]
+    fd = os.dup(root_fd)
+    try:
+        for directory in directories:
+            child = open_directory(directory, fd)
+            os.close(fd)
+            fd = child
+        _sync_file(fd, name)
+    finally:
+        os.close(fd)
 
 
 def measure_tree(root_fd: int) -> TreeSize:

@@ -1,0 +1,479 @@
+"""PyTorch Distributed Checkpoint (DCP): every rank's shards and the ``.metadata``, committed once.
+
+::
+
+    from fsprobe.integrations import dcp
+
+    dcp.save(state_dict, "/lustre/run7/step-1000", fallback_dirs=["/scratch/me/fallback"])
+    dcp.load(state_dict, "/lustre/run7/step-1000", fallback_dirs=["/scratch/me/fallback"])
+
+`FsprobeWriter` is a `FileSystemWriter` for ``torch.distributed.checkpoint.save``. DCP's own
+writer creates the checkpoint directory first and writes into it: a crash or a full target
+leaves a directory that looks like a checkpoint and is not, and an existing checkpoint of the
+same name is overwritten in place. `FsprobeWriter` instead:
+
+- in the global plan (on the coordinator, which sees every rank's plan), runs the preflight
+  for the planned bytes of all ranks, decides the destination (the target or one fallback,
+  never both) and creates a hidden staging directory beside it; every rank's plan carries
+  both, so every rank writes its shards there;
+- retries a transient write error (EIO, ESTALE, ...) per file, with backoff, on the rank that
+  hit it;
+- in `finish()`, after DCP wrote the ``.metadata`` (into the staging directory too), fsyncs
+  the directories and publishes the staging directory with one rename
+  (`fsprobe.saving.directory`), so a checkpoint is complete at its final path or not there.
+
+A failure that per-file retries cannot fix (a full target, a rank's write that keeps failing)
+fails that `dcp.save` on every rank, as DCP does. `save` and `async_save` here go further: they
+retry the whole checkpoint, with every rank redirected to a fallback together on capacity or
+permanent errors (one decision, taken on the coordinator and broadcast). `load` finds the
+checkpoint where it landed (the path, or its redirected copy).
+
+Built on private parts of torch 2.13's `torch.distributed.checkpoint.filesystem` (the per-file
+write loop), pinned by tests/test_integration_dcp.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import os
+import queue
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as torch_dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import (
+    FileSystem,
+    FileSystemReader,
+    FileSystemWriter,
+    _item_size,
+    _StoragePrefix,
+    _write_files_from_queue,
+)
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.futures import Future
+
+from fsprobe.errors import ErrorClass, classify
+from fsprobe.saving.directory import Staging, clean_directory, record_redirect
+from fsprobe.saving.distributed import collective_failure
+from fsprobe.saving.fallback import prepare_directory, remove_mirrored_dirs
+from fsprobe.saving.manifest import newest_copy
+from fsprobe.saving.preflight import DEFAULT_TIMEOUT, NEED_MARGIN
+from fsprobe.saving.retry import (
+    DEFAULT_ATTEMPTS,
+    Attempts,
+    Backoff,
+    FailedAttempt,
+    Plan,
+    SaveError,
+    SaveOptions,
+    SaveResult,
+    deciding,
+    failure_of,
+)
+from fsprobe.saving.tree import sync_file_at
+
+log = logging.getLogger("fsprobe.save")
+
+_METADATA = ".metadata"
+#: Bytes assumed for a non-tensor item (a pickled Python object) and for the ``.metadata``.
+_SMALL_ITEM_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass
+class _Placement(_StoragePrefix):
+    """What a rank's plan carries: its file prefix, where to write, where it will be published."""
+
+    staging: str = ""
+    destination: str = ""
+
+
+class _StagingFileSystem(FileSystem):
+    """DCP's local filesystem, with the checkpoint directory mapped to the staging directory.
+
+    The writer's `path` stays the requested checkpoint (it is the checkpoint id DCP records);
+    everything DCP writes "in" it goes to the staging directory instead.
+    """
+
+    def __init__(self) -> None:
+        self.checkpoint: Path | None = None
+        self.staging: Path | None = None
+
+    def concat_path(self, path: str | os.PathLike, suffix: str) -> Path:
+        if self.staging is not None and Path(path) == self.checkpoint:
+            return self.staging / suffix
+        return Path(path) / suffix
+
+    def mkdir(self, path: str | os.PathLike) -> None:
+        if Path(path) != self.checkpoint:  # the staging directory is made by the coordinator
+            super().mkdir(path)
+
+
+def _planned_bytes(plans: list[SavePlan]) -> tuple[int, int]:
+    """(bytes, files) the plans of every rank will write, with room for the ``.metadata``."""
+    nbytes = _SMALL_ITEM_BYTES
+    for plan in plans:
+        for item in plan.items:
+            is_bytes = item.type == WriteItemType.BYTE_IO
+            nbytes += _SMALL_ITEM_BYTES if is_bytes else _item_size(item)
+    return math.ceil(nbytes * NEED_MARGIN), len(plans) + 1
+
+
+class FsprobeWriter(FileSystemWriter):
+    """A DCP `StorageWriter` that stages, retries per file, and commits in `finish()`.
+
+    `attempts` and `backoff` bound the retries of a transient error per file (and, through
+    `save`/`async_save`, of the whole checkpoint); `fallback_dirs`, `max_wait`,
+    `on_unhealthy`, `redirect`, `state_dir` and `timeout` are those of `fsprobe.save_dir`
+    (read on the coordinator). Other keyword arguments go to `FileSystemWriter`.
+    `last_result` is the `SaveResult` of the last checkpoint committed by this writer (on the
+    coordinator; None on the other ranks).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        attempts: int = DEFAULT_ATTEMPTS,
+        backoff: Backoff | None = None,
+        fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+        max_wait: float = 0.0,
+        on_unhealthy: str = "proceed",
+        redirect: bool = True,
+        state_dir: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        **filesystem_writer_kwargs: Any,
+    ) -> None:
+        super().__init__(os.path.abspath(os.fspath(path)), **filesystem_writer_kwargs)
+        self.fs = _StagingFileSystem()
+        self.fs.checkpoint = Path(self.path)
+        self.options = SaveOptions.of(
+            attempts=attempts,
+            backoff=backoff,
+            fallback_dirs=fallback_dirs,
+            redirect=redirect,
+            max_wait=max_wait,
+            on_unhealthy=on_unhealthy,
+            state_dir=state_dir,
+            timeout=timeout,
+        )
+        self.last_result: SaveResult | None = None
+        self._attempts: Attempts | None = None  # the coordinator's, for one checkpoint
+        self._staging: Staging | None = None  # the coordinator's, until published or dropped
+        self._continuing = False
+        self._cleaned: set[str] = set()
+
+    # -- the attempts of one checkpoint (driven by `save` and `async_save` below) --------------
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id:
+            checkpoint_id = os.path.abspath(os.fspath(checkpoint_id))
+        super().reset(checkpoint_id)
+        self.fs.checkpoint, self.fs.staging = Path(self.path), None
+
+    def decide(self, failure: FailedAttempt | None) -> Plan | None:
+        """On the coordinator, after a failed attempt: what next (None: give up)."""
+        self.drop_staging()
+        assert self._attempts is not None and failure is not None
+        fallback = self._attempts.fallback
+        if fallback is not None:
+            remove_mirrored_dirs(fallback, self._attempts.destination)
+        return self._attempts.failed(failure)
+
+    def follow(self, plan: Plan | None) -> None:
+        """On every rank: the next `dcp.save` is the next attempt at this checkpoint."""
+        if self._attempts is not None and plan is not None:
+            self._attempts.follow(plan)
+        self._continuing = True
+
+    def give_up(self) -> SaveError:
+        """On the coordinator: the `SaveError` of a checkpoint that failed for good."""
+        assert self._attempts is not None
+        return self._attempts.error()
+
+    def drop_staging(self) -> None:
+        """Remove the staging directory of an attempt that did not commit."""
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
+    # -- StorageWriter ---------------------------------------------------------------------
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self.use_collectives:
+            raise ValueError(
+                "FsprobeWriter commits one checkpoint for all ranks: it needs use_collectives=True"
+            )
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan  # DCP would create the checkpoint directory here; nothing exists before commit
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """On the coordinator: preflight for every rank's bytes, staging dir, destination.
+
+        A new checkpoint, unless `follow` said this `dcp.save` is the next attempt at one.
+        """
+        self.drop_staging()  # of an earlier `dcp.save` that failed without `save` to clean up
+        if self._attempts is None or not self._continuing:
+            need_bytes, need_inodes = _planned_bytes(plans)
+            options = dataclasses.replace(
+                self.options, need_bytes=need_bytes, need_inodes=need_inodes
+            )
+            attempts = Attempts(str(self.path), options)
+            attempts.preflight()  # SaveError: not this checkpoint, not anywhere
+            self._attempts = attempts
+        self._continuing = False
+        destination = self._attempts.destination
+        fallback = self._attempts.fallback
+        try:
+            if fallback is not None:
+                prepare_directory(fallback, destination)
+            directory = os.path.dirname(destination)
+            if directory not in self._cleaned:
+                self._cleaned.add(directory)
+                clean_directory(directory)
+            self._staging = Staging(destination)
+        except OSError as error:
+            raise FailedAttempt.of(error, "mkdir") from error
+        return [
+            dataclasses.replace(
+                plan,
+                storage_data=_Placement(
+                    prefix=f"__{rank}_", staging=self._staging.path, destination=destination
+                ),
+            )
+            for rank, plan in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[Any]]:
+        placement: _Placement = plan.storage_data
+        self.fs.staging = Path(placement.staging)
+        return super().write_data(plan, planner)
+
+    def _write_data(self, planner: SavePlanner, file_queue: queue.Queue) -> Future[list[Any]]:
+        """Write every file of this rank, each retried on a transient error."""
+        tasks = []
+        while not file_queue.empty():
+            tasks.append(file_queue.get_nowait())
+        workers = max(1, min(self.thread_count, len(tasks)))
+        with concurrent.futures.ThreadPoolExecutor(workers, "fsprobe-dcp-write") as pool:
+            written = list(pool.map(lambda task: self._write_file(planner, task), tasks))
+        future: Future[list[Any]] = Future()
+        future.set_result([result for results in written for result in results])
+        return future
+
+    def _write_file(self, planner: SavePlanner, task: tuple[Any, str, list[Any]]) -> list[Any]:
+        """One file of this rank's shards, written again from scratch on a transient error."""
+        backoff = self.options.backoff
+        for attempt in range(1, self.options.attempts + 1):
+            tasks: queue.Queue = queue.Queue()
+            tasks.put(task)
+            results: queue.Queue = queue.Queue()
+            try:
+                _write_files_from_queue(
+                    create_stream=self.fs.create_stream,
+                    file_queue=tasks,
+                    result_queue=results,
+                    planner=planner,
+                    transforms=self.transforms,
+                    inflight_threshhold=self.per_thread_copy_ahead,
+                    use_fsync=self.sync_files,
+                    thread_count=1,
+                    serialization_format=self.serialization_format,
+                )
+                return results.get_nowait()
+            except Exception as error:
+                failure = failure_of(error, "write")
+                if failure is None:
+                    raise
+                kind = classify(failure.errno)
+                where = f"rank {self.rank}: {task[0]}"
+                if kind is not ErrorClass.TRANSIENT or attempt == self.options.attempts:
+                    message = f"{where}: {failure.message}"
+                    raise FailedAttempt(failure.errno, failure.step, message) from error
+                wait = backoff.delay(attempt)
+                log.warning(
+                    "dcp save %s: %s failed with %s (%s); writing it again in %.1f s",
+                    self.path,
+                    where,
+                    failure.errno,
+                    kind.value,
+                    wait,
+                )
+                backoff.sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
+        """On the coordinator: ``.metadata`` into the staging dir, then publish it whole."""
+        assert self._staging is not None and self._attempts is not None
+        self.fs.staging = Path(self._staging.path)
+        super().finish(metadata, results)
+        step = "fsync"
+        try:
+            if self.sync_files:
+                # torch 2.13 fsyncs the .metadata before Python's buffer is flushed into it
+                # (pickle.dump, then os.fsync, then close): the data itself is synced here.
+                sync_file_at(self._staging.fd, _METADATA)
+                step = "fsync_dir"
+            size = self._staging.sync(files=False) if self.sync_files else self._staging.measure()
+            step = "rename"
+            replaced = self._staging.swap_in()
+            if self.sync_files:
+                step = "fsync_dir"
+                self._staging.sync_parent()
+            if replaced is not None:
+                self._staging.remove(replaced)
+        except OSError as error:
+            raise FailedAttempt.of(error, step) from error
+        finally:
+            self.drop_staging()
+        fallback = self._attempts.fallback
+        if fallback is not None:
+            record_redirect(fallback, self._attempts, size.bytes)
+        self.last_result = self._attempts.succeeded(size.bytes)
+
+
+# -- save, async_save, load -------------------------------------------------------------------
+
+
+def _verdict(writer: FsprobeWriter, error: CheckpointException) -> Plan | SaveError | None:
+    """On the coordinator, after a failed `dcp.save`: the next attempt's plan, the error to
+    give up with, or None when some rank failed for another reason than I/O (a bug)."""
+    failures = []
+    for rank, (exception, _trace) in sorted(error.failures.items()):
+        if isinstance(exception, SaveError):  # the preflight said no: that is final
+            writer.drop_staging()
+            return exception
+        failure = exception if isinstance(exception, FailedAttempt) else None
+        failure = failure or failure_of(exception, "write")
+        if failure is None:
+            writer.drop_staging()
+            return None
+        if not failure.message.startswith("rank "):
+            failure = FailedAttempt(failure.errno, failure.step, f"rank {rank}: {failure.message}")
+        failures.append(failure)
+    plan = writer.decide(deciding(failures))
+    return plan if plan is not None else writer.give_up()
+
+
+def _is_coordinator(group: Any) -> bool:
+    return not dist.is_initialized() or dist.get_rank(group) == 0
+
+
+def _broadcast(value: Any, group: Any) -> Any:
+    """The coordinator's `value` on every rank (itself without torch.distributed)."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]
+
+
+def save(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    process_group: Any = None,
+    planner: SavePlanner | None = None,
+    writer: FsprobeWriter | None = None,
+    **writer_kwargs: Any,
+) -> SaveResult:
+    """`torch.distributed.checkpoint.save` of `state_dict` to `path`, committed whole, retried.
+
+    Every rank calls it. A failed attempt (after per-file retries) is retried as a whole, and
+    capacity or permanent errors move every rank to a fallback together; returns the same
+    `SaveResult` on every rank, or raises `SaveError` (a bug in a rank's state raises DCP's
+    `CheckpointException`). `writer_kwargs` make the `FsprobeWriter` (``fallback_dirs``,
+    ``attempts``, ``backoff``, ``thread_count``...), or pass your own `writer`.
+    """
+    writer = writer or FsprobeWriter(path, **writer_kwargs)
+    requested = os.path.abspath(os.fspath(path))
+    while True:
+        try:
+            torch_dcp.save(
+                state_dict,
+                checkpoint_id=requested,
+                storage_writer=writer,
+                planner=planner,
+                process_group=process_group,
+            )
+        except RuntimeError as error:  # not DCP's: a collective failed (a rank died or hung)
+            writer.drop_staging()
+            rank = dist.get_rank(process_group) if dist.is_initialized() else 0
+            raise collective_failure(rank, requested, "dcp.save", error) from error
+        except CheckpointException as error:
+            verdict = _verdict(writer, error) if _is_coordinator(process_group) else None
+            verdict = _broadcast(verdict, process_group)
+            if isinstance(verdict, Plan):
+                writer.follow(verdict)
+                continue
+            if verdict is None:
+                raise  # a bug (not an I/O failure) on some rank: DCP's own exception
+            raise verdict from error
+        return _broadcast(writer.last_result, process_group)
+
+
+#: One background checkpoint at a time per process: the next waits for the one before.
+_background = concurrent.futures.ThreadPoolExecutor(1, "fsprobe-dcp-save")
+
+
+def async_save(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    process_group: Any = None,
+    planner: SavePlanner | None = None,
+    **writer_kwargs: Any,
+) -> concurrent.futures.Future[SaveResult]:
+    """`save` in the background: the caller pays for a copy of the tensors to CPU memory only.
+
+    Every rank calls it; the returned future holds what `save` returns or raises. The writes,
+    their retries and redirects, and the collectives run in a thread of their own: give it a
+    process group of its own (``dist.new_group(backend="gloo")``) if the training loop runs
+    collectives on the default group meanwhile. Interpreter exit waits for it.
+    """
+    writer = FsprobeWriter(path, **writer_kwargs)
+    flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+    staged = writer.stage(flat)
+    return _background.submit(
+        save, staged, path, process_group=process_group, planner=planner, writer=writer
+    )
+
+
+def load(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+    process_group: Any = None,
+    **load_kwargs: Any,
+) -> str:
+    """`torch.distributed.checkpoint.load` from where the checkpoint `path` landed.
+
+    The newest committed copy: `path` itself, or its redirected copy in one of `fallback_dirs`
+    (plus ``FSPROBE_FALLBACK_DIRS``) if that is newer. The coordinator decides, every rank
+    loads the same one. Returns the directory loaded.
+    """
+    requested = os.path.abspath(os.fspath(path))
+    where = None
+    if _is_coordinator(process_group):
+        options = SaveOptions.of(
+            attempts=1, backoff=None, fallback_dirs=fallback_dirs, redirect=True
+        )
+        where = newest_copy(requested, options.fallback_dirs)
+    where = _broadcast(where, process_group)
+    torch_dcp.load(
+        state_dict,
+        storage_reader=FileSystemReader(where),
+        process_group=process_group,
+        **load_kwargs,
+    )
+    return where

@@ -1,0 +1,289 @@
+"""A checkpoint directory that every rank of a job writes part of, committed once for all.
+
+Every rank calls `save_dir` with the same path; rank 0 of the process group coordinates. Per
+save, then per attempt (DESIGN §7, "One decision for all ranks"):
+
+1. every rank's `need_bytes` is gathered and summed; the coordinator runs the one preflight,
+   so the whole checkpoint goes to the target or to one fallback, never split between them;
+2. the coordinator cleans up after crashed saves and makes the staging directory, and
+   broadcasts where it is;
+3. every rank runs `write(staging_dir)` and fsyncs the files it wrote (a rank's fsync is what
+   makes its own writes durable on a distributed filesystem);
+4. every rank's outcome is gathered on the coordinator: all succeeded, so it fsyncs the
+   directories, publishes the staging directory with one rename and fsyncs the parent; any
+   rank failed, so it removes the staging directory and takes the retry decision for all
+   (`Attempts.failed`: the same errno classes, backoff and redirects as any save);
+5. the coordinator broadcasts the result, the error, or (implicitly, by starting over) the
+   next attempt.
+
+Collectives and timeouts: the collectives are those of `torch.distributed` on the group's own
+backend and obey its timeout (``init_process_group(timeout=...)``). A rank that dies closes
+its connections, so the others fail at the next collective (with gloo, at once); a rank that
+hangs (a write stuck on a dead mount) makes the others fail once the timeout passes. Either
+way every surviving rank raises `SaveError` (errno ``ECONNABORTED``, step ``collective``), and
+nothing is published: the previous checkpoint stays, and the staging directory left behind is
+removed by the next save (the crashed-save rule). The group cannot be used after that.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from fsprobe.saving.directory import Staging, clean_directory
+from fsprobe.saving.directory import record_redirect as record_directory_redirect
+from fsprobe.saving.fallback import prepare_directory, remove_mirrored_dirs
+from fsprobe.saving.preflight import DEFAULT_TIMEOUT
+from fsprobe.saving.retry import (
+    DEFAULT_ATTEMPTS,
+    Attempts,
+    Backoff,
+    FailedAttempt,
+    SaveError,
+    SaveOptions,
+    SaveResult,
+    deciding,
+    failure_of,
+)
+from fsprobe.saving.tree import open_directory, opened, sync_file_at, sync_tree
+
+log = logging.getLogger("fsprobe.save")
+
+#: What this rank's `write` hands back: the files it wrote (fsynced here), or None (all).
+Written = Iterable[str | os.PathLike[str]] | None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one rank reports after its part of an attempt."""
+
+    rank: int
+    failure: FailedAttempt | None = None
+    bug: str | None = None  # not an I/O failure: a bug in `write`; every rank raises
+
+
+@dataclass(frozen=True)
+class _Order:
+    """What the coordinator tells every rank: write into `staging`, or return, or raise."""
+
+    staging: str | None = None
+    result: SaveResult | None = None
+    error: BaseException | None = None
+
+
+def collective_failure(rank: int, requested: str, what: str, error: Exception) -> SaveError:
+    """The error of a save whose collective `what` could not complete on this rank."""
+    message = (
+        f"rank {rank}: the {what} of the save of {requested} failed ({error}); "
+        "another rank died or hung past the process group's timeout; nothing was published"
+    )
+    log.error("%s", message)
+    return SaveError(requested, [FailedAttempt("ECONNABORTED", "collective", message)], message)
+
+
+class _Group:
+    """The collectives of one save, each turned into a `SaveError` when it cannot complete."""
+
+    def __init__(self, group: Any, requested: str) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.requested = requested
+
+    @property
+    def coordinator(self) -> bool:
+        return self.rank == 0
+
+    def _failed(self, what: str, error: Exception) -> SaveError:
+        return collective_failure(self.rank, self.requested, what, error)
+
+    def broadcast(self, order: _Order | None) -> _Order:
+        box = [order]
+        try:
+            dist.broadcast_object_list(box, group=self.group, group_src=0)
+        except Exception as error:  # DistBackendError, RuntimeError from gloo, ...
+            raise self._failed("broadcast", error) from error
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """`value` of every rank, in rank order, on the coordinator ([] elsewhere)."""
+        box: list[Any] | None = [None] * self.size if self.coordinator else None
+        try:
+            dist.gather_object(value, box, group=self.group, group_dst=0)
+        except Exception as error:
+            raise self._failed("gather", error) from error
+        return box or []
+
+
+def _sync_written(staging: str, written: Written) -> None:
+    """fsync what this rank wrote: the files it names, else every file in the directory."""
+    with opened(open_directory(staging)) as fd:
+        if written is None:
+            sync_tree(fd, directories=False)
+            return
+        for path in written:
+            relative = os.path.relpath(os.path.join(staging, os.fspath(path)), staging)
+            if relative.startswith(".."):
+                raise ValueError(f"{path} is not in the staging directory {staging}")
+            sync_file_at(fd, relative)
+
+
+def _write_part(
+    rank: int, staging: str, write: Callable[[str], Written], fsync: bool
+) -> tuple[_Outcome, BaseException | None]:
+    """This rank's part of an attempt; a bug is reported, and kept to be raised here after."""
+    try:
+        written = write(staging)
+        if fsync:
+            _sync_written(staging, written)
+    except Exception as error:
+        failure = failure_of(error, "write")
+        if failure is None:
+            return _Outcome(rank, bug=f"rank {rank}: {error!r}"), error
+        bare = FailedAttempt(failure.errno, failure.step, f"rank {rank}: {failure.message}")
+        return _Outcome(rank, failure=bare), None
+    return _Outcome(rank), None
+
+
+def _commit(staging: Staging, fsync: bool) -> tuple[int, FailedAttempt | None]:
+    """Sync the directories, publish, sync the parent: (bytes, None) or (0, the failure)."""
+    step = "fsync_dir"
+    try:
+        size = staging.sync(files=False) if fsync else staging.measure()
+        step = "rename"
+        replaced = staging.swap_in()
+        if fsync:
+            step = "fsync_dir"
+            staging.sync_parent()
+        if replaced is not None:
+            staging.remove(replaced)
+        return size.bytes, None
+    except OSError as error:
+        return 0, FailedAttempt.of(error, step)
+
+
+def _coordinate(
+    group: _Group,
+    tries: Attempts,
+    write: Callable[[str], Written],
+    fsync: bool,
+) -> SaveResult:
+    """The coordinator's side of the protocol (see the module docstring)."""
+    cleaned: set[str] = set()
+    while True:
+        fallback = tries.fallback
+        failure: FailedAttempt | None = None
+        nbytes = 0
+        try:
+            if fallback is not None:
+                prepare_directory(fallback, tries.destination)
+            directory = os.path.dirname(tries.destination)
+            if directory not in cleaned:
+                cleaned.add(directory)
+                clean_directory(directory)
+            staging = Staging(tries.destination)
+        except OSError as error:
+            failure = FailedAttempt.of(error, "mkdir")
+        else:
+            try:
+                group.broadcast(_Order(staging=staging.path))
+                outcome, bug = _write_part(0, staging.path, write, fsync)
+                outcomes = group.gather(outcome)
+                bugs = [o.bug for o in outcomes if o.bug is not None]
+                if bugs:
+                    group.broadcast(_Order(error=RuntimeError("; ".join(bugs))))
+                    raise bug or RuntimeError("; ".join(bugs))
+                failure = deciding(o.failure for o in outcomes if o.failure is not None)
+                if failure is None:
+                    nbytes, failure = _commit(staging, fsync)
+            finally:
+                staging.close()
+        if failure is None:
+            if fallback is not None:
+                record_directory_redirect(fallback, tries, nbytes)
+            result = tries.succeeded(nbytes)
+            group.broadcast(_Order(result=result))
+            return result
+        if fallback is not None:
+            remove_mirrored_dirs(fallback, tries.destination)
+        plan = tries.failed(failure)
+        if plan is None:
+            error = tries.error()
+            group.broadcast(_Order(error=error))
+            raise error
+        tries.follow(plan)  # the other ranks wait for the next order meanwhile
+
+
+def _follow(group: _Group, write: Callable[[str], Written], fsync: bool) -> SaveResult:
+    """Every other rank's side: write where told, until told the result or the error."""
+    while True:
+        order = group.broadcast(None)
+        if order.result is not None:
+            return order.result
+        if order.error is not None:
+            raise order.error
+        assert order.staging is not None
+        outcome, bug = _write_part(group.rank, order.staging, write, fsync)
+        group.gather(outcome)
+        if bug is not None:
+            group.broadcast(None)  # the coordinator's order to raise: raise our own instead
+            raise bug
+
+
+def save_dir(
+    path: str | os.PathLike[str],
+    write: Callable[[str], Written],
+    *,
+    process_group: Any = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff: Backoff | None = None,
+    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+    max_wait: float = 0.0,
+    need_bytes: int | None = None,
+    need_inodes: int | None = 1,
+    preflight: bool = True,
+    fsync: bool = True,
+    redirect: bool = True,
+    on_unhealthy: str = "proceed",
+    state_dir: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> SaveResult:
+    """Save the directory `path` collectively: every rank of `process_group` calls this.
+
+    Each rank's `write(staging_dir)` writes that rank's files into the one staging directory
+    and may return the paths it wrote (relative to it, or absolute): those are the files this
+    rank fsyncs. Returning None makes the rank fsync every file in the directory: correct,
+    but one fsync per file per rank. `need_bytes` and `need_inodes` are this rank's share
+    (summed over the ranks; if any rank leaves `need_bytes` out, the whole directory's last
+    size is assumed); the other arguments count as the coordinator's (rank 0) gives them.
+    Returns the same `SaveResult` on every rank, or raises `SaveError` on every rank.
+    """
+    group = _Group(process_group, os.path.abspath(os.fspath(path)))
+    needs = group.gather((need_bytes, need_inodes))
+    if not group.coordinator:
+        return _follow(group, write, fsync)
+    options = SaveOptions.of(
+        attempts=attempts,
+        backoff=backoff,
+        fallback_dirs=fallback_dirs,
+        redirect=redirect,
+        max_wait=max_wait,
+        need_bytes=None if any(b is None for b, _ in needs) else sum(b for b, _ in needs),
+        need_inodes=None if any(i is None for _, i in needs) else sum(i for _, i in needs),
+        preflight=preflight,
+        on_unhealthy=on_unhealthy,
+        state_dir=state_dir,
+        timeout=timeout,
+    )
+    tries = Attempts(group.requested, options)
+    try:
+        tries.preflight()
+    except SaveError as error:
+        group.broadcast(_Order(error=error))
+        raise
+    return _coordinate(group, tries, write, fsync)

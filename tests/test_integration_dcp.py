@@ -1,0 +1,249 @@
+"""DCP through `fsprobe.integrations.dcp`: real ranks (gloo, CPU; tests.support.ranks), real
+faults (the FUSE fault filesystem, a small tmpfs), real kills.
+
+Each rank holds a state of its own (``rank<r>.*``, written only by that rank, as optimizer
+shards are) and a replicated part (``shared.*``, which DCP writes once); the module-level
+functions that are not tests are the scenarios the rank processes run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as torch_dcp
+
+from fsprobe.atomic import parse_temp_name
+from fsprobe.integrations import dcp
+from fsprobe.saving.manifest import read_manifest
+from fsprobe.saving.retry import Backoff
+from tests.support.durability import assert_directory_saved
+from tests.support.ranks import finish, run_ranks, start_ranks
+
+HERE = "tests.test_integration_dcp"
+NUMEL = 64 * 1024  # 256 KiB per tensor
+
+
+def rank_state(rank: int, seed: int, numel: int = NUMEL) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed * 1000 + rank)
+    return {
+        f"rank{rank}.weight": torch.randn(numel, generator=generator),
+        f"rank{rank}.step": torch.tensor(seed),
+        "shared.bias": torch.arange(16, dtype=torch.float32) * seed,
+    }
+
+
+def zeros_like(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: torch.zeros_like(value) for key, value in state.items()}
+
+
+def quick() -> Backoff:
+    return Backoff(base=0.05, cap=0.2)
+
+
+def save_state(
+    rank: int,
+    world_size: int,
+    target: str,
+    seed: int = 1,
+    numel: int = NUMEL,
+    fallback_dirs: tuple[str, ...] = (),
+    plain: bool = False,
+    die_in_write: bool = False,
+) -> dict:
+    """The scenario: every rank saves its state with `dcp.save` (or plain DCP + FsprobeWriter)."""
+    state = rank_state(rank, seed, numel)
+    if plain:
+        writer = dcp.FsprobeWriter(target, backoff=quick())
+        torch_dcp.save(state, storage_writer=writer)
+        return {"result": dataclasses.asdict(writer.last_result) if writer.last_result else None}
+    writer = _DyingWriter(target, backoff=quick(), fallback_dirs=fallback_dirs)
+    writer.die = die_in_write and rank == 1
+    return {"result": dataclasses.asdict(dcp.save(state, target, writer=writer))}
+
+
+class _DyingWriter(dcp.FsprobeWriter):
+    """Dies (as after an OOM kill) when told to, in the middle of the write phase."""
+
+    die = False
+
+    def write_data(self, plan, planner):
+        if self.die:
+            os._exit(3)
+        return super().write_data(plan, planner)
+
+
+def load_state(
+    rank: int, world_size: int, target: str, seed: int, fallback_dirs: tuple[str, ...] = ()
+) -> dict:
+    """The scenario: every rank loads its state and compares it with what was saved."""
+    expected = rank_state(rank, seed)
+    loaded = zeros_like(expected)
+    where = dcp.load(loaded, target, fallback_dirs=fallback_dirs)
+    equal = all(torch.equal(loaded[key], expected[key]) for key in expected)
+    return {"where": where, "equal": equal}
+
+
+def async_save_state(rank: int, world_size: int, target: str, seed: int) -> dict:
+    """The scenario: `async_save`, then the state changes in place before the save ends."""
+    state = rank_state(rank, seed)
+    future = dcp.async_save(state, target, backoff=quick())
+    for tensor in state.values():
+        tensor.add_(1)  # the optimizer's next step: must not reach the checkpoint
+    return {"result": dataclasses.asdict(future.result(timeout=60))}
+
+
+def all_ranks_state(world_size: int, seed: int) -> dict[str, torch.Tensor]:
+    """What every rank saved, together: the state one process loads a checkpoint into."""
+    state: dict[str, torch.Tensor] = {}
+    for rank in range(world_size):
+        state.update(rank_state(rank, seed))
+    return state
+
+
+def assert_loads(target: Path, world_size: int, seed: int, fallback_dirs=()) -> str:
+    """Load the checkpoint of `world_size` ranks here, in one process; returns where from."""
+    expected = all_ranks_state(world_size, seed)
+    loaded = zeros_like(expected)
+    where = dcp.load(loaded, target, fallback_dirs=fallback_dirs)
+    assert all(torch.equal(loaded[key], expected[key]) for key in expected)
+    return where
+
+
+def previous_checkpoint(target: Path, world_size: int, seed: int) -> None:
+    """What an earlier run saved at `target` (here, in one process, to save time)."""
+    dcp.save(all_ranks_state(world_size, seed), target)
+
+
+def leftovers(directory: Path) -> list[str]:
+    return [name for name in os.listdir(directory) if parse_temp_name(name)]
+
+
+def checkpoint_files(directory: Path, world_size: int) -> list[str]:
+    return sorted([".metadata", *(f"__{r}_0.distcp" for r in range(world_size))])
+
+
+def test_save_and_load_round_trip_with_two_ranks(tmp_path):
+    target = tmp_path / "step-10"
+    saved = run_ranks(f"{HERE}:save_state", 2, tmp_path, target=str(target))
+    assert saved[0].value == saved[1].value
+    result = saved[0].value["result"]
+    assert (result["path"], result["attempts"], result["redirected"]) == (str(target), 1, False)
+    assert sorted(os.listdir(target)) == checkpoint_files(target, 2)
+    assert result["bytes"] == sum(p.stat().st_size for p in target.iterdir())
+    assert leftovers(tmp_path) == []
+    loaded = run_ranks(f"{HERE}:load_state", 2, tmp_path, target=str(target), seed=1)
+    assert [r.value for r in loaded] == [{"where": str(target), "equal": True}] * 2
+
+
+def test_plain_dcp_save_with_the_writer_commits_only_in_finish(tmp_path):
+    target = tmp_path / "step-10"
+    saved = run_ranks(f"{HERE}:save_state", 2, tmp_path, target=str(target), plain=True)
+    assert saved[0].value["result"]["path"] == str(target)
+    assert saved[1].value["result"] is None  # the result is the coordinator's
+    assert sorted(os.listdir(target)) == checkpoint_files(target, 2)
+    assert assert_loads(target, 2, seed=1) == str(target)
+
+
+def test_a_write_failing_once_on_each_rank_is_retried_per_file_and_commits(faultfs):
+    target = faultfs.mountpoint / "step-10"
+    eio = faultfs.ctl.fail("write", "EIO", path="*/__1_0.distcp", sticky=True)
+    estale = faultfs.ctl.fail("write", "ESTALE", path="*/__0_0.distcp", sticky=True)
+    faultfs.ctl.clear_journal()
+    saved = run_ranks(f"{HERE}:save_state", 2, faultfs.mountpoint, target=str(target))
+    assert_directory_saved(faultfs, target)  # shards, .metadata, directory, rename, parent
+    assert (faultfs.ctl.rule(eio)["hits"], faultfs.ctl.rule(estale)["hits"]) == (1, 1)
+    result = saved[0].value["result"]
+    assert (result["attempts"], result["errors"]) == (1, [])  # retried per file, not whole
+    assert "rank 1" in saved[1].errors and "failed with EIO" in saved[1].errors
+    assert "rank 0" in saved[0].errors and "failed with ESTALE" in saved[0].errors
+    faultfs.ctl.clear()
+    assert_loads(target, 2, seed=1)
+    assert leftovers(faultfs.backing) == []
+
+
+def test_a_checkpoint_whose_shards_fit_but_not_the_whole_lands_whole_in_the_fallback(
+    tmpfs, tmp_path
+):
+    target_fs = tmpfs(size="1M")  # each rank's 256 KiB shard fits, the four of them do not
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    target = target_fs.path / "step-10"
+    saved = run_ranks(
+        f"{HERE}:save_state", 4, tmp_path, target=str(target), fallback_dirs=[str(fallback)]
+    )
+    result = saved[0].value["result"]
+    assert all(r.value["result"] == result for r in saved)
+    assert result["redirected"] and result["errors"] == [] and result["attempts"] == 1
+    assert os.listdir(target_fs.path) == []  # nothing of it at the target
+    actual = Path(result["path"])
+    assert actual == fallback / str(target).lstrip("/")
+    assert sorted(os.listdir(actual)) == checkpoint_files(actual, 4)
+    [entry] = read_manifest(str(fallback))
+    assert (entry.requested, entry.actual, entry.bytes) == (
+        str(target),
+        str(actual),
+        result["bytes"],
+    )
+    assert assert_loads(target, 4, seed=1, fallback_dirs=[fallback]) == str(actual)
+
+
+def test_every_rank_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_cleans(faultfs):
+    target = faultfs.mountpoint / "last"
+    previous_checkpoint(target, 2, seed=1)
+    faultfs.ctl.delay("write", 0.05, path="*.distcp")  # a slow server: the save takes seconds
+    ranks = start_ranks(f"{HERE}:save_state", 2, faultfs.mountpoint, target=str(target), seed=2)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the staging directory holds part of a shard
+            staging = [faultfs.backing / n for n in leftovers(faultfs.backing)]
+            shards = [f for s in staging for f in s.iterdir()] if staging else []
+            if any(f.stat().st_size > 64 * 1024 for f in shards):
+                break
+            assert all(r.poll() is None for r in ranks), "a rank ended before it was killed"
+            assert time.monotonic() < deadline, "the ranks never started writing"
+            time.sleep(0.05)
+        for rank in ranks:
+            rank.send_signal(signal.SIGKILL)
+    finally:
+        results = finish(ranks, timeout=30)
+    faultfs.ctl.clear()
+    assert [r.returncode for r in results] == [-signal.SIGKILL] * 2
+    assert len(leftovers(faultfs.mountpoint)) == 1  # the killed save's staging directory
+    assert_loads(target, 2, seed=1)
+
+    run_ranks(f"{HERE}:save_state", 2, faultfs.mountpoint, target=str(target), seed=3)
+    assert leftovers(faultfs.mountpoint) == []
+    assert_loads(target, 2, seed=3)
+
+
+def test_a_rank_dying_before_the_decision_fails_the_others_within_the_timeout(tmp_path):
+    target = tmp_path / "last"
+    started = time.monotonic()
+    ranks = start_ranks(
+        f"{HERE}:save_state",
+        2,
+        tmp_path,
+        collective_timeout=20,
+        target=str(target),
+        die_in_write=True,
+    )
+    rank0, rank1 = finish(ranks, timeout=60)
+    elapsed = time.monotonic() - started
+    assert rank1.returncode == 3
+    assert rank0.returncode == 1 and rank0.raised["type"] == "SaveError"
+    assert rank0.raised["attempts"][0][:2] == ["ECONNABORTED", "collective"]
+    assert "another rank died or hung" in rank0.raised["message"]
+    assert elapsed < 20 + 30  # the collective timeout, plus the start of two processes
+    assert not target.exists() and leftovers(tmp_path) == []
+
+
+def test_async_save_writes_the_state_as_it_was_when_called(tmp_path):
+    target = tmp_path / "step-10"
+    saved = run_ranks(f"{HERE}:async_save_state", 2, tmp_path, target=str(target), seed=4)
+    assert saved[0].value == saved[1].value and saved[0].value["result"]["path"] == str(target)
+    assert_loads(target, 2, seed=4)
