@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 #: The probe kinds, in the order in which they are shown and exported.
-PROBE_KINDS = ("statvfs", "quota", "lfs_df", "write", "tmpdir", "redirect")
+PROBE_KINDS = ("statvfs", "quota", "lfs_df", "write", "tmpdir")
 
 #: The error name a probe reports when it overran its deadline (an errno name otherwise).
 TIMEOUT = "TIMEOUT"

@@ -49,7 +49,6 @@ DEFAULT_INTERVALS: Mapping[str, float] = {
     "quota": 300.0,
     "lfs_df": 300.0,
     "tmpdir": 60.0,
-    "redirect": 60.0,  # counting (and, if asked, syncing back) redirected checkpoints
 }
 
 

@@ -44,8 +44,8 @@ def test_a_path_alone_needs_no_file(tmp_path):
         "quota": 300.0,
         "lfs_df": 300.0,
         "tmpdir": 60.0,
-        "redirect": 60.0,
     }
+    assert target.redirect_interval == 60.0  # the daemon's tasks, not a probe: never judged
     assert target.settings.deadline == 10.0
     assert target.settings.write_bytes == 1024 * 1024
     assert target.settings.policy.intervals == target.intervals
@@ -365,6 +365,23 @@ def test_fallback_dirs_come_from_the_target_and_the_environment(tmp_path):
     (target,) = config.targets
     assert target.fallback_dirs == ("/scratch/a", "/scratch/b")
     assert target.sync_redirected and config.sync_redirected
+
+
+def test_the_redirect_interval_times_the_tasks_and_is_not_a_probe_interval(tmp_path):
+    config = load(
+        Overrides(
+            config_file=write(
+                tmp_path, f'[[targets]]\npath = "{tmp_path}"\nredirect_interval = 5\n'
+            )
+        ),
+        environ={},
+    )
+    (target,) = config.targets
+    assert target.redirect_interval == 5.0
+    assert "redirect" not in target.intervals
+    assert "redirect" not in target.settings.policy.intervals
+    error = refused(tmp_path, f'[[targets]]\npath = "{tmp_path}"\nredirect_interval = 0\n')
+    assert error.key == "targets[0].redirect_interval"
 
 
 def test_the_documented_example_loads_as_written():

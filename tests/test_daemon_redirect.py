@@ -3,18 +3,23 @@
 A save that `fsprobe.save` redirected to a fallback directory is recorded in that directory's
 manifest; the daemon, given the fallback, exports how many bytes wait to go back to each target
 (`fsprobe_redirected_pending_bytes`, alert `FsprobeRedirectedCheckpointsPending`) and, when
-asked, copies them back once the target can take them.
+asked, copies them back once the target can take them. Both are tasks of the daemon, not
+probes: however long a copy takes, the target's verdict is the probes' alone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import fsprobe
-from fsprobe.saving.manifest import pending
-from tests.daemon_process import DaemonProcess, clean_environment
+from fsprobe.saving.manifest import new_entry, pending, record
+from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
 
 def redirected_save(target: Path, fallback: Path, payload: bytes) -> Path:
@@ -30,14 +35,19 @@ def redirected_save(target: Path, fallback: Path, payload: bytes) -> Path:
     return Path(result.path)
 
 
-def daemon_config(tmp_path: Path, target: Path, fallback: Path) -> Path:
+def daemon_config(tmp_path: Path, target: Path, *fallbacks: Path) -> Path:
     config = tmp_path / "fsprobe.toml"
+    dirs = json.dumps([str(fallback) for fallback in fallbacks])
     config.write_text(
         "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.5\nwrite_probe = false\n"
         'quota_probe = "never"\n'
-        f'[[targets]]\npath = "{target}"\nfallback_dirs = ["{fallback}"]\n'
+        f'[[targets]]\npath = "{target}"\nfallback_dirs = {dirs}\n'
     )
     return config
+
+
+def state_of(daemon: DaemonProcess, target: Path) -> dict:
+    return json.loads((daemon.state_dir / "state.json").read_text())["targets"][str(target)]
 
 
 def test_pending_bytes_are_exported_and_synced_back_on_request(tmp_path, tmpfs):
@@ -57,13 +67,145 @@ def test_pending_bytes_are_exported_and_synced_back_on_request(tmp_path, tmpfs):
         daemon.wait_for_value(
             "fsprobe_redirected_pending_bytes", float(len(payload)), path=str(target)
         )
-        assert daemon.value("fsprobe_probe_success", path=str(target), probe="redirect") == 1.0
+        # Counting is a task of the daemon, not a probe of the target: no probe series for it,
+        # nothing in the target's probes or verdict.
+        probes = {dict(labels)["probe"] for labels in daemon.metrics()["fsprobe_probe_success"]}
+        assert "statvfs" in probes and probes <= {"statvfs", "tmpdir"}
+        assert set(state_of(daemon, target)["probes"]) <= {"statvfs", "tmpdir", "write"}
     assert not (target / "last.ckpt").exists()  # counting alone never copies
 
     home = tmp_path / "syncing"
     home.mkdir()
     with DaemonProcess(home, "--config", str(config), "--sync-redirected", env=env) as daemon:
         daemon.wait_for_value("fsprobe_redirected_pending_bytes", 0.0, path=str(target))
+        line = daemon.wait_for_log("event=sync ")
+        assert "action=synced" in line and f"requested={target / 'last.ckpt'}" in line
     assert (target / "last.ckpt").read_bytes() == payload
     assert not landed.exists()
     assert pending([str(fallback)]) == []
+
+
+def test_a_sync_back_slower_than_three_probe_intervals_leaves_the_target_ok(faultfs, tmp_path):
+    """Issue 10: as a probe, a long copy made the target stale (degraded) while it ran."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    fallback, later_fallback = tmp_path / "fallback", tmp_path / "fallback-2"
+    fallback.mkdir()
+    later_fallback.mkdir()
+    payload = os.urandom(3 * 2**20)
+    faultfs.ctl.set_readonly(True)
+    try:
+        result = fsprobe.atomic_write(
+            str(target / "last.ckpt"), lambda f: f.write(payload), fallback_dirs=[str(fallback)]
+        )
+    finally:
+        faultfs.ctl.set_readonly(False)
+    assert result.redirected
+    # Every write of the copy back into the target is slow; the probes' own calls are not.
+    slow = faultfs.ctl.delay("write", 1.0, path="*last.ckpt*")
+
+    config = daemon_config(tmp_path, target, fallback, later_fallback)
+    env = clean_environment(TMPDIR=str(target))
+    with DaemonProcess(tmp_path, "--config", str(config), "--sync-redirected", env=env) as daemon:
+        daemon.wait_for_value(
+            "fsprobe_redirected_pending_bytes", float(len(payload)), path=str(target)
+        )
+        faultfs.ctl.wait_blocked(slow, timeout=15)  # the copy back has begun
+        started = time.monotonic()
+        first_statvfs = daemon.value(
+            "fsprobe_probe_last_success_timestamp_seconds", path=str(target), probe="statvfs"
+        )
+
+        # Meanwhile another checkpoint is redirected: the count, a task of its own, sees it.
+        later = later_fallback / "later.ckpt"
+        later.write_bytes(b"x" * 1000)
+        record(
+            new_entry(
+                str(later_fallback),
+                str(target / "later.ckpt"),
+                str(later),
+                1000,
+                hashlib.sha256(later.read_bytes()).hexdigest(),
+            )
+        )
+        daemon.wait_for_value(
+            "fsprobe_redirected_pending_bytes", float(len(payload) + 1000), path=str(target)
+        )
+
+        statuses, reasons = set(), set()
+        while not (target / "last.ckpt").exists():
+            assert time.monotonic() - started < 60, daemon.log()
+            statuses.add(daemon.value("fsprobe_health_status", path=str(target)))
+            reasons.update(r["code"] for r in state_of(daemon, target)["reasons"])
+            time.sleep(0.1)
+        copying = time.monotonic() - started
+        assert copying > 3 * 0.5, copying  # longer than three statvfs intervals
+        assert statuses == {0.0}, daemon.log()
+        assert not reasons & {"probe_stale", "mount_stuck"}
+        assert (
+            daemon.value(
+                "fsprobe_probe_last_success_timestamp_seconds", path=str(target), probe="statvfs"
+            )
+            > first_statvfs
+        )  # the probes went on beside the copy, in the same worker
+
+        daemon.wait_for_value("fsprobe_redirected_pending_bytes", 0.0, path=str(target))
+        assert daemon.value("fsprobe_health_status", path=str(target)) == 0.0
+    assert (target / "last.ckpt").read_bytes() == payload
+    assert (target / "later.ckpt").read_bytes() == b"x" * 1000
+    assert pending([str(fallback), str(later_fallback)]) == []
+
+
+def test_once_counts_and_syncs_back_after_probing(tmp_path, tmpfs):
+    target = tmpfs(size="8M", nr_inodes=200).path
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    payload = os.urandom(200_000)
+    redirected_save(target, fallback, payload)
+    config = daemon_config(tmp_path, target, fallback)
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    env = clean_environment(TMPDIR=str(target))
+    pending_line = f'fsprobe_redirected_pending_bytes{{path="{target}"}}'
+
+    def once(*args: str) -> str:
+        code, _out, err = run_fsprobe(
+            "run", "--once", "--config", str(config), "--state-dir", str(tmp_path / "state"),
+            "--textfile-dir", str(textfiles), *args, env=env,
+        )  # fmt: skip
+        assert code == 0, err
+        return (textfiles / "fsprobe.prom").read_text()
+
+    assert f"{pending_line} {float(len(payload))}" in once()
+    assert not (target / "last.ckpt").exists()
+    assert f"{pending_line} 0.0" in once("--sync-redirected")  # judged by the probes just run
+    assert (target / "last.ckpt").read_bytes() == payload
+
+
+def test_a_hung_fallback_delays_the_count_never_the_target_or_the_daemon(tmp_path, faultfs):
+    """The count reads the fallback's manifest in the worker; a hung fallback mount blocks that
+    one call there, is reported once, and neither the verdict nor SIGTERM waits for it."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    fallback = faultfs.mountpoint / "fallback"
+    fallback.mkdir()
+    config = daemon_config(tmp_path, target, fallback)
+    config.write_text(config.read_text().replace("[defaults]\n", "[defaults]\ndeadline = 1.0\n"))
+    env = clean_environment(TMPDIR=str(target))
+    daemon = DaemonProcess(tmp_path, "--config", str(config), env=env).start()
+    rule = faultfs.ctl.block("*", path="/fallback*")
+    try:
+        line = daemon.wait_for_log("event=task_overdue", timeout=10)
+        assert f"target={target} task=count errno=TIMEOUT" in line
+        assert faultfs.ctl.rule(rule)["waiting"] >= 1
+        time.sleep(3 * 0.5)  # three intervals: the task is not started again while it hangs
+        assert daemon.log().count("event=task_overdue") == 1, daemon.log()
+        assert faultfs.ctl.rule(rule)["waiting"] == 1
+        assert daemon.value("fsprobe_health_status", path=str(target)) == 0.0
+        start = time.monotonic()
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait(timeout=5) == 0, daemon.log()
+        assert time.monotonic() - start < 1.0
+    finally:
+        faultfs.ctl.remove(rule)
+        daemon.stop()

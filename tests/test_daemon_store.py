@@ -147,14 +147,16 @@ def test_reconfigure_keeps_history_and_drops_removed_targets():
     assert store.record("/b", statvfs_ok()) is None
 
 
-def test_redirected_pending_bytes_is_set_per_target():
+def test_redirected_pending_bytes_sit_beside_the_snapshot_and_never_judge():
     store = store_with("/a")
     assert store.view("/a").redirected_pending_bytes is None
-    version = store.view("/a").version
-    store.set_redirected_pending_bytes("/a", 123)
-    assert store.view("/a").redirected_pending_bytes == 123
-    assert store.view("/a").version > version
-    store.set_redirected_pending_bytes("/unknown", 5)
+    before = store.record("/a", statvfs_ok())
+    view = store.set_redirected_pending_bytes("/a", 123)
+    assert view is store.view("/a") and view.redirected_pending_bytes == 123
+    assert view.version > before.version
+    assert view.snapshot == before.snapshot and view.verdict == before.verdict
+    assert store.set_redirected_pending_bytes("/a", 123) is None  # unchanged: nothing new
+    assert store.set_redirected_pending_bytes("/unknown", 5) is None
     assert store.view("/unknown") is None
 
 

@@ -64,6 +64,7 @@ def _interval(kind: str) -> Callable[[Config, TargetConfig], Any]:
 ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
     **{f.name: _threshold(f.name) for f in dataclasses.fields(Policy) if f.name != "intervals"},
     **{f"{kind}_interval": _interval(kind) for kind in DEFAULT_INTERVALS},
+    "redirect_interval": lambda config, target: target.redirect_interval,  # a task, not a probe
     "deadline": lambda config, target: target.settings.deadline,
     "quota_timeout": lambda config, target: target.settings.quota.timeout,
     "write_bytes": lambda config, target: target.settings.write_bytes,

@@ -57,12 +57,9 @@ def test_a_blocked_probe_returns_stuck_at_its_deadline_and_blocks_its_target():
     assert runner.submit("/hung", "statvfs", lambda: "never runs", deadline=5) is run
     # Other targets are not affected.
     assert runner.submit("/fine", "statvfs", lambda: "ok", deadline=5).result().value == "ok"
-    assert runner.in_flight() == 1
-    assert [r.probe for r in runner.overdue()] == ["statvfs"]
 
     release.set()
     assert run.future.result(timeout=5).value is True  # the late answer is still delivered
-    assert runner.in_flight() == 0
     recovered = runner.submit("/hung", "write", lambda: "written", deadline=5).result()
     assert recovered.value == "written"
 

@@ -57,6 +57,8 @@ MAX_STALE_INTERVALS = 1000.0
 MAX_ID = 2**32 - 2
 #: A config file is a page of settings; reading more than this is refused, not attempted.
 MAX_FILE_BYTES = 1024 * 1024
+#: How often the checkpoints redirected away from a target are counted (and, if asked, synced).
+REDIRECT_INTERVAL = 60.0
 
 
 class ConfigError(Exception):
@@ -82,6 +84,7 @@ class TargetConfig:
     quota_enabled: bool = True
     fallback_dirs: tuple[str, ...] = ()
     sync_redirected: bool = False  # copy redirected checkpoints back once the target is healthy
+    redirect_interval: float = REDIRECT_INTERVAL  # of the daemon's tasks, not a probe
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,7 @@ def _listen(value: Any) -> str:
 
 _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
     **{f"{kind}_interval": _seconds(MAX_INTERVAL) for kind in DEFAULT_INTERVALS},
+    "redirect_interval": _seconds(MAX_INTERVAL),
     "deadline": _seconds(MAX_DEADLINE),
     "quota_timeout": _seconds(MAX_DEADLINE),
     "write_bytes": _size(MAX_WRITE_BYTES, "64M"),
@@ -552,6 +556,7 @@ def _target(
         quota_enabled=quota_probes_enabled(mode, environ),
         fallback_dirs=all_fallback_dirs(values.get("fallback_dirs", ()), environ),
         sync_redirected=sync_redirected,
+        redirect_interval=values.get("redirect_interval", REDIRECT_INTERVAL),
     )
 
 

@@ -30,6 +30,7 @@ from fsprobe.daemon.logs import event
 from fsprobe.daemon.publish import Publisher
 from fsprobe.daemon.scheduler import Scheduler, log_result, planned_probes, target_spec
 from fsprobe.daemon.store import Store
+from fsprobe.daemon.tasks import run_tasks_once
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
@@ -196,9 +197,11 @@ def _signal_pipe(numbers: tuple[int, ...]):
 
 
 def run_once(config: Config) -> Status:
-    """One round of every probe of every target, outputs written; returns the worst status.
+    """One round of every probe of every target, then of every task, outputs written; returns
+    the worst status.
 
-    For cron: nothing is served and nothing printed; each probe is bounded by its deadline.
+    For cron: nothing is served and nothing printed; each probe and task is bounded by its
+    deadline.
     """
     _check_outputs(config)
     lock = _lock_state_dir(config.state_dir)
@@ -210,12 +213,14 @@ def run_once(config: Config) -> Status:
         )
         store.configure(target_spec(target) for target in config.targets)
         plans = {target.path: planned_probes(target) for target in config.targets}
-        for path, results in run_plans(plans, shared_runner()).items():
+        runner = shared_runner()
+        for path, results in run_plans(plans, runner).items():
             for result in results.values():
                 before = store.view(path)
                 after = store.record(path, result)
                 if after is not None:
                     log_result(before, after, result)
+        run_tasks_once(config.targets, store, runner.executor)
         publisher.publish(store.views())
     finally:
         lock.release()

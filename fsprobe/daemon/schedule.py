@@ -62,8 +62,5 @@ class Schedule:
         if key in self._due:
             self._due[key] = min(self._due[key], now)
 
-    def next_due(self, key: Key) -> float:
-        return self._due[key]
-
     def earliest(self) -> float | None:
         return min(self._due.values(), default=None)

@@ -11,6 +11,9 @@ signals go on.
 
 When a run that was marked stuck finally returns, the target's other probes, which were refused
 while it hung, run again at once: the target recovers by itself, without waiting an interval.
+
+The same loop drives the daemon's tasks (`daemon.tasks`: counting and syncing back redirected
+checkpoints), which run in the same worker on a timetable of their own and never touch a verdict.
 """
 
 from __future__ import annotations
@@ -21,18 +24,19 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from fsprobe.daemon.config import QUOTA_KINDS, TargetConfig
 from fsprobe.daemon.logs import event
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store, TargetSpec
+from fsprobe.daemon.tasks import Tasks
 from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
 from fsprobe.probing.plan import PlannedProbe, plan
 from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
-from fsprobe.saving.sync import pending_after_sync
 
 #: Wake this long after a run's deadline, so that the run reads as overdue when checked.
 _DEADLINE_SLACK = 0.01
@@ -40,29 +44,12 @@ _DEADLINE_SLACK = 0.01
 _MAX_SLEEP = 5.0
 
 
-#: How long a redirect probe that copies checkpoints back may take before it counts as stuck:
-#: copying gigabytes is slow, not hung.
-SYNC_DEADLINE = 3600.0
-
-
 def planned_probes(target: TargetConfig) -> dict[str, PlannedProbe]:
-    """The probes that run on `target`: the plan, less quota and `lfs df` where disabled, plus
-    counting (and with `sync_redirected`, copying back) the checkpoints redirected away from it.
-    """
+    """The probes that run on `target`: the plan, less quota and `lfs df` where disabled."""
     probes = plan(target.path, target.settings)
     if not target.quota_enabled:
         for kind in QUOTA_KINDS:
             probes.pop(kind, None)
-    if target.fallback_dirs:
-        probes["redirect"] = PlannedProbe(
-            functools.partial(
-                pending_after_sync,
-                target.path,
-                target.fallback_dirs,
-                target.sync_redirected,
-            ),
-            SYNC_DEADLINE if target.sync_redirected else target.settings.deadline,
-        )
     return probes
 
 
@@ -80,6 +67,12 @@ class _Done:
 
 
 @dataclass(frozen=True)
+class _TaskDone:
+    key: Key
+    future: Future
+
+
+@dataclass(frozen=True)
 class _Configure:
     targets: tuple[TargetConfig, ...]
 
@@ -88,7 +81,8 @@ _STOP = object()
 
 
 class Scheduler:
-    """Runs the probes of every target on their intervals; `publish` gets the changed views."""
+    """Runs the probes and tasks of every target on their intervals; `publish` gets the changed
+    views."""
 
     def __init__(self, store: Store, publish: Callable[[Sequence[TargetView]], None]) -> None:
         self.store = store
@@ -100,6 +94,7 @@ class Scheduler:
         self._running: dict[Key, Run] = {}
         self._marked_stuck: set[Key] = set()  # runs in flight whose stuck result is published
         self._thread: threading.Thread | None = None
+        self.tasks = Tasks(store, self.runner.executor)
 
     # -- called from other threads -------------------------------------------------------------
 
@@ -120,6 +115,9 @@ class Scheduler:
     def _done(self, key: Key, run: Run, _future: object) -> None:
         self._inbox.put(_Done(key, run))
 
+    def _task_done(self, key: Key, future: Future) -> None:
+        self._inbox.put(_TaskDone(key, future))
+
     # -- the scheduler thread ------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -139,7 +137,9 @@ class Scheduler:
                     message = None
             now = time.monotonic()
             self._watchdog(changed)
+            self.tasks.watchdog(now)
             self._dispatch(now, changed)
+            self.tasks.dispatch(now, self._task_done)
             if changed:
                 try:
                     self._publish(list(changed.values()))
@@ -147,7 +147,7 @@ class Scheduler:
                     logging.getLogger(__name__).exception("publishing the results failed")
 
     def _sleep_time(self, now: float) -> float:
-        wake = [now + _MAX_SLEEP]
+        wake = [now + _MAX_SLEEP, *self.tasks.wake_times()]
         earliest = self._schedule.earliest()
         if earliest is not None:
             wake.append(earliest)
@@ -163,6 +163,10 @@ class Scheduler:
             self._apply(message.targets, changed)
         elif isinstance(message, _Done):
             self._finished(message.key, message.run, changed)
+        elif isinstance(message, _TaskDone):
+            view = self.tasks.finished(message.key, message.future)
+            if view is not None:
+                changed[view.path] = view
 
     def _apply(self, targets: Sequence[TargetConfig], changed: dict[str, TargetView]) -> None:
         now = time.monotonic()
@@ -178,6 +182,7 @@ class Scheduler:
                 else:
                     self._schedule.add(key, target.intervals[kind], now)
         self._schedule.retain(keys)
+        self.tasks.configure(targets, now)
         for key in [key for key in self._running if key not in self._schedule]:
             del self._running[key]
             self._marked_stuck.discard(key)

@@ -3,6 +3,8 @@
 The scheduler records every probe result here; the store keeps what one result alone cannot
 tell (the last few write errors, error counters, a latency histogram, when each probe last
 succeeded), judges the target with the health policy, and publishes an immutable `TargetView`.
+The count of the redirected-checkpoints task (`daemon.tasks`) is kept beside the snapshot,
+never in it: no task ever changes a verdict.
 Readers (a scrape, the state file, the textfile) only ever take the published views; nothing
 here knows about Prometheus or files.
 """
@@ -81,8 +83,6 @@ class Store:
                 target.errors[(result.probe, result.error)] += 1
             if result.ok:
                 target.last_success[result.probe] = result.finished_at
-            if result.probe == "redirect" and result.ok:
-                target.redirected_pending_bytes = result.value
             if result.probe == "write" and not result.stuck:
                 target.recent_write_errors.append(result.error)
                 if isinstance(result.value, WriteProbeResult):
@@ -92,13 +92,15 @@ class Store:
                     target.latency_version = self._version
             return self._publish(target)
 
-    def set_redirected_pending_bytes(self, path: str, pending: int | None) -> None:
-        """Bytes of checkpoints redirected away from `path` and not synced back (None: unset)."""
+    def set_redirected_pending_bytes(self, path: str, pending: int | None) -> TargetView | None:
+        """Bytes of checkpoints redirected away from `path` and not synced back (None: not
+        known), as the daemon's count task found; returns the new view if it changed."""
         with self._lock:
             target = self._targets.get(path)
-            if target is not None and target.redirected_pending_bytes != pending:
-                target.redirected_pending_bytes = pending
-                self._publish(target)
+            if target is None or target.redirected_pending_bytes == pending:
+                return None
+            target.redirected_pending_bytes = pending
+            return self._publish(target)
 
     def views(self) -> tuple[TargetView, ...]:
         """Every target's latest view, by path; never blocks on a probe or a lock."""

@@ -167,12 +167,3 @@ class ProbeRunner:
             )
         )
         return run
-
-    def overdue(self) -> list[Run]:
-        """Runs past their deadline and still blocked: what a watchdog reports as stuck."""
-        with self._lock:
-            return [run for run in self._in_flight.values() if run.overdue()]
-
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._in_flight)

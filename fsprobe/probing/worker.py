@@ -36,7 +36,7 @@ from concurrent.futures import Future
 
 from fsprobe.lustre import children
 from fsprobe.model import ProbeResult
-from fsprobe.probing.runner import ProbeRunner, ThreadExecutor, timed_call
+from fsprobe.probing.runner import ProbeRunner, timed_call
 
 log = logging.getLogger(__name__)
 
@@ -184,21 +184,16 @@ _shared: ProbeRunner | None = None
 _shared_lock = threading.Lock()
 
 
-_in_worker = False
-
-
 def shared_runner() -> ProbeRunner:
     """The probe runner of this process, with its one worker process (started on first use).
 
     Shared by `fsprobe.check`, the save hook and the daemon, so that a target already hung is
     not probed again by anyone in this process: one blocked call per target, whoever asks.
-    Inside the worker process itself (a sync that runs a preflight) probes run in threads: the
-    worker is already the process that may be left behind.
     """
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = ProbeRunner(ThreadExecutor() if _in_worker else ProcessExecutor())
+            _shared = ProbeRunner(ProcessExecutor())
         return _shared
 
 
@@ -224,8 +219,6 @@ def _serve(connection: Channel) -> None:
 
 def main(argv: list[str]) -> None:
     """The worker's entry point (see `worker_command`); `argv` is the channel's fd."""
-    global _in_worker
-    _in_worker = True
     children.adopt_orphans()  # what an lfs leaves behind is ours to reap, not init's
     _serve(Channel(socket.socket(fileno=int(argv[0]))))
     os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer

@@ -23,7 +23,6 @@ from fsprobe.saving.manifest import (
     Entry,
     UntrustedManifest,
     latest_per_file,
-    pending_bytes,
     read_manifest,
     rewrite,
     sha256_of,
@@ -237,13 +236,3 @@ def sync(
         if settled and not dry_run:
             rewrite(fallback, settled)
     return outcomes
-
-
-def pending_after_sync(target: str, fallback_dirs: Iterable[str], sync_back: bool) -> int:
-    """The daemon's redirect probe: sync back what `target` can take now (if asked), then count.
-
-    Returns the bytes still waiting in the fallback directories to go back to `target`.
-    """
-    if sync_back:
-        sync(fallback_dirs, under=target)
-    return pending_bytes(fallback_dirs, under=target)

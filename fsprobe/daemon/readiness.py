@@ -1,0 +1,40 @@
+"""Whether a target can take a redirected checkpoint back, from the daemon's own verdict.
+
+`fsprobe sync` asks a preflight before it copies a checkpoint back. The daemon's sync task
+knows better and cheaper: it has just judged the target itself. It also runs in the probe
+worker process, where a preflight that had to probe inline would start a worker of its own.
+
+The answer is taken when the task starts and shipped to the worker with it (this module is
+what the worker imports to unpickle it, so it stays small). A sync that takes a while acts on
+a verdict that is a few minutes old; the copy itself is still an atomic write with retries,
+so a target that filled up meanwhile costs a failed attempt, never a damaged checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsprobe.model import Status
+from fsprobe.policy import Verdict, judge_need
+from fsprobe.saving.manifest import Entry
+
+
+@dataclass(frozen=True)
+class VerdictReadiness:
+    """A `saving.sync.Readiness`: ready when the verdict, judged for the entry's size, can take
+    a save (the policy's `can_take_save`: nothing refuses it, nothing unhealthy is in the way).
+
+    Degraded is good enough: the copy retries transient errors like any save. A target not
+    judged yet (unknown) waits for its first probes.
+    """
+
+    verdict: Verdict
+
+    def __call__(self, entry: Entry) -> str | None:
+        if self.verdict.status is Status.UNKNOWN:
+            return "the target has not been probed yet"
+        judged = judge_need(self.verdict, entry.bytes, 1)
+        if judged.can_take_save:
+            return None
+        why = (judged.refusing or judged.concerns)[0]
+        return f"the target is {judged.status.label}: {why.message}"

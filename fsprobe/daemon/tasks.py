@@ -1,0 +1,227 @@
+"""The daemon's tasks: work it does for a target that is not a probe of it.
+
+A target with fallback directories has checkpoints that `fsprobe.save` may have redirected
+there. Two tasks look after them, each on its own timetable and with its own deadline:
+
+- ``count``: the bytes that wait to go back (``fsprobe_redirected_pending_bytes``);
+- ``sync`` (with `sync_redirected`): copy them back once the target can take them, deciding that
+  from the daemon's own verdict of the target (`fsprobe.daemon.readiness`), then count again.
+
+They are not probes. A probe's result is a fact about the target that the policy judges and
+ages; a copy of gigabytes that takes ten minutes is neither, and as a probe it made the target
+look stale (and the preflight then told trainers to wait). So a task's result never enters a
+target's snapshot or verdict: the count goes to the store beside the view, the sync outcomes to
+the log. Like probes, tasks run in the probe worker process, because both the target and the
+fallback directories may hang in the kernel, and at most one run per task is out at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from fsprobe.daemon.config import TargetConfig
+from fsprobe.daemon.logs import event
+from fsprobe.daemon.readiness import VerdictReadiness
+from fsprobe.daemon.schedule import Key, Schedule
+from fsprobe.daemon.store import Store
+from fsprobe.exporters.view import TargetView
+from fsprobe.model import ProbeResult
+from fsprobe.probing.runner import Executor
+from fsprobe.saving.manifest import pending_bytes
+from fsprobe.saving.sync import SyncOutcome, sync
+
+#: How long copying checkpoints back may take before the task is reported overdue: copying
+#: gigabytes is slow, not hung.
+SYNC_DEADLINE = 3600.0
+
+#: Outcomes of a sync worth a warning: something is wrong with a checkpoint or the copy.
+_ALARMING = frozenset({"failed", "checksum_mismatch", "skipped"})
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    """One task of one target: how often, how long at most, and the work for a given view."""
+
+    interval: float
+    deadline: float
+    work: Callable[[TargetView], Callable[[], object]]
+
+
+def _count(target: TargetConfig, _view: TargetView) -> Callable[[], object]:
+    return functools.partial(pending_bytes, target.fallback_dirs, under=target.path)
+
+
+def _sync(target: TargetConfig, view: TargetView) -> Callable[[], object]:
+    return functools.partial(
+        sync, target.fallback_dirs, under=target.path, ready=VerdictReadiness(view.verdict)
+    )
+
+
+def planned_tasks(target: TargetConfig) -> dict[str, PlannedTask]:
+    """The tasks of `target`, sync before count; none without fallback directories."""
+    if not target.fallback_dirs:
+        return {}
+    tasks = {}
+    if target.sync_redirected:
+        tasks["sync"] = PlannedTask(
+            target.redirect_interval, SYNC_DEADLINE, functools.partial(_sync, target)
+        )
+    tasks["count"] = PlannedTask(
+        target.redirect_interval, target.settings.deadline, functools.partial(_count, target)
+    )
+    return tasks
+
+
+def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView | None:
+    """Log what a task run did and record its count; returns the target's view if it changed."""
+    if result.error is not None:
+        event(
+            logging.WARNING,
+            "task_failed",
+            target=path,
+            task=kind,
+            errno=result.error,
+            message=result.message,
+        )
+    if kind == "sync":
+        for outcome in result.value or ():
+            _log_outcome(path, outcome)
+        return None
+    return store.set_redirected_pending_bytes(path, result.value if result.ok else None)
+
+
+def _log_outcome(path: str, outcome: SyncOutcome) -> None:
+    if outcome.action == "waiting":
+        return  # the usual case until the target recovers: the count says it all
+    event(
+        logging.WARNING if outcome.action in _ALARMING else logging.INFO,
+        "sync",
+        target=path,
+        action=outcome.action,
+        requested=outcome.entry.requested,
+        message=outcome.message,
+    )
+
+
+@dataclass
+class _Run:
+    key: Key
+    deadline: float
+    started: float
+    future: Future
+    reported_overdue: bool = False
+
+    def overdue(self, now: float) -> bool:
+        return not self.future.done() and now - self.started > self.deadline
+
+
+class Tasks:
+    """Starts the due tasks in the worker and takes their results; driven by the scheduler.
+
+    Has no thread of its own: the scheduler's loop calls `dispatch`, `finished` and `watchdog`,
+    and sleeps no longer than `wake_times` allows.
+    """
+
+    def __init__(self, store: Store, executor: Executor) -> None:
+        self.store = store
+        self._executor = executor
+        self._schedule = Schedule()
+        self._tasks: dict[Key, PlannedTask] = {}
+        self._running: dict[Key, _Run] = {}
+
+    def configure(self, targets: Iterable[TargetConfig], now: float) -> None:
+        """Plan the tasks of these targets (at start and on a reload); a run out is kept."""
+        self._tasks = {
+            (target.path, kind): task
+            for target in targets
+            for kind, task in planned_tasks(target).items()
+        }
+        for key, task in self._tasks.items():
+            if key in self._schedule:
+                self._schedule.set_interval(key, task.interval, now)
+            else:
+                self._schedule.add(key, task.interval, now)
+        self._schedule.retain(self._tasks)
+
+    def dispatch(self, now: float, done: Callable[[Key, Future], None]) -> None:
+        """Start every due task that is not still out; `done(key, future)` when one ends."""
+        for key in self._schedule.due(now):
+            self._schedule.advance(key, now)
+            view = self.store.view(key[0])
+            if key in self._running or view is None:
+                continue
+            task = self._tasks[key]
+            future = self._executor.submit(key[1], task.work(view))
+            self._running[key] = _Run(key, task.deadline, now, future)
+            future.add_done_callback(functools.partial(done, key))
+
+    def finished(self, key: Key, future: Future) -> TargetView | None:
+        """Take the result of a task run; returns the target's view if it changed."""
+        run = self._running.get(key)
+        if run is None or run.future is not future:
+            return None  # a task of a target no longer watched
+        del self._running[key]
+        path, kind = key
+        result: ProbeResult = future.result()
+        if run.reported_overdue:
+            event(logging.INFO, "task_returned", target=path, task=kind, seconds=result.duration)
+        if kind == "sync" and (path, "count") in self._schedule:
+            self._schedule.run_now((path, "count"), time.monotonic())  # show what it did
+        return _take(self.store, path, kind, result)
+
+    def watchdog(self, now: float) -> None:
+        """Log, once, every run that overran its deadline (it is left to finish, never repeated
+        meanwhile: a hung fallback costs one blocked thread of the worker)."""
+        for (path, kind), run in self._running.items():
+            if not run.reported_overdue and run.overdue(now):
+                run.reported_overdue = True
+                event(
+                    logging.WARNING,
+                    "task_overdue",
+                    target=path,
+                    task=kind,
+                    errno="TIMEOUT",
+                    deadline=run.deadline,
+                )
+
+    def wake_times(self) -> list[float]:
+        """When the scheduler must look again: the next due task and the next deadline."""
+        times = [run.started + run.deadline for run in self._running.values()]
+        earliest = self._schedule.earliest()
+        return [*times, earliest] if earliest is not None else times
+
+
+def run_tasks_once(
+    targets: Iterable[TargetConfig], store: Store, executor: Executor
+) -> list[TargetView]:
+    """Every task of every target once, each bounded by its deadline: for `fsprobe run
+    --once`, after the probes (a sync judges readiness from them). Returns the changed views."""
+    changed = []
+    for target in targets:
+        for kind, task in planned_tasks(target).items():
+            view = store.view(target.path)
+            if view is None:
+                continue
+            future = executor.submit(kind, task.work(view))
+            try:
+                result: ProbeResult = future.result(timeout=task.deadline)
+            except FutureTimeout:
+                event(
+                    logging.WARNING,
+                    "task_overdue",
+                    target=target.path,
+                    task=kind,
+                    errno="TIMEOUT",
+                    deadline=task.deadline,
+                )
+                continue
+            after = _take(store, target.path, kind, result)
+            if after is not None:
+                changed.append(after)
+    return changed
