@@ -42,7 +42,7 @@ def start_daemon(tmp_path: Path, target: Path) -> DaemonProcess:
     path = str(target)
     daemon.wait_for_value("fsprobe_health_status", 0.0, path=path)
     daemon.wait_for_value("fsprobe_probe_success", 1.0, path=path, probe="write")
-    assert daemon.value("fsprobe_filesystem_files_free", path=path) is not None
+    assert daemon.value("fsprobe_filesystem_inodes_free", path=path) is not None
     return daemon
 
 
@@ -105,7 +105,7 @@ def test_a_hung_mount_blocks_one_worker_never_the_daemon_and_recovers(tmp_path, 
         faultfs.ctl.remove(rule)
         daemon.wait_for_value("fsprobe_mount_stuck", 0.0, timeout=5.0, path=path)
         daemon.wait_for_value("fsprobe_health_status", 0.0, timeout=5.0, path=path)
-        assert daemon.value("fsprobe_filesystem_files_free", path=path) is not None
+        assert daemon.value("fsprobe_filesystem_inodes_free", path=path) is not None
         assert daemon.value("fsprobe_headroom_inodes", path=path) is not None
         log = daemon.log()
         assert log.count("event=mount_stuck") == 1, log  # published once, not every interval

@@ -36,7 +36,7 @@ def test_prometheus_scrapes_inode_headroom_that_matches_statvfs(tmp_path, tmpfs,
         prometheus.wait_for('up{job="fsprobe"}', 1.0)
         before = os.statvfs(target).f_favail
         prometheus.wait_for(f"fsprobe_headroom_inodes{selector}", float(before))
-        assert prometheus.value(f"fsprobe_filesystem_files_free{selector}") == before
+        assert prometheus.value(f"fsprobe_filesystem_inodes_free{selector}") == before
         assert prometheus.value(f"fsprobe_health_status{selector}") == 0.0
 
         created = []
@@ -47,7 +47,7 @@ def test_prometheus_scrapes_inode_headroom_that_matches_statvfs(tmp_path, tmpfs,
         after = os.statvfs(target).f_favail
         assert after == before - 25
         prometheus.wait_for(f"fsprobe_headroom_inodes{selector}", float(after))
-        prometheus.wait_for(f"fsprobe_filesystem_files_free{selector}", float(after))
+        prometheus.wait_for(f"fsprobe_filesystem_inodes_free{selector}", float(after))
         ratio = prometheus.value('fsprobe_headroom_ratio{job="fsprobe",resource="inodes"}')
         assert ratio == pytest.approx(after / os.statvfs(target).f_files)
         for name in created:

@@ -132,6 +132,7 @@ def test_headroom_gauges_have_the_alert_thresholds(dashboard: dict) -> None:
         ("heatmap", "fsprobe_write_latency_seconds_bucket"),
         ("timeseries", "fsprobe:write_latency_seconds:p50_rate5m"),
         ("timeseries", "fsprobe:write_latency_seconds:p95_rate5m"),
+        ("timeseries", "fsprobe_write_step_seconds"),
         ("timeseries", "sum by (probe, errno) (increase(fsprobe_probe_errors_total"),
         ("bargauge", "fsprobe:lustre_target_free:ratio"),
         ("timeseries", "fsprobe_redirected_pending_bytes"),

@@ -7,11 +7,13 @@ import stat
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from fsprobe import __version__
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.exporters.exposition import Exposition
+from fsprobe.exporters.metrics import BUILD_INFO, CACHED, FAMILIES, target_samples
 from fsprobe.exporters.textfile import TEXTFILE_NAME, write_textfile
 from fsprobe.model import (
     FilesystemInfo,
@@ -40,8 +42,8 @@ CONTRACT = {
     "fsprobe_probe_errors": {"path", "probe", "errno"},
     "fsprobe_mount_stuck": {"path"},
     **{
-        f"fsprobe_filesystem_{suffix}": {"path", "mountpoint", "fstype"}
-        for suffix in ("size_bytes", "avail_bytes", "files", "files_free", "readonly")
+        f"fsprobe_filesystem_{suffix}": {"path", "mountpoint", "fstype", "device"}
+        for suffix in ("size_bytes", "avail_bytes", "inodes", "inodes_free", "readonly")
     },
     **{
         f"fsprobe_quota_{suffix}": {"path", "type", "id"}
@@ -58,12 +60,13 @@ CONTRACT = {
     "fsprobe_quota_exceeded": {"path", "type", "id", "resource"},
     **{
         f"fsprobe_lustre_target_{suffix}": {"path", "target"}
-        for suffix in ("avail_bytes", "size_bytes", "files_free", "files")
+        for suffix in ("avail_bytes", "size_bytes", "inodes_free", "inodes")
     },
     "fsprobe_headroom_bytes": {"path"},
     "fsprobe_headroom_inodes": {"path"},
     "fsprobe_headroom_ratio": {"path", "resource"},
-    "fsprobe_write_latency_seconds": {"path", "op"},
+    "fsprobe_write_latency_seconds": {"path"},
+    "fsprobe_write_step_seconds": {"path", "op"},
     "fsprobe_tmpdir_same_device": {"path"},
     "fsprobe_redirected_pending_bytes": {"path"},
 }
@@ -190,11 +193,16 @@ def test_values_of_a_fully_probed_lustre_target():
     assert one(families, "fsprobe_probe_errors_total", probe="write", errno="EIO") == 1
     assert one(families, "fsprobe_mount_stuck", path=path) == 0
 
-    fs_labels = {"path": path, "mountpoint": "/lustre", "fstype": "lustre"}
+    fs_labels = {
+        "path": path,
+        "mountpoint": "/lustre",
+        "fstype": "lustre",
+        "device": "10.0.0.1@tcp:/scratch",
+    }
     assert one(families, "fsprobe_filesystem_size_bytes", **fs_labels) == 10 * 2**40
     assert one(families, "fsprobe_filesystem_avail_bytes", **fs_labels) == 4 * 2**40
-    assert one(families, "fsprobe_filesystem_files", **fs_labels) == 1_000_000
-    assert one(families, "fsprobe_filesystem_files_free", **fs_labels) == 600_000
+    assert one(families, "fsprobe_filesystem_inodes", **fs_labels) == 1_000_000
+    assert one(families, "fsprobe_filesystem_inodes_free", **fs_labels) == 600_000
     assert one(families, "fsprobe_filesystem_readonly", **fs_labels) == 0
 
     project = {"path": path, "type": "project", "id": "4242"}
@@ -215,8 +223,8 @@ def test_values_of_a_fully_probed_lustre_target():
     assert one(families, "fsprobe_quota_exceeded", id="1000", resource="bytes") == 0
 
     assert one(families, "fsprobe_lustre_target_avail_bytes", target="scratch-OST0001") == 3 * 2**40
-    assert one(families, "fsprobe_lustre_target_files", target="scratch-MDT0000") == 1_000_000
-    assert not samples(families, "fsprobe_lustre_target_files_free").keys() - {
+    assert one(families, "fsprobe_lustre_target_inodes", target="scratch-MDT0000") == 1_000_000
+    assert not samples(families, "fsprobe_lustre_target_inodes_free").keys() - {
         frozenset({("path", path), ("target", "scratch-MDT0000")})
     }  # the OST has no inode numbers: no series, not a zero
 
@@ -228,22 +236,72 @@ def test_values_of_a_fully_probed_lustre_target():
     assert samples(families, "fsprobe_redirected_pending_bytes") == {}
 
 
-def test_write_latency_is_a_real_histogram_with_buckets_from_1ms_to_60s():
+def test_write_latency_is_one_histogram_of_whole_probes_and_the_steps_are_gauges():
     families = parse(Exposition(full_store().views, process_metrics=False).fsprobe_text())
     buckets = {
         dict(key)["le"]: value
         for key, value in samples(families, "fsprobe_write_latency_seconds_bucket").items()
-        if ("op", "total") in key
     }
     assert list(buckets) == [
         "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
         "1.0", "2.5", "5.0", "10.0", "30.0", "60.0", "+Inf",
     ]  # fmt: skip
     assert buckets["0.1"] == 0 and buckets["0.25"] == 1 and buckets["+Inf"] == 1
-    assert one(families, "fsprobe_write_latency_seconds_count", op="total") == 1
-    assert one(families, "fsprobe_write_latency_seconds_sum", op="fsync") == pytest.approx(0.2)
-    ops = {dict(key)["op"] for key in samples(families, "fsprobe_write_latency_seconds_count")}
-    assert ops == {"create", "write", "fsync", "rename", "fsync_dir", "unlink", "total"}
+    assert one(families, "fsprobe_write_latency_seconds_count", path="/lustre/ckpt") == 1
+    assert one(families, "fsprobe_write_latency_seconds_sum") == pytest.approx(0.217)
+    steps = {
+        dict(key)["op"]: value
+        for key, value in samples(families, "fsprobe_write_step_seconds").items()
+    }
+    assert steps == {
+        "create": 0.002, "write": 0.003, "fsync": 0.2, "rename": 0.001, "fsync_dir": 0.01,
+        "unlink": 0.001,
+    }  # fmt: skip
+
+
+def test_a_failed_write_probe_shows_its_steps_up_to_the_failure():
+    store = full_store()
+    failed = WriteProbeResult(
+        ok=False,
+        bytes=1 << 20,
+        latency_seconds={"create": 0.002, "write": 0.5, "total": 0.6},
+        step="write",
+        errno="EDQUOT",
+    )
+    store.record("/lustre/ckpt", result("write", failed, error="EDQUOT"))
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    steps = {
+        dict(key)["op"]: value
+        for key, value in samples(families, "fsprobe_write_step_seconds").items()
+    }
+    assert steps == {"create": 0.002, "write": 0.5}
+    assert one(families, "fsprobe_write_latency_seconds_count") == 2
+    assert one(families, "fsprobe_probe_success", probe="write") == 0
+
+
+def test_probes_that_did_not_apply_have_no_series():
+    """On a filesystem without a quota provider, quota and lfs df answer "not here": no
+    probe_success of 1 for a probe that never asked anything (issue 11.3)."""
+    store = Store(clock=lambda: NOW + 1)
+    intervals = {"statvfs": 15.0, "quota": 300.0, "lfs_df": 300.0, "write": 60.0, "tmpdir": 60.0}
+    store.configure([TargetSpec("/ext4/ckpt", Policy(intervals=intervals), intervals)])
+    store.record("/ext4/ckpt", result("statvfs", FS))
+    store.record("/ext4/ckpt", result("quota", None))
+    store.record("/ext4/ckpt", result("lfs_df", None))
+    store.record("/ext4/ckpt", result("write", WRITE))
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    for name in (
+        "fsprobe_probe_success",
+        "fsprobe_probe_duration_seconds",
+        "fsprobe_probe_last_success_timestamp_seconds",
+        "fsprobe_probe_interval_seconds",
+    ):
+        assert {dict(key)["probe"] for key in samples(families, name)} == {"statvfs", "write"}
+    # A quota probe that tried and failed did run, and says so.
+    store.record("/ext4/ckpt", result("quota", error="ENOENT"))
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    assert one(families, "fsprobe_probe_success", probe="quota") == 0
+    assert one(families, "fsprobe_probe_errors_total", probe="quota", errno="ENOENT") == 1
 
 
 @pytest.mark.parametrize(
@@ -271,7 +329,7 @@ def test_value_series_are_left_out_not_zeroed_when_statvfs_fails_or_the_mount_ha
     assert one(families, "fsprobe_mount_stuck", path="/lustre/ckpt") == float(latest.stuck)
     assert one(families, "fsprobe_health_status", path="/lustre/ckpt") >= 1
     # History stays: counters and the histogram do not vanish with the mount.
-    assert one(families, "fsprobe_write_latency_seconds_count", op="total") == 1
+    assert one(families, "fsprobe_write_latency_seconds_count") == 1
     assert one(families, "fsprobe_probe_errors_total", probe=latest.probe, errno=latest.error) >= 1
 
 
@@ -296,32 +354,59 @@ def test_labels_survive_awkward_paths():
     # Escaped as in the human output: the backslash doubled, the newline as \n (fsprobe.paths).
     label = '/data/we"ird\\\\name\\nx # HELP y'
     assert one(families, "fsprobe_health_status", path=label) == 0
-    assert one(families, "fsprobe_filesystem_files", path=label) == 1_000_000
+    assert one(families, "fsprobe_filesystem_inodes", path=label) == 1_000_000
+    text = Exposition(store.views, process_metrics=False).fsprobe_text()
+    # ... and that, once more, as the text format escapes a label value.
+    assert rb'path="/data/we\"ird\\\\name\\nx # HELP y"' in text
 
 
-def test_the_fast_exposition_is_byte_for_byte_what_the_registry_renders():
+def oracle(views) -> bytes:
+    """The same samples encoded by prometheus_client: a second encoder to hold ours to."""
+    families = [GaugeMetricFamily(BUILD_INFO.name, BUILD_INFO.help, labels=["version"])]
+    families[0].add_metric([__version__], 1.0)
+    per_target = [target_samples(view) for view in views]
+    for family in FAMILIES:
+        metric = Metric(family.name, f"{family.help} {CACHED}", family.kind)
+        for by_family in per_target:
+            for sample in by_family.get(family.name, ()):
+                metric.add_sample(sample.name, dict(sample.labels), sample.value)
+        families.append(metric)
+
+    class Collector:
+        def collect(self):
+            return iter(families)
+
+    return generate_latest(Collector())  # type: ignore[arg-type]
+
+
+def test_the_cached_exposition_says_what_prometheus_client_would():
     store = full_store()
     store.configure([TargetSpec("/lustre/ckpt"), TargetSpec("/b"), TargetSpec("/a")])
     exposition = Exposition(store.views, process_metrics=False)
-    assert exposition.fsprobe_text() == generate_latest(exposition.registry)
 
+    def same() -> None:
+        ours = exposition.fsprobe_text()
+        theirs = oracle(store.views())
+        assert list(text_string_to_metric_families(ours.decode())) == list(
+            text_string_to_metric_families(theirs.decode())
+        )
+        assert ours.count(b"\n") == theirs.count(b"\n")
+
+    same()
     store.record("/b", result("statvfs", FS))  # a change after the cache was filled
     exposition.warm(store.views())
-    assert exposition.fsprobe_text() == generate_latest(exposition.registry)
-    assert b'fsprobe_filesystem_files{fstype="lustre",mountpoint="/lustre",path="/b"}' in (
+    same()
+    assert b'fsprobe_filesystem_inodes{device="10.0.0.1@tcp:/scratch",fstype="lustre",' in (
         exposition.fsprobe_text()
     )
-
     for latest in (result("write", WRITE), result("statvfs", FS), result("write", error="EIO")):
-        exposition.warm([store.record("/a", latest)])  # the histogram changes, or not
-        assert exposition.fsprobe_text() == generate_latest(exposition.registry)
-    assert b'fsprobe_write_latency_seconds_count{op="total",path="/a"} 1.0' in (
-        exposition.fsprobe_text()
-    )  # the failed write recorded no timings
+        exposition.warm([store.record("/a", latest)])
+        same()
+    assert b'fsprobe_write_latency_seconds_count{path="/a"} 1.0' in exposition.fsprobe_text()
 
     store.configure([TargetSpec("/a")])  # a target removed on reload
     exposition.warm(store.views())
-    assert exposition.fsprobe_text() == generate_latest(exposition.registry)
+    same()
     assert b"/lustre/ckpt" not in exposition.fsprobe_text()
 
 

@@ -1,7 +1,7 @@
 """What the daemon knows about each target: the latest results, counters, and the verdict.
 
 The scheduler records every probe result here; the store keeps what one result alone cannot
-tell (the last few write errors, error counters, a latency histogram, when each probe last
+tell (the last few write errors, error counters, the write-latency histogram, when each probe last
 succeeded), judges the target with the health policy, and publishes an immutable `TargetView`.
 The count of the redirected-checkpoints task (`daemon.tasks`) is kept beside the snapshot,
 never in it: no task ever changes a verdict.
@@ -39,8 +39,7 @@ class _Target:
     results: dict[str, ProbeResult] = field(default_factory=dict)
     recent_write_errors: deque = field(default_factory=deque)
     errors: Counter = field(default_factory=Counter)
-    latency: dict[str, Histogram] = field(default_factory=dict)
-    latency_version: int = 0
+    latency: Histogram = field(default_factory=Histogram)
     last_success: dict[str, float] = field(default_factory=dict)
     redirected_pending_bytes: int | None = None
 
@@ -85,11 +84,13 @@ class Store:
                 target.last_success[result.probe] = result.finished_at
             if result.probe == "write" and not result.stuck:
                 target.recent_write_errors.append(result.error)
-                if isinstance(result.value, WriteProbeResult):
-                    for op, seconds in result.value.latency_seconds.items():
-                        target.latency[op] = target.latency.get(op, Histogram()).observe(seconds)
-                    self._version += 1
-                    target.latency_version = self._version
+                total = (
+                    result.value.latency_seconds.get("total")
+                    if isinstance(result.value, WriteProbeResult)
+                    else None
+                )
+                if total is not None:
+                    target.latency = target.latency.observe(total)
             return self._publish(target)
 
     def set_redirected_pending_bytes(self, path: str, pending: int | None) -> TargetView | None:
@@ -121,8 +122,7 @@ class Store:
             intervals=dict(spec.intervals),
             last_success=dict(target.last_success),
             errors=dict(target.errors),
-            write_latency=dict(target.latency),
-            latency_version=target.latency_version,
+            write_latency=target.latency,
             redirected_pending_bytes=target.redirected_pending_bytes,
             updated_at=now,
             version=self._version,

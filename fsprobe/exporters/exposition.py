@@ -1,22 +1,20 @@
 """The text exposition of the metrics, cheap enough to serve on every scrape at 100 targets.
 
-prometheus_client renders about 7 µs per sample line; a node daemon with 100 targets has some
-16 000 lines (the write-latency histogram alone is 17 lines for each of 7 ops per target),
-which costs over 100 ms per scrape. But a target's lines change only when that target's view
-does, so they are rendered once per view version — by prometheus_client's own encoder, from the
-very families the collector yields — and the histogram, most of the lines, only when a write
-probe ends. The pieces are joined in the collector's order once per change, by the daemon
-after each batch of results, so that a scrape only sends bytes that are ready. The result is
-byte for byte what `generate_latest` gives for the registry (a test holds it to that).
+A node daemon with 100 targets exports some 6 000 series; prometheus_client's encoder takes
+about 7 µs per line, 40 ms per scrape. But a target's lines change only when its view does,
+so each target's sample lines are encoded once per view version, here, in the text format
+0.0.4 (a line is ``name{label="value",...} value``: label names sorted, values escaped, numbers
+as Go prints them, as Prometheus' own exporters write it). After each batch of results the
+daemon joins the pieces, family by family, into the text a scrape then only sends.
 
-Process metrics (`process_*`, `python_*`) change on every scrape and are small: they are
-rendered fresh each time and sent first.
+Process metrics (`process_*`, `python_*`) change on every scrape and are few: prometheus_client
+renders them fresh each time, and they are sent first.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -25,76 +23,47 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from fsprobe.exporters.metrics import (
-    FsprobeCollector,
-    add_latency,
-    add_values,
-    build_info,
-    empty_families,
-)
+from fsprobe.exporters.metrics import BUILD_INFO, CACHED, FAMILIES, Family, Sample, target_samples
 from fsprobe.exporters.view import TargetView
+from fsprobe.version import __version__
 
 
-class _Families(Collector):
-    """A collector over a fixed list of families: feeds prometheus_client's encoder."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = list(families)
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
+def _escape_label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def _encode(families: Iterable[Metric]) -> bytes:
-    return generate_latest(_Families(families))  # type: ignore[arg-type]
+def encode_sample(sample: Sample) -> str:
+    """One sample line of the text format."""
+    labels = ",".join(
+        f'{name}="{_escape_label(value)}"' for name, value in sorted(sample.labels.items())
+    )
+    return f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}\n"
 
 
-def _split(text: bytes) -> list[tuple[bytes, bytes]]:
-    """Encoded families → [(HELP and TYPE lines, sample lines)], one pair per family.
-
-    Sample lines never start with ``#`` and never hold a raw newline (label values escape it),
-    so every line that starts with ``# HELP`` begins a family.
-    """
-    blocks: list[tuple[list[bytes], list[bytes]]] = []
-    for line in text.split(b"\n")[:-1]:
-        line += b"\n"
-        if line.startswith(b"# HELP "):
-            blocks.append(([line], []))
-        elif line.startswith(b"# TYPE "):
-            blocks[-1][0].append(line)
-        else:
-            blocks[-1][1].append(line)
-    return [(b"".join(header), b"".join(samples)) for header, samples in blocks]
+def encode_header(family: Family, help_text: str) -> str:
+    """The HELP and TYPE lines of a family (a counter's name carries its ``_total``)."""
+    name = f"{family.name}_total" if family.kind == "counter" else family.name
+    escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {escaped}\n# TYPE {name} {family.kind}\n"
 
 
 @dataclass(frozen=True)
 class _Rendered:
-    """One target's sample lines per family, and the versions they were rendered from."""
+    """One target's encoded lines per family (in `FAMILIES` order, ``""`` where none)."""
 
     version: int
-    latency_version: int
-    latency: list[bytes]
-    samples: list[bytes]
+    lines: tuple[str, ...]
 
 
-def _sample_lines(
-    add: Callable[[dict[str, Metric], TargetView], None], view: TargetView
-) -> list[bytes]:
-    """The sample lines that `add` gives `view`, per family (``b""`` where it gives none).
-
-    Only the families with samples go through the encoder: a target has samples in a few.
-    """
-    families = empty_families()
-    add(families, view)
-    ordered = list(families.values())
-    filled = [index for index, family in enumerate(ordered) if family.samples]
-    lines = [b""] * len(ordered)
-    for index, (_header, samples) in zip(filled, _split(_encode(ordered[i] for i in filled))):
-        lines[index] = samples
-    return lines
+def _render(view: TargetView) -> _Rendered:
+    by_family = target_samples(view)
+    lines = tuple(
+        "".join(encode_sample(sample) for sample in by_family.get(family.name, ()))
+        for family in FAMILIES
+    )
+    return _Rendered(view.version, lines)
 
 
 class Exposition:
@@ -103,50 +72,34 @@ class Exposition:
     def __init__(
         self, views: Callable[[], Sequence[TargetView]], process_metrics: bool = True
     ) -> None:
-        """`views` returns the current views in path order.
-
-        `registry` is the daemon's own CollectorRegistry (process metrics and the fsprobe
-        collector): what `render()` is the fast equivalent of.
-        """
+        """`views` returns the current views in path order."""
         self._views = views
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
         self._text: tuple[tuple[int, ...], bytes] = ((), b"")
-        self._build_info = _encode([build_info()])
-        self._headers = [header for header, _samples in _split(_encode(empty_families().values()))]
+        self._build_info = encode_header(BUILD_INFO, BUILD_INFO.help) + encode_sample(
+            Sample(BUILD_INFO.name, {"version": __version__}, 1.0)
+        )
+        self._headers = [encode_header(family, f"{family.help} {CACHED}") for family in FAMILIES]
         self._process = CollectorRegistry(auto_describe=False)
-        self.registry = CollectorRegistry(auto_describe=False)
         if process_metrics:
-            for collector in (ProcessCollector(registry=None), PlatformCollector(registry=None)):
-                self._process.register(collector)
-                self.registry.register(collector)
-        self.registry.register(FsprobeCollector(views))
+            self._process.register(ProcessCollector(registry=None))
+            self._process.register(PlatformCollector(registry=None))
 
-    def _samples(self, view: TargetView) -> list[bytes]:
+    def _lines(self, view: TargetView) -> tuple[str, ...]:
         with self._lock:
             cached = self._cache.get(view.path)
-        if cached is not None and cached.version == view.version:
-            return cached.samples
-        if cached is not None and cached.latency_version == view.latency_version:
-            latency = cached.latency
-        else:
-            latency = _sample_lines(add_latency, view)
-        values = _sample_lines(add_values, view)
-        rendered = _Rendered(
-            view.version,
-            view.latency_version,
-            latency,
-            [value or histogram for value, histogram in zip(values, latency)],
-        )
-        with self._lock:
-            self._cache[view.path] = rendered
-        return rendered.samples
+        if cached is None or cached.version != view.version:
+            cached = _render(view)
+            with self._lock:
+                self._cache[view.path] = cached
+        return cached.lines
 
     def warm(self, changed: Iterable[TargetView]) -> None:
         """Bring the cache up to date after a batch of results (the daemon calls this): render
         the changed targets, forget those no longer watched, and join the text a scrape sends."""
         for view in changed:
-            self._samples(view)
+            self._lines(view)
         watched = {view.path for view in self._views()}
         with self._lock:
             for path in [path for path in self._cache if path not in watched]:
@@ -160,14 +113,14 @@ class Exposition:
         text_key, text = self._text
         if text_key == key:
             return text
-        per_target = [self._samples(view) for view in views]
+        per_target = [self._lines(view) for view in views]
         parts = [self._build_info]
-        # One column of sample lines per family, every target's in turn (transposed in C).
-        columns = zip(*per_target) if per_target else [()] * len(self._headers)
+        # One column of lines per family, every target's in turn (transposed in C).
+        columns = zip(*per_target) if per_target else [()] * len(FAMILIES)
         for header, column in zip(self._headers, columns):
             parts.append(header)
             parts.extend(column)
-        text = b"".join(parts)
+        text = "".join(parts).encode()
         self._text = (key, text)
         return text
 

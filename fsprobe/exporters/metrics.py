@@ -1,23 +1,30 @@
-"""The Prometheus metrics of fsprobe (DESIGN §6), built from target views, never from a probe.
+"""The Prometheus metrics of fsprobe (DESIGN §6), as plain data built from target views.
 
-`target_families` turns views into metric families, every family always present (empty when no
-target has a sample for it) and in a fixed order, so that the same views always give the same
-exposition. `FsprobeCollector` is the custom collector that registers them in a registry of our
-own. Series of a target whose statvfs failed, or whose mount is stuck, are left out rather than
-zeroed: a zero would read as "the filesystem is full" in every dashboard.
+`FAMILIES` is the metric contract: every per-target family with its type, help and labels, in
+exposition order. `target_samples` turns one target's view into its samples, family by family;
+nothing here encodes text (that is `exposition`) or knows about probes. Series of a target whose
+statvfs failed, or whose mount is stuck, are left out rather than zeroed: a zero would read as
+"the filesystem is full" in every dashboard. Probe series exist only for probes that ran: a
+quota or `lfs df` probe on a filesystem without a quota provider answers that it does not apply
+and gets none.
+
+Naming: inodes, never "files". The resource runs out as inodes (`df -i`, ENOSPC with space
+left), Lustre quota calls its limits inode limits, and fsprobe's own API, JSON and alert names
+say inodes; node_exporter's ``files`` only mirrors statvfs field names, and the join with it is
+by label (`device`, `mountpoint`, `fstype`), not by metric name.
+
+Write latency: one histogram of the whole write probe per target, and the steps of the last
+run as gauges. A histogram per step (7 x 17 series per target) was most of the exposition and
+served no alert; where the time goes is a question about the run at hand, which the gauges
+answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fsprobe.exporters.view import TargetView
@@ -28,92 +35,114 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     TmpdirInfo,
+    WriteProbeResult,
 )
 from fsprobe.paths import escaped
-from fsprobe.version import __version__
 
 CACHED = "Cached from fsprobe's background probes; a scrape never probes."
 
-#: Metric name, kind, help and label names of every per-target family, in exposition order.
-_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    (
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: what a dashboard or an alert refers to by `name`."""
+
+    name: str
+    kind: str  # gauge | counter | histogram
+    help: str
+    labels: tuple[str, ...]
+
+
+class Sample(NamedTuple):
+    """One series: its full name (with ``_total``, ``_bucket``... where the type adds one)."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+_FILESYSTEM = ("path", "mountpoint", "fstype", "device")
+_QUOTA = ("path", "type", "id")
+
+#: Every per-target family, in exposition order.
+FAMILIES: tuple[Family, ...] = (
+    Family(
         "fsprobe_health_status",
         "gauge",
         "Health verdict of the target: 0 ok, 1 degraded, 2 unhealthy, 3 unknown.",
         ("path",),
     ),
-    (
+    Family(
         "fsprobe_probe_success",
         "gauge",
         "1 if the last run of the probe succeeded.",
         ("path", "probe"),
     ),
-    (
+    Family(
         "fsprobe_probe_duration_seconds",
         "gauge",
         "Duration of the last run of the probe.",
         ("path", "probe"),
     ),
-    (
+    Family(
         "fsprobe_probe_last_success_timestamp_seconds",
         "gauge",
         "Unix time at which the probe last succeeded.",
         ("path", "probe"),
     ),
-    (
+    Family(
         "fsprobe_probe_interval_seconds",
         "gauge",
         "Configured interval of the probe (each run is jittered by up to 10 %).",
         ("path", "probe"),
     ),
-    (
+    Family(
         "fsprobe_probe_errors",
         "counter",
         "Failed probe runs by error: an errno name, TIMEOUT (deadline) or PARSE.",
         ("path", "probe", "errno"),
     ),
-    (
+    Family(
         "fsprobe_mount_stuck",
         "gauge",
         "1 while a probe of the target has overrun its deadline (a hung mount).",
         ("path",),
     ),
-    (
+    Family(
         "fsprobe_filesystem_size_bytes",
         "gauge",
         "Size of the filesystem holding the target.",
-        ("path", "mountpoint", "fstype"),
+        _FILESYSTEM,
     ),
-    (
+    Family(
         "fsprobe_filesystem_avail_bytes",
         "gauge",
         "Bytes an unprivileged writer can still use (f_bavail).",
-        ("path", "mountpoint", "fstype"),
+        _FILESYSTEM,
     ),
-    (
-        "fsprobe_filesystem_files",
+    Family(
+        "fsprobe_filesystem_inodes",
         "gauge",
         "Inodes of the filesystem holding the target.",
-        ("path", "mountpoint", "fstype"),
+        _FILESYSTEM,
     ),
-    (
-        "fsprobe_filesystem_files_free",
+    Family(
+        "fsprobe_filesystem_inodes_free",
         "gauge",
         "Inodes an unprivileged writer can still use (f_favail).",
-        ("path", "mountpoint", "fstype"),
+        _FILESYSTEM,
     ),
-    (
+    Family(
         "fsprobe_filesystem_readonly",
         "gauge",
         "1 if the filesystem is mounted read-only.",
-        ("path", "mountpoint", "fstype"),
+        _FILESYSTEM,
     ),
     *(
-        (
+        Family(
             f"fsprobe_quota_{name}",
             "gauge",
             f"{text} of the quota a new file in the target is charged to.",
-            ("path", "type", "id"),
+            _QUOTA,
         )
         for name, text in (
             ("used_bytes", "Bytes used"),
@@ -124,68 +153,77 @@ _FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             ("hard_limit_inodes", "Hard limit in inodes (absent when unlimited)"),
         )
     ),
-    (
+    Family(
         "fsprobe_quota_grace_expiry_timestamp_seconds",
         "gauge",
         "Unix time at which the running grace period of a soft limit ends.",
-        ("path", "type", "id", "resource"),
+        (*_QUOTA, "resource"),
     ),
-    (
+    Family(
         "fsprobe_quota_exceeded",
         "gauge",
         "1 when usage is over a quota limit (soft exceeded, grace expired or hard reached).",
-        ("path", "type", "id", "resource"),
+        (*_QUOTA, "resource"),
     ),
-    (
+    Family(
         "fsprobe_lustre_target_avail_bytes",
         "gauge",
         "Available bytes of one Lustre OST/MDT.",
         ("path", "target"),
     ),
-    (
+    Family(
         "fsprobe_lustre_target_size_bytes",
         "gauge",
         "Size of one Lustre OST/MDT.",
         ("path", "target"),
     ),
-    (
-        "fsprobe_lustre_target_files_free",
+    Family(
+        "fsprobe_lustre_target_inodes_free",
         "gauge",
         "Free inodes of one Lustre OST/MDT.",
         ("path", "target"),
     ),
-    ("fsprobe_lustre_target_files", "gauge", "Inodes of one Lustre OST/MDT.", ("path", "target")),
-    (
+    Family(
+        "fsprobe_lustre_target_inodes", "gauge", "Inodes of one Lustre OST/MDT.", ("path", "target")
+    ),
+    Family(
         "fsprobe_headroom_bytes",
         "gauge",
         "Bytes a new file in the target can still take (filesystem and quota).",
         ("path",),
     ),
-    (
+    Family(
         "fsprobe_headroom_inodes",
         "gauge",
         "Inodes that can still be created in the target (filesystem and quota).",
         ("path",),
     ),
-    (
+    Family(
         "fsprobe_headroom_ratio",
         "gauge",
         "Headroom divided by the capacity of the limit that binds it.",
         ("path", "resource"),
     ),
-    (
+    Family(
         "fsprobe_write_latency_seconds",
         "histogram",
-        "Latency of each step of the write probe's atomic test save, and of all of it (total).",
+        "Time the write probe's whole atomic test save took.",
+        ("path",),
+    ),
+    Family(
+        "fsprobe_write_step_seconds",
+        "gauge",
+        "Time each step of the last write probe took (create, write, fsync, rename, fsync_dir, "
+        "unlink; a failed run stops at the failing step).",
         ("path", "op"),
     ),
-    (
+    Family(
         "fsprobe_tmpdir_same_device",
         "gauge",
         "1 if $TMPDIR is on the filesystem of the target (a staged checkpoint can be renamed).",
         ("path",),
     ),
-    (
+    Family(
         "fsprobe_redirected_pending_bytes",
         "gauge",
         "Bytes of checkpoints saved to a fallback directory and not yet synced back.",
@@ -193,8 +231,11 @@ _FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ),
 )
 
-FAMILY_NAMES = tuple(name for name, _kind, _help, _labels in _FAMILIES)
-_FAMILY_TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
+BUILD_INFO = Family("fsprobe_build_info", "gauge", "fsprobe's version.", ("version",))
+
+#: The probes that decide themselves whether they apply: a successful run without a value is
+#: "nothing to ask here" (no quota provider for this filesystem), not a probe that ran.
+_SELF_SELECTING = frozenset({"quota", "lfs_df"})
 
 
 def _label(text: str) -> str:
@@ -203,149 +244,153 @@ def _label(text: str) -> str:
     return escaped(text)
 
 
-def empty_families() -> dict[str, Metric]:
-    """Every per-target family, without samples, in exposition order."""
-    families: dict[str, Metric] = {}
-    for name, kind, text, labels in _FAMILIES:
-        documentation = f"{text} {CACHED}"
-        if kind == "histogram":
-            families[name] = HistogramMetricFamily(name, documentation, labels=labels)
-        else:
-            families[name] = _FAMILY_TYPES[kind](name, documentation, labels=labels)
-    return families
+class _Samples:
+    """Collects a target's samples per family, in `FAMILIES` order once sorted."""
+
+    def __init__(self, path: str) -> None:
+        self.path = _label(path)
+        self.by_family: dict[str, list[Sample]] = {}
+
+    def add(self, family: str, value: float, **labels: str) -> None:
+        self.by_family.setdefault(family, []).append(
+            Sample(family, {"path": self.path, **labels}, float(value))
+        )
+
+    def add_counter(self, family: str, value: float, **labels: str) -> None:
+        self.by_family.setdefault(family, []).append(
+            Sample(f"{family}_total", {"path": self.path, **labels}, float(value))
+        )
+
+    def add_histogram(self, family: str, buckets: list[tuple[float, int]], total: float) -> None:
+        samples = self.by_family.setdefault(family, [])
+        for bound, count in buckets:
+            labels = {"path": self.path, "le": floatToGoString(bound)}
+            samples.append(Sample(f"{family}_bucket", labels, float(count)))
+        samples.append(Sample(f"{family}_count", {"path": self.path}, float(buckets[-1][1])))
+        samples.append(Sample(f"{family}_sum", {"path": self.path}, total))
 
 
-def build_info() -> Metric:
-    family = GaugeMetricFamily("fsprobe_build_info", "fsprobe's version.", labels=("version",))
-    family.add_metric([__version__], 1.0)
-    return family
+def probes_run(view: TargetView) -> list[str]:
+    """The probes of `view` that actually ran on the target, in `PROBE_KINDS` order."""
+    results = view.snapshot.results
+    return [
+        probe
+        for probe in PROBE_KINDS
+        if probe in results
+        and not (probe in _SELF_SELECTING and results[probe].ok and results[probe].value is None)
+    ]
 
 
-def target_families(views: Iterable[TargetView]) -> list[Metric]:
-    """The per-target families of DESIGN §6 for `views`, in a fixed order."""
-    families = empty_families()
-    for view in views:
-        add_values(families, view)
-        add_latency(families, view)
-    return list(families.values())
-
-
-def add_values(families: dict[str, Metric], view: TargetView) -> None:
-    """Every sample of `view` except the write-latency histogram."""
-    path = _label(view.path)
-    families["fsprobe_health_status"].add_metric([path], float(view.verdict.status))
-    _add_probes(families, view, path)
-    families["fsprobe_mount_stuck"].add_metric([path], 1.0 if view.mount_stuck else 0.0)
+def target_samples(view: TargetView) -> dict[str, list[Sample]]:
+    """The samples of one target by family name; families without samples are left out."""
+    samples = _Samples(view.path)
+    samples.add("fsprobe_health_status", view.verdict.status)
+    _add_probes(samples, view)
+    samples.add("fsprobe_mount_stuck", 1.0 if view.mount_stuck else 0.0)
 
     if view.values_trusted:
         snapshot = view.snapshot
-        fs: FilesystemInfo = snapshot.value("statvfs")
-        _add_filesystem(families, path, fs)
+        _add_filesystem(samples, snapshot.value("statvfs"))
         quota: QuotaReport | None = snapshot.value("quota")
         if quota is not None:
-            _add_quota(families, path, quota)
-        _add_lustre(families, path, snapshot.value("lfs_df") or ())
-        _add_headroom(families, view, path)
+            _add_quota(samples, quota)
+        _add_lustre(samples, snapshot.value("lfs_df") or ())
+        _add_headroom(samples, view)
         tmpdir: TmpdirInfo | None = snapshot.value("tmpdir")
         if tmpdir is not None:
-            families["fsprobe_tmpdir_same_device"].add_metric([path], float(tmpdir.same_device))
-
-    if view.redirected_pending_bytes is not None:
-        families["fsprobe_redirected_pending_bytes"].add_metric(
-            [path], float(view.redirected_pending_bytes)
+            samples.add("fsprobe_tmpdir_same_device", float(tmpdir.same_device))
+    if view.write_latency.count:
+        samples.add_histogram(
+            "fsprobe_write_latency_seconds",
+            view.write_latency.cumulative(),
+            view.write_latency.total,
         )
+    write = view.snapshot.get("write")
+    if write is not None and isinstance(write.value, WriteProbeResult):
+        for op, seconds in write.value.latency_seconds.items():
+            if op != "total":
+                samples.add("fsprobe_write_step_seconds", seconds, op=op)
+    if view.redirected_pending_bytes is not None:
+        samples.add("fsprobe_redirected_pending_bytes", view.redirected_pending_bytes)
+    return samples.by_family
 
 
-def add_latency(families: dict[str, Metric], view: TargetView) -> None:
-    """The write-latency histogram of `view`: most of its lines, and it changes only when a
-    write probe ends, so renderers can keep it apart from the rest."""
-    path = _label(view.path)
-    for op, histogram in view.write_latency.items():
-        buckets = [(floatToGoString(bound), count) for bound, count in histogram.cumulative()]
-        families["fsprobe_write_latency_seconds"].add_metric([path, op], buckets, histogram.total)
-
-
-def _add_probes(families: dict[str, Metric], view: TargetView, path: str) -> None:
+def _add_probes(samples: _Samples, view: TargetView) -> None:
     results = view.snapshot.results
-    for probe in PROBE_KINDS:
-        result = results.get(probe)
-        if result is not None:
-            families["fsprobe_probe_success"].add_metric([path, probe], float(result.ok))
-            families["fsprobe_probe_duration_seconds"].add_metric([path, probe], result.duration)
+    ran = probes_run(view)
+    for probe in ran:
+        samples.add("fsprobe_probe_success", float(results[probe].ok), probe=probe)
+        samples.add("fsprobe_probe_duration_seconds", results[probe].duration, probe=probe)
+    for probe in ran:
         if probe in view.last_success:
-            families["fsprobe_probe_last_success_timestamp_seconds"].add_metric(
-                [path, probe], view.last_success[probe]
+            samples.add(
+                "fsprobe_probe_last_success_timestamp_seconds",
+                view.last_success[probe],
+                probe=probe,
             )
+    for probe in ran:
         if probe in view.intervals:
-            families["fsprobe_probe_interval_seconds"].add_metric(
-                [path, probe], view.intervals[probe]
-            )
+            samples.add("fsprobe_probe_interval_seconds", view.intervals[probe], probe=probe)
     for (probe, errno), count in sorted(view.errors.items()):
-        families["fsprobe_probe_errors"].add_metric([path, probe, errno], float(count))
+        samples.add_counter("fsprobe_probe_errors", count, probe=probe, errno=errno)
 
 
-def _add_filesystem(families: dict[str, Metric], path: str, fs: FilesystemInfo) -> None:
-    labels = [path, _label(fs.mountpoint), _label(fs.fstype)]
-    for suffix, value in (
-        ("size_bytes", fs.size_bytes),
-        ("avail_bytes", fs.avail_bytes),
-        ("files", fs.files),
-        ("files_free", fs.files_free),
-        ("readonly", float(fs.readonly)),
+def _add_filesystem(samples: _Samples, fs: FilesystemInfo) -> None:
+    labels = {
+        "mountpoint": _label(fs.mountpoint),
+        "fstype": _label(fs.fstype),
+        "device": _label(fs.device),
+    }
+    for family, value in (
+        ("fsprobe_filesystem_size_bytes", fs.size_bytes),
+        ("fsprobe_filesystem_avail_bytes", fs.avail_bytes),
+        ("fsprobe_filesystem_inodes", fs.files),
+        ("fsprobe_filesystem_inodes_free", fs.files_free),
+        ("fsprobe_filesystem_readonly", float(fs.readonly)),
     ):
-        families[f"fsprobe_filesystem_{suffix}"].add_metric(labels, float(value))
+        samples.add(family, value, **labels)
 
 
-def _add_quota(families: dict[str, Metric], path: str, quota: QuotaReport) -> None:
+def _add_quota(samples: _Samples, quota: QuotaReport) -> None:
     for entry in quota.entries:
-        labels = [path, entry.type, str(entry.id)]
+        labels = {"type": entry.type, "id": str(entry.id)}
         for resource in ("bytes", "inodes"):
             usage = getattr(entry, resource)
-            families[f"fsprobe_quota_used_{resource}"].add_metric(labels, float(usage.used))
+            samples.add(f"fsprobe_quota_used_{resource}", usage.used, **labels)
             for limit in ("soft", "hard"):
                 value = getattr(usage, limit)
                 if value is not None:
-                    families[f"fsprobe_quota_{limit}_limit_{resource}"].add_metric(
-                        labels, float(value)
-                    )
+                    samples.add(f"fsprobe_quota_{limit}_limit_{resource}", value, **labels)
             if usage.grace_expires_at is not None:
-                families["fsprobe_quota_grace_expiry_timestamp_seconds"].add_metric(
-                    [*labels, resource], usage.grace_expires_at
+                samples.add(
+                    "fsprobe_quota_grace_expiry_timestamp_seconds",
+                    usage.grace_expires_at,
+                    resource=resource,
+                    **labels,
                 )
             exceeded = usage.state is not QuotaState.OK
-            families["fsprobe_quota_exceeded"].add_metric([*labels, resource], float(exceeded))
+            samples.add("fsprobe_quota_exceeded", float(exceeded), resource=resource, **labels)
 
 
-def _add_lustre(families: dict[str, Metric], path: str, targets: Sequence[LustreTarget]) -> None:
+def _add_lustre(samples: _Samples, targets: tuple[LustreTarget, ...]) -> None:
     for target in targets:
-        labels = [path, _label(target.name)]
-        for suffix, value in (
-            ("avail_bytes", target.avail_bytes),
-            ("size_bytes", target.size_bytes),
-            ("files_free", target.files_free),
-            ("files", target.files),
+        name = _label(target.name)
+        for family, value in (
+            ("fsprobe_lustre_target_avail_bytes", target.avail_bytes),
+            ("fsprobe_lustre_target_size_bytes", target.size_bytes),
+            ("fsprobe_lustre_target_inodes_free", target.files_free),
+            ("fsprobe_lustre_target_inodes", target.files),
         ):
             if value is not None:
-                families[f"fsprobe_lustre_target_{suffix}"].add_metric(labels, float(value))
+                samples.add(family, value, target=name)
 
 
-def _add_headroom(families: dict[str, Metric], view: TargetView, path: str) -> None:
+def _add_headroom(samples: _Samples, view: TargetView) -> None:
     headroom = view.verdict.headroom
     if headroom.bytes is not None:
-        families["fsprobe_headroom_bytes"].add_metric([path], float(headroom.bytes))
+        samples.add("fsprobe_headroom_bytes", headroom.bytes)
     if headroom.inodes is not None:
-        families["fsprobe_headroom_inodes"].add_metric([path], float(headroom.inodes))
+        samples.add("fsprobe_headroom_inodes", headroom.inodes)
     for resource, ratio in (("bytes", headroom.bytes_ratio), ("inodes", headroom.inodes_ratio)):
         if ratio is not None:
-            families["fsprobe_headroom_ratio"].add_metric([path, resource], ratio)
-
-
-class FsprobeCollector(Collector):
-    """The custom collector: builds every family from the latest views on each `collect()`."""
-
-    def __init__(self, views: Callable[[], Sequence[TargetView]]) -> None:
-        self._views = views
-
-    def collect(self) -> Iterator[Metric]:
-        yield build_info()
-        yield from target_families(self._views())
+            samples.add("fsprobe_headroom_ratio", ratio, resource=resource)

@@ -15,6 +15,7 @@ from fsprobe.model import Snapshot
 from fsprobe.policy import Verdict
 
 #: Buckets of the write-latency histogram: from a local SSD (1 ms) to a server in trouble (60 s).
+#: The 5 s and 30 s bounds are the policy's slow and very slow write thresholds.
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.001,
     0.0025,
@@ -69,9 +70,8 @@ class Histogram:
 class TargetView:
     """One target: the latest snapshot and verdict, and the counters kept since the start.
 
-    `version` grows with every change, `latency_version` with every change of the histogram
-    (a write probe ending), so that renderers can cache per target and keep the histogram's
-    many lines apart; both are unique across targets.
+    `version` grows with every change and is unique across targets, so that renderers can
+    cache per target.
     """
 
     path: str
@@ -80,8 +80,7 @@ class TargetView:
     intervals: Mapping[str, float] = field(default_factory=dict)
     last_success: Mapping[str, float] = field(default_factory=dict)
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, errno) -> n
-    write_latency: Mapping[str, Histogram] = field(default_factory=dict)  # op -> histogram
-    latency_version: int = 0
+    write_latency: Histogram = field(default_factory=Histogram)  # of whole write probes
     redirected_pending_bytes: int | None = None
     updated_at: float = 0.0
     version: int = 0
