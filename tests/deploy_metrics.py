@@ -62,6 +62,9 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
     }
 )
 
+#: What Prometheus itself records for every scrape (not the exporter): FsprobeDown uses it.
+SCRAPE_METRICS: frozenset[str] = frozenset({"up"})
+
 # Words that are PromQL syntax, not metrics, when they stand where a metric name could.
 _KEYWORDS = frozenset(
     {"and", "or", "unless", "atan2", "bool", "offset", "by", "without", "on", "ignoring"}

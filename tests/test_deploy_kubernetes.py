@@ -4,8 +4,6 @@ trainer as the hook needs it, and carry exactly the rule groups of deploy/promet
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -135,17 +133,6 @@ def test_prometheusrule_carries_the_same_groups_as_deploy_prometheus() -> None:
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     expected = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
     assert rule["spec"]["groups"] == expected
-
-
-def test_prometheusrule_is_regenerated_from_the_rule_file() -> None:
-    result = subprocess.run(
-        [sys.executable, str(KUBERNETES / "generate-prometheusrule.py"), "--check"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
 
 
 def test_daemonset_config_is_accepted_by_the_config_loader(tmp_path: Path) -> None:

@@ -7,17 +7,26 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import deploy_metrics
 import pytest
 import yaml
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python < 3.11
+    import tomli as tomllib
+
 REPO = Path(__file__).resolve().parent.parent
-RULES = REPO / "deploy" / "prometheus" / "fsprobe.rules.yml"
-RULE_TESTS = sorted((REPO / "deploy" / "prometheus" / "tests").glob("*.test.yml"))
+PROMETHEUS = REPO / "deploy" / "prometheus"
+RULES = PROMETHEUS / "fsprobe.rules.yml"
+GENERATE = PROMETHEUS / "generate.py"
+RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.test.yml"))
 RUNBOOK = REPO / "docs" / "runbook.md"
-RUNBOOK_URL = "https://github.com/fsprobe/fsprobe/blob/main/docs/runbook.md#"
+#: The runbook's published address: the project URL that the rule generator reads.
+RUNBOOK_URL = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Runbook"]
 
 #: DESIGN §6, "Alert names".
 DESIGN_ALERTS = {
@@ -34,7 +43,10 @@ DESIGN_ALERTS = {
     "FsprobeProbeStale",
     "FsprobeTmpdirCrossDevice",
     "FsprobeRedirectedCheckpointsPending",
+    "FsprobeDown",
 }
+#: Alerts about fsprobe itself, not about a watched path.
+SELF_ALERTS = {"FsprobeDown"}
 
 promtool = pytest.mark.skipif(
     shutil.which("promtool") is None,
@@ -81,16 +93,59 @@ def test_every_design_alert_exists_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("rule", _alert_rules(), ids=lambda rule: rule["alert"])
 def test_alert_has_severity_summary_description_and_runbook(rule: dict) -> None:
-    assert rule["labels"]["severity"] in ("warning", "critical")
+    assert rule["labels"]["severity"] in ("info", "warning", "critical")
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "runbook_url"}
     description = annotations["description"]
-    for needed in ("$labels.path", "$labels.instance"):
-        assert needed in description, f"{rule['alert']}: description lacks {needed}"
+    if rule["alert"] not in SELF_ALERTS:
+        for needed in ("$labels.path", "$labels.instance"):
+            assert needed in description, f"{rule['alert']}: description lacks {needed}"
     # The value, through a formatting function, or (for a 0/1 condition) a stated duration.
     formatted = re.search(r"\$value \| humanize\w*|printf \"%[^\"]*\" \$value", description)
     assert formatted or rule.get("for"), f"{rule['alert']}: description shows no value"
-    assert annotations["runbook_url"] == RUNBOOK_URL + rule["alert"].lower()
+    assert annotations["runbook_url"] == f"{RUNBOOK_URL}#{rule['alert'].lower()}"
+
+
+def test_the_tmpdir_hint_never_pages():
+    """Node-local /tmp with checkpoints on Lustre is the usual layout (issue 11.1)."""
+    (rule,) = [rule for rule in _alert_rules() if rule["alert"] == "FsprobeTmpdirCrossDevice"]
+    assert rule["labels"]["severity"] == "info"
+
+
+def test_the_shipped_rules_are_generated_from_the_template() -> None:
+    result = subprocess.run(
+        [sys.executable, str(GENERATE), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_site_sets_its_runbook_and_job_in_one_place(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable, str(GENERATE), "--output-dir", str(tmp_path),
+            "--runbook-base", "https://wiki.example.org/ops/fsprobe",
+            "--job-selector", 'job="node-fsprobe", cluster="a"',
+        ],
+        check=True, timeout=60,
+    )  # fmt: skip
+    rules = yaml.safe_load((tmp_path / "fsprobe.rules.yml").read_text())
+    operator = yaml.safe_load((tmp_path / "prometheusrule.yaml").read_text())
+    assert operator["spec"]["groups"] == rules["groups"]
+    alerts = [r for r in deploy_metrics.iter_rules(rules["groups"]) if "alert" in r]
+    assert {r["annotations"]["runbook_url"].split("#")[0] for r in alerts} == {
+        "https://wiki.example.org/ops/fsprobe"
+    }
+    down = [r["expr"] for r in alerts if r["alert"] == "FsprobeDown"]
+    assert down == [
+        'up{job="node-fsprobe", cluster="a"} == 0',
+        'absent(up{job="node-fsprobe", cluster="a"})',
+    ]
+    shipped = RULES.read_text()
+    assert "@" + "RUNBOOK_BASE@" not in shipped and "@" + "JOB_SELECTOR@" not in shipped
 
 
 def test_critical_and_warning_variants_are_distinct() -> None:
@@ -165,7 +220,7 @@ def test_every_recording_rule_is_unit_tested() -> None:
 def test_rules_use_only_metrics_of_the_exporter_contract() -> None:
     used = deploy_metrics.rules_metrics([RULES])
     assert used, "no metric found in the rules: the extraction is broken"
-    assert used - deploy_metrics.CONTRACT_METRICS == set()
+    assert used - deploy_metrics.CONTRACT_METRICS - deploy_metrics.SCRAPE_METRICS == set()
 
 
 def test_every_recording_rule_is_used_by_an_alert_or_the_dashboard() -> None:
