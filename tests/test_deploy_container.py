@@ -4,6 +4,7 @@ what pyproject needs, and it runs the daemon as the Kubernetes examples expect."
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -52,7 +53,30 @@ def test_the_build_copies_what_pyproject_needs() -> None:
         if keyword == "COPY" and not arguments.startswith("--from")
         for source in arguments.split()[:-1]
     }
-    assert {"pyproject.toml", pyproject["project"]["readme"], "fsprobe"} <= copied
+    needed = {"pyproject.toml", pyproject["project"]["readme"], "fsprobe"}
+    needed |= set(pyproject["project"]["license-files"])  # setuptools refuses to build without
+    assert needed <= copied
+
+
+def test_the_base_is_pinned_by_digest_and_the_image_is_labelled() -> None:
+    """Issue 11.8: a tag alone is moved by every upstream rebuild; OCI labels say what it is."""
+    instructions = _instructions()
+    arguments = dict(
+        argument.split("=", 1)
+        for keyword, argument in instructions
+        if keyword == "ARG" and "=" in argument
+    )
+    bases = [argument.split()[0] for keyword, argument in instructions if keyword == "FROM"]
+    assert bases == ["${BASE}", "${BASE}"]
+    assert re.fullmatch(
+        r"docker\.io/library/python:3\.\d+\.\d+-slim-\w+@sha256:[0-9a-f]{64}", arguments["BASE"]
+    )
+    labels = " ".join(argument for keyword, argument in _final_stage() if keyword == "LABEL")
+    for key in ("title", "description", "version", "licenses", "source", "documentation"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    assert f'org.opencontainers.image.licenses="{pyproject["project"]["license"]}"' in labels
+    assert arguments["VERSION"] == pyproject["project"]["version"]
 
 
 def test_the_image_runs_the_daemon_unprivileged_on_the_exposed_port() -> None:

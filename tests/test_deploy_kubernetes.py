@@ -135,6 +135,14 @@ def test_prometheusrule_carries_the_same_groups_as_deploy_prometheus() -> None:
     assert rule["spec"]["groups"] == expected
 
 
+def test_the_node_daemon_is_a_node_agent_without_api_access() -> None:
+    """Issue 11.8: scheduled first and evicted last like other node agents, and no service
+    account token mounted into a root pod that never talks to the API."""
+    spec = _one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["automountServiceAccountToken"] is False
+
+
 def test_daemonset_config_is_accepted_by_the_config_loader(tmp_path: Path) -> None:
     config_map = _one("daemonset.yaml", "ConfigMap")
     daemon = _one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
