@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 import fsprobe
 from fsprobe.saving.manifest import new_entry, pending, record
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
@@ -198,7 +200,11 @@ def test_a_hung_fallback_delays_the_count_never_the_target_or_the_daemon(tmp_pat
         line = daemon.wait_for_log("event=task_overdue", timeout=10)
         assert f"target={target} task=count errno=TIMEOUT" in line
         assert faultfs.ctl.rule(rule)["waiting"] >= 1
-        time.sleep(3 * 0.5)  # three intervals: the task is not started again while it hangs
+        before = psutil.Process(daemon.pid).cpu_times()
+        time.sleep(6 * 0.5)  # six intervals: the task is not started again while it hangs
+        after = psutil.Process(daemon.pid).cpu_times()
+        # ... and the scheduler sleeps meanwhile (an overdue run is no reason to wake up).
+        assert (after.user + after.system) - (before.user + before.system) < 0.3
         assert daemon.log().count("event=task_overdue") == 1, daemon.log()
         assert faultfs.ctl.rule(rule)["waiting"] == 1
         assert daemon.value("fsprobe_health_status", path=str(target)) == 0.0

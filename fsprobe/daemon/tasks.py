@@ -109,9 +109,12 @@ def _log_outcome(path: str, outcome: SyncOutcome) -> None:
     )
 
 
+#: Wake this long after a run's deadline, so that the run reads as overdue when checked.
+_DEADLINE_SLACK = 0.01
+
+
 @dataclass
 class _Run:
-    key: Key
     deadline: float
     started: float
     future: Future
@@ -158,7 +161,7 @@ class Tasks:
                 continue
             task = self._tasks[key]
             future = self._executor.submit(key[1], task.work(view))
-            self._running[key] = _Run(key, task.deadline, now, future)
+            self._running[key] = _Run(task.deadline, now, future)
             future.add_done_callback(functools.partial(done, key))
 
     def finished(self, key: Key, future: Future) -> TargetView | None:
@@ -191,18 +194,20 @@ class Tasks:
                 )
 
     def wake_times(self) -> list[float]:
-        """When the scheduler must look again: the next due task and the next deadline."""
-        times = [run.started + run.deadline for run in self._running.values()]
+        """When the scheduler must look again: the next due task and the next deadline (of a
+        run not yet reported overdue: one that was has nothing more to wake for)."""
+        times = [
+            run.started + run.deadline + _DEADLINE_SLACK
+            for run in self._running.values()
+            if not run.reported_overdue
+        ]
         earliest = self._schedule.earliest()
         return [*times, earliest] if earliest is not None else times
 
 
-def run_tasks_once(
-    targets: Iterable[TargetConfig], store: Store, executor: Executor
-) -> list[TargetView]:
+def run_tasks_once(targets: Iterable[TargetConfig], store: Store, executor: Executor) -> None:
     """Every task of every target once, each bounded by its deadline: for `fsprobe run
-    --once`, after the probes (a sync judges readiness from them). Returns the changed views."""
-    changed = []
+    --once`, after the probes (a sync judges readiness from them)."""
     for target in targets:
         for kind, task in planned_tasks(target).items():
             view = store.view(target.path)
@@ -221,7 +226,4 @@ def run_tasks_once(
                     deadline=task.deadline,
                 )
                 continue
-            after = _take(store, target.path, kind, result)
-            if after is not None:
-                changed.append(after)
-    return changed
+            _take(store, target.path, kind, result)
