@@ -35,19 +35,19 @@ def check(
     """
     base = settings or ProbeSettings()
     quota = dataclasses.replace(
-        base.quota,
-        provider=quota_provider if quota_provider != "auto" else base.quota.provider,
-        lfs=lfs or base.quota.lfs,
-        user=user if user is not None else base.quota.user,
-        group=group if group is not None else base.quota.group,
-        project=project if project is not None else base.quota.project,
-        timeout=min(base.quota.timeout, timeout) if timeout else base.quota.timeout,
+        base.server_probes,
+        provider=quota_provider if quota_provider != "auto" else base.server_probes.provider,
+        lfs=lfs or base.server_probes.lfs,
+        user=user if user is not None else base.server_probes.user,
+        group=group if group is not None else base.server_probes.group,
+        project=project if project is not None else base.server_probes.project,
+        timeout=min(base.server_probes.timeout, timeout) if timeout else base.server_probes.timeout,
     )
     effective = dataclasses.replace(
         base,
         deadline=min(base.deadline, timeout) if timeout else base.deadline,
         write_probe=base.write_probe and write_probe,
-        quota=quota,
+        server_probes=quota,
     )
     snapshot = probe_once(os.path.abspath(path), effective, shared_runner())
     verdict = evaluate(snapshot, effective.policy, time.time(), need_bytes, need_inodes)

@@ -108,10 +108,12 @@ group = 2000
     assert first.intervals["statvfs"] == 5.0 and first.intervals["write"] == 30.5
     assert first.intervals["quota"] == 300.0
     assert first.settings.deadline == 4.0 and first.settings.write_bytes == 256 * 1024
-    assert first.settings.quota.provider == "lfs"
-    assert first.settings.quota.lfs == "/opt/lustre/bin/lfs"
-    assert first.settings.quota.timeout == 20.0
-    assert first.settings.quota.project == 4242 and first.settings.quota.user is None
+    assert first.settings.server_probes.provider == "lfs"
+    assert first.settings.server_probes.lfs == "/opt/lustre/bin/lfs"
+    assert first.settings.server_probes.timeout == 20.0
+    assert (
+        first.settings.server_probes.project == 4242 and first.settings.server_probes.user is None
+    )
     assert first.fallback_dirs == ("/scratch/fallback",)
     assert first.settings.policy.headroom_degraded_ratio == 0.2
     assert first.settings.policy.write_slow_seconds == 2.0
@@ -123,7 +125,7 @@ group = 2000
     assert second.settings.policy.headroom_degraded_ratio == 0.3
     assert second.settings.policy.write_slow_seconds == 2.0  # the default still applies
     assert second.settings.policy.check_tmpdir is False
-    assert (second.settings.quota.user, second.settings.quota.group) == (1000, 2000)
+    assert (second.settings.server_probes.user, second.settings.server_probes.group) == (1000, 2000)
     assert second.quota_probe == "never" and not second.quota_enabled
 
     assert config.listen == "[::1]:9100" and config.listen_address == ("::1", 9100)
@@ -151,7 +153,7 @@ def test_environment_overrides_the_file_and_flags_override_the_environment(tmp_p
     assert from_env.state_dir == "/from/env"
     assert from_env.textfile_dir == "/env/textfile"
     assert from_env.web_config == "/env/web.yml"
-    assert from_env.targets[0].settings.quota.lfs == "/env/lfs"
+    assert from_env.targets[0].settings.server_probes.lfs == "/env/lfs"
 
     from_flags = load(
         Overrides(listen="127.0.0.1:3333", state_dir="/from/flag", lfs="/flag/lfs"),
@@ -159,11 +161,11 @@ def test_environment_overrides_the_file_and_flags_override_the_environment(tmp_p
     )
     assert from_flags.listen == "127.0.0.1:3333"
     assert from_flags.state_dir == "/from/flag"
-    assert from_flags.targets[0].settings.quota.lfs == "/flag/lfs"
+    assert from_flags.targets[0].settings.server_probes.lfs == "/flag/lfs"
 
     from_file = load(Overrides(config_file=file), environ={})
     assert from_file.listen == "127.0.0.1:1111" and from_file.state_dir == "/from/file"
-    assert from_file.targets[0].settings.quota.lfs == "/file/lfs"
+    assert from_file.targets[0].settings.server_probes.lfs == "/file/lfs"
 
 
 def test_command_line_paths_join_the_file_targets_and_keep_their_overrides(tmp_path):
@@ -388,7 +390,7 @@ def test_the_documented_example_loads_as_written():
     example = Path(__file__).resolve().parents[1] / "docs" / "fsprobe.example.toml"
     config = load(Overrides(config_file=str(example)), environ={})
     llm, home = config.targets
-    assert llm.settings.quota.project == 4242
+    assert llm.settings.server_probes.project == 4242
     assert llm.fallback_dirs == ("/lustre/work/proj/llm/fallback",)
     assert home.settings.write_probe is False
     assert home.intervals["statvfs"] == 30
@@ -473,7 +475,7 @@ def test_the_largest_accepted_values_load(tmp_path):
     assert target.settings.deadline == 3600.0
     assert target.settings.write_bytes == 64 * 1024 * 1024
     assert target.intervals["quota"] == 604800.0
-    assert target.settings.quota.project == 4294967294
+    assert target.settings.server_probes.project == 4294967294
 
 
 def test_a_fifo_or_a_huge_file_is_not_read_as_config(tmp_path):
@@ -517,7 +519,10 @@ def test_user_and_group_may_be_names(tmp_path):
         ),
         environ={},
     )
-    assert (config.targets[0].settings.quota.user, config.targets[0].settings.quota.group) == (0, 0)
+    assert (
+        config.targets[0].settings.server_probes.user,
+        config.targets[0].settings.server_probes.group,
+    ) == (0, 0)
     error = refused(tmp_path, '[[targets]]\npath = "/a"\nuser = "no-such-user-harden"\n')
     assert (error.line, error.key) == (3, "targets[0].user")
     assert "no user named 'no-such-user-harden'" in error.reason

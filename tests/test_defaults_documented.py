@@ -66,10 +66,10 @@ ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
     **{f"{kind}_interval": _interval(kind) for kind in DEFAULT_INTERVALS},
     "redirect_interval": lambda config, target: target.redirect_interval,  # a task, not a probe
     "deadline": lambda config, target: target.settings.deadline,
-    "quota_timeout": lambda config, target: target.settings.quota.timeout,
+    "quota_timeout": lambda config, target: target.settings.server_probes.timeout,
     "write_bytes": lambda config, target: target.settings.write_bytes,
     "write_probe": lambda config, target: target.settings.write_probe,
-    "quota_provider": lambda config, target: target.settings.quota.provider,
+    "quota_provider": lambda config, target: target.settings.server_probes.provider,
     "quota_probe": lambda config, target: target.quota_probe,
     "listen": lambda config, target: config.listen,
     "log_level": lambda config, target: config.log_level,

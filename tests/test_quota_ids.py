@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fsprobe.errors import ProbeFailure
-from fsprobe.quota import QuotaSettings
+from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.ids import FS_IOC_FSGETXATTR, FSXATTR, read_project_id, resolve_ids
 from fsprobe.quota.lustre import LustreQuotaProvider
 from fsprobe.quota.provider import Deadline
@@ -145,7 +145,7 @@ def test_lfs_project_is_the_fallback_where_the_ioctl_is_not_supported(faultfs, f
     assert unsupported.value.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL)
 
     fake_lfs.configure(project=77)
-    provider, settings = LustreQuotaProvider(), QuotaSettings()
+    provider, settings = LustreQuotaProvider(), ServerProbeSettings()
 
     def fallback(path: str) -> int:
         return provider.project_id(path, settings, Deadline.after(20))

@@ -16,12 +16,12 @@ from fsprobe.errors import ProbeFailure
 from fsprobe.model import QuotaState
 from fsprobe.probing.lfs_df import DF_CACHE, probe_lfs_df
 from fsprobe.probing.quota import probe_quota
-from fsprobe.quota import QuotaSettings
+from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.lustre import QUOTA_CACHE
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
 
 VERSIONS = ["2.12", "2.14", "2.15", "2.16"]
-FORCED = QuotaSettings(provider="lfs", user=1000, group=1000)
+FORCED = ServerProbeSettings(provider="lfs", user=1000, group=1000)
 #: Generous: the deadline plus the kill, on a loaded two-core machine.
 SLACK = 3.0
 
@@ -96,7 +96,7 @@ def test_hung_lfs_is_killed_and_the_probe_returns_by_its_deadline(
     tmp_path: Path, fake_lfs: FakeLfs
 ):
     fake_lfs.configure(fail="hang")
-    settings = QuotaSettings(provider="lfs", user=1000, group=1000, project=7, timeout=2.0)
+    settings = ServerProbeSettings(provider="lfs", user=1000, group=1000, project=7, timeout=2.0)
     started = time.monotonic()
     with pytest.raises(ProbeFailure) as failure:
         probe_quota(str(tmp_path), settings)
@@ -114,7 +114,7 @@ def test_hung_lfs_is_killed_and_the_probe_returns_by_its_deadline(
 
 def test_concurrent_probes_share_one_lfs_call_per_id(tmp_path: Path, fake_lfs: FakeLfs):
     fake_lfs.configure(state={"mountpoint": str(tmp_path)}, delay=0.4)
-    settings = QuotaSettings(provider="lfs", user=1000, group=1000, project=7)
+    settings = ServerProbeSettings(provider="lfs", user=1000, group=1000, project=7)
     reports: list = []
     threads = [
         threading.Thread(target=lambda: reports.append(probe_quota(str(tmp_path), settings)))
@@ -131,18 +131,18 @@ def test_concurrent_probes_share_one_lfs_call_per_id(tmp_path: Path, fake_lfs: F
 
 def test_results_are_cached_for_cache_seconds(tmp_path: Path, fake_lfs: FakeLfs):
     fake_lfs.configure(state={"mountpoint": str(tmp_path)})
-    cached = QuotaSettings(provider="lfs", user=1000, group=1000, cache_seconds=300)
+    cached = ServerProbeSettings(provider="lfs", user=1000, group=1000, cache_seconds=300)
     probe_quota(str(tmp_path), cached)
     probe_quota(str(tmp_path / "other" / "target"), cached)  # same filesystem, same IDs
     assert len(fake_lfs.calls()) == 2
-    uncached = QuotaSettings(provider="lfs", user=1000, group=1000)
+    uncached = ServerProbeSettings(provider="lfs", user=1000, group=1000)
     probe_quota(str(tmp_path), uncached)
     assert len(fake_lfs.calls()) == 4
 
 
 def test_partial_result_names_what_failed(tmp_path: Path, fake_lfs: FakeLfs):
     fake_lfs.configure(state={"mountpoint": str(tmp_path)}, fail="esrch", fail_types="group")
-    report = probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1000, group=1000))
+    report = probe_quota(str(tmp_path), ServerProbeSettings(provider="lfs", user=1000, group=1000))
     assert report is not None
     assert [e.type for e in report.entries] == ["user"]
     assert len(report.errors) == 1
@@ -151,7 +151,7 @@ def test_partial_result_names_what_failed(tmp_path: Path, fake_lfs: FakeLfs):
 
 def test_inaccurate_data_is_returned_flagged(tmp_path: Path, fake_lfs: FakeLfs):
     fake_lfs.configure(state={"mountpoint": str(tmp_path)}, fail="inaccurate")
-    report = probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1000, group=1000))
+    report = probe_quota(str(tmp_path), ServerProbeSettings(provider="lfs", user=1000, group=1000))
     assert report is not None and report.inaccurate
     assert all(e.bytes.inaccurate for e in report.entries)
 
@@ -162,26 +162,24 @@ def test_inaccurate_data_is_returned_flagged(tmp_path: Path, fake_lfs: FakeLfs):
 def test_nothing_read_raises_the_failure(tmp_path: Path, fake_lfs: FakeLfs, fail, error):
     fake_lfs.configure(state={"mountpoint": str(tmp_path)}, fail=fail)
     with pytest.raises(ProbeFailure) as failure:
-        probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1000, group=1000))
+        probe_quota(str(tmp_path), ServerProbeSettings(provider="lfs", user=1000, group=1000))
     assert failure.value.error == error
 
 
-def test_missing_lfs_is_enoent_and_says_what_to_do(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_missing_lfs_is_enoent_and_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FSPROBE_LFS", str(tmp_path / "no" / "lfs"))
     with pytest.raises(ProbeFailure) as failure:
-        probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=1, group=1, project=1))
+        probe_quota(str(tmp_path), ServerProbeSettings(provider="lfs", user=1, group=1, project=1))
     assert failure.value.error == "ENOENT"
     assert "--lfs" in failure.value.message and "FSPROBE_LFS" in failure.value.message
 
 
 def test_not_lustre_needs_no_lfs(tmp_path: Path, fake_lfs: FakeLfs):
     fake_lfs.configure()
-    assert probe_quota(str(tmp_path), QuotaSettings()) is None
-    assert probe_quota(str(tmp_path), QuotaSettings(provider="none")) is None
-    assert probe_lfs_df(str(tmp_path), QuotaSettings()) is None
-    assert probe_lfs_df(str(tmp_path), QuotaSettings(provider="none")) is None
+    assert probe_quota(str(tmp_path), ServerProbeSettings()) is None
+    assert probe_quota(str(tmp_path), ServerProbeSettings(provider="none")) is None
+    assert probe_lfs_df(str(tmp_path), ServerProbeSettings()) is None
+    assert probe_lfs_df(str(tmp_path), ServerProbeSettings(provider="none")) is None
     assert fake_lfs.calls() == []
 
 
@@ -191,7 +189,7 @@ def test_lfs_df_shows_every_target_of_the_filesystem(version: str, faultfs, fake
     faultfs.ctl.set_statfs(
         f_frsize=4096, f_blocks=300000, f_bfree=30000, f_bavail=29000, f_files=5000, f_ffree=400
     )
-    targets = probe_lfs_df(str(faultfs.mountpoint / "ckpt"), QuotaSettings(provider="lfs"))
+    targets = probe_lfs_df(str(faultfs.mountpoint / "ckpt"), ServerProbeSettings(provider="lfs"))
     assert targets is not None
     assert [t.name for t in targets] == [
         "lustre-MDT0000",
@@ -210,13 +208,13 @@ def test_lfs_df_keeps_inactive_and_unreachable_targets(tmp_path: Path, fake_lfs:
     state = {"mountpoint": str(tmp_path), "statfs": {"f_frsize": 4096, "f_blocks": 1000,
              "f_bfree": 500, "f_bavail": 400, "f_files": 100, "f_ffree": 50}}  # fmt: skip
     fake_lfs.configure(state=state, fail="inactive", osts=3)
-    targets = probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+    targets = probe_lfs_df(str(tmp_path), ServerProbeSettings(provider="lfs"))
     assert targets is not None
     inactive = [t for t in targets if not t.active]
     assert [(t.name, t.size_bytes) for t in inactive] == [("lustre-OST0001", None)]
     DF_CACHE.clear()
     fake_lfs.configure(state=state, fail="df_error", osts=3)
-    targets = probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+    targets = probe_lfs_df(str(tmp_path), ServerProbeSettings(provider="lfs"))
     assert targets is not None
     unreachable = [t for t in targets if t.avail_bytes is None]
     assert [(t.name, t.active) for t in unreachable] == [("lustre-OST0001", True)]
@@ -225,25 +223,25 @@ def test_lfs_df_keeps_inactive_and_unreachable_targets(tmp_path: Path, fake_lfs:
 def test_lfs_df_failures(tmp_path: Path, fake_lfs: FakeLfs):
     fake_lfs.configure(version="2.16", state={"mountpoint": "/mnt/elsewhere"})
     with pytest.raises(ProbeFailure) as failure:
-        probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+        probe_lfs_df(str(tmp_path), ServerProbeSettings(provider="lfs"))
     assert "not on a Lustre filesystem" in failure.value.message
     DF_CACHE.clear()
     fake_lfs.configure(version="2.12", state={"mountpoint": "/mnt/elsewhere"})
     with pytest.raises(ProbeFailure) as failure:
-        probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs"))
+        probe_lfs_df(str(tmp_path), ServerProbeSettings(provider="lfs"))
     assert failure.value.error == "ENODEV"
     DF_CACHE.clear()
     fake_lfs.configure(fail="hang")
     started = time.monotonic()
     with pytest.raises(ProbeFailure) as failure:
-        probe_lfs_df(str(tmp_path), QuotaSettings(provider="lfs", timeout=1.5))
+        probe_lfs_df(str(tmp_path), ServerProbeSettings(provider="lfs", timeout=1.5))
     assert failure.value.error == "TIMEOUT"
     assert time.monotonic() - started < 1.5 + SLACK
 
 
 def test_a_negative_id_never_reaches_lfs(tmp_path: Path, fake_lfs: FakeLfs):
     fake_lfs.configure(state={"mountpoint": str(tmp_path)})
-    report = probe_quota(str(tmp_path), QuotaSettings(provider="lfs", user=-5, group=1000))
+    report = probe_quota(str(tmp_path), ServerProbeSettings(provider="lfs", user=-5, group=1000))
     assert report is not None and [e.type for e in report.entries] == ["group"]
     assert report.errors == ("user -5: EINVAL: user ID -5 is negative",)
     assert [call["argv"][1:3] for call in fake_lfs.calls()] == [["-g", "1000"]]

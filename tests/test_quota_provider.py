@@ -15,7 +15,7 @@ from fsprobe.lustre.grace import NO_TIMER, Grace
 from fsprobe.lustre.quota_parser import Usage, parse_quota
 from fsprobe.model import QuotaEntry, QuotaState, QuotaUsage
 from fsprobe.probing.mounts import Mount
-from fsprobe.quota import QuotaSettings
+from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.lustre import LustreQuotaProvider, outcome_from_output, usage_from_cells
 from fsprobe.quota.provider import IdOutcome, assemble
@@ -205,14 +205,14 @@ def _mount(fstype: str) -> Mount:
 
 
 def test_provider_selection():
-    assert isinstance(select_provider(QuotaSettings(), _mount("lustre")), LustreQuotaProvider)
-    assert select_provider(QuotaSettings(), _mount("ext4")) is None
-    assert select_provider(QuotaSettings(), None) is None
-    assert select_provider(QuotaSettings(provider="none"), _mount("lustre")) is None
-    forced = select_provider(QuotaSettings(provider="lfs"), _mount("fuse"))
+    assert isinstance(select_provider(ServerProbeSettings(), _mount("lustre")), LustreQuotaProvider)
+    assert select_provider(ServerProbeSettings(), _mount("ext4")) is None
+    assert select_provider(ServerProbeSettings(), None) is None
+    assert select_provider(ServerProbeSettings(provider="none"), _mount("lustre")) is None
+    forced = select_provider(ServerProbeSettings(provider="lfs"), _mount("fuse"))
     assert isinstance(forced, LustreQuotaProvider)
     with pytest.raises(ValueError, match="unknown quota provider 'gpfs'"):
-        select_provider(QuotaSettings(provider="gpfs"), _mount("gpfs"))
+        select_provider(ServerProbeSettings(provider="gpfs"), _mount("gpfs"))
 
 
 class Clock:

@@ -17,14 +17,14 @@ from fsprobe.probing.plan import LFS_KILL_SLACK
 from fsprobe.probing.quota import QuotaLookup, lookup_quota
 from fsprobe.probing.runner import ProbeRunner
 from fsprobe.probing.worker import ProcessExecutor
-from fsprobe.quota import QuotaSettings
+from fsprobe.quota import ServerProbeSettings
 
 #: Exit status when the quota could not be read (or no provider applies): "unknown", as in
 #: the monitoring-plugin convention that `fsprobe check` follows.
 EXIT_UNREAD = 3
 
 
-def _lookup_in_worker(path: str, settings: QuotaSettings) -> ProbeResult:
+def _lookup_in_worker(path: str, settings: ServerProbeSettings) -> ProbeResult:
     """The lookup, made in a worker process: finding the mount and the directory's IDs stats
     and ioctls PATH, which on a hung mount would hang this command for good. The worker is
     this invocation's own, started with this environment (FSPROBE_LFS and the like)."""
@@ -88,7 +88,7 @@ def quota(
       fsprobe quota /lustre/project/ckpt
       fsprobe quota /lustre/project/ckpt --project 4242 --json | jq '.quota[].inodes'
     """
-    settings = QuotaSettings(
+    settings = ServerProbeSettings(
         provider=quota_provider, lfs=lfs, user=user, group=group, project=project, timeout=timeout
     )
     result = _lookup_in_worker(path, settings)

@@ -25,7 +25,7 @@ from typing import Any
 
 from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.probing.plan import ProbeSettings
-from fsprobe.quota import QuotaSettings
+from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.ids import id_of
 from fsprobe.saving.fallback import all_fallback_dirs
 from fsprobe.state import default_state_dir
@@ -529,7 +529,7 @@ def _target(
     intervals = {
         kind: values.get(f"{kind}_interval", default) for kind, default in DEFAULT_INTERVALS.items()
     }
-    base_quota = QuotaSettings()
+    base_quota = ServerProbeSettings()
     quota = dataclasses.replace(
         base_quota,
         provider=values.get("quota_provider", base_quota.provider),
@@ -544,7 +544,7 @@ def _target(
         deadline=values.get("deadline", base.deadline),
         write_probe=values.get("write_probe", base.write_probe),
         write_bytes=values.get("write_bytes", base.write_bytes),
-        quota=quota,
+        server_probes=quota,
         policy=Policy(**thresholds, intervals=intervals),
     )
     mode = values.get("quota_probe", "auto")

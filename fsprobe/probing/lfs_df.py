@@ -19,12 +19,12 @@ from fsprobe.probing.mounts import Mount
 from fsprobe.probing.quota import locate
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.provider import Deadline
-from fsprobe.quota.settings import QuotaSettings
+from fsprobe.quota.settings import ServerProbeSettings
 
 DF_CACHE: SingleFlight[tuple[LustreTarget, ...] | ProbeFailure] = SingleFlight()
 
 
-def lfs_df_applies(settings: QuotaSettings, mount: Mount | None) -> bool:
+def lfs_df_applies(settings: ServerProbeSettings, mount: Mount | None) -> bool:
     """On Lustre with provider auto, or anywhere when `lfs` is forced (provider lfs)."""
     if settings.provider == "lfs":
         return True
@@ -47,7 +47,7 @@ def read_targets(
         return ProbeFailure.of(error)
 
 
-def probe_lfs_df(target: str, settings: QuotaSettings) -> tuple[LustreTarget, ...] | None:
+def probe_lfs_df(target: str, settings: ServerProbeSettings) -> tuple[LustreTarget, ...] | None:
     """Every MDT and OST of the target's filesystem; None when `lfs df` does not apply.
 
     Raises ProbeFailure (ENOENT for a missing `lfs`, the errno name of the exit status, TIMEOUT,

@@ -15,7 +15,7 @@ from fsprobe.probing.runner import ProbeRunner, Run
 from fsprobe.probing.statvfs import probe_statvfs
 from fsprobe.probing.tmpdir import TMPDIR_VARIABLES, probe_tmpdir
 from fsprobe.probing.write import DEFAULT_WRITE_BYTES, probe_write
-from fsprobe.quota import QuotaSettings
+from fsprobe.quota import ServerProbeSettings
 
 #: Time the quota probes get beyond `lfs`'s own deadline, so that the process-group kill and
 #: its clean TIMEOUT report happen before the caller gives up on the worker.
@@ -29,7 +29,7 @@ class ProbeSettings:
     deadline: float = 10.0
     write_probe: bool = True
     write_bytes: int = DEFAULT_WRITE_BYTES
-    quota: QuotaSettings = field(default_factory=QuotaSettings)
+    server_probes: ServerProbeSettings = field(default_factory=ServerProbeSettings)
     policy: Policy = field(default_factory=Policy)
 
 
@@ -56,13 +56,13 @@ def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
         probes["write"] = PlannedProbe(
             functools.partial(probe_write, target, settings.write_bytes), settings.deadline
         )
-    if settings.quota.provider != "none":
-        lfs_deadline = settings.quota.timeout + LFS_KILL_SLACK
+    if settings.server_probes.provider != "none":
+        lfs_deadline = settings.server_probes.timeout + LFS_KILL_SLACK
         probes["quota"] = PlannedProbe(
-            functools.partial(probe_quota, target, settings.quota), lfs_deadline
+            functools.partial(probe_quota, target, settings.server_probes), lfs_deadline
         )
         probes["lfs_df"] = PlannedProbe(
-            functools.partial(probe_lfs_df, target, settings.quota), lfs_deadline
+            functools.partial(probe_lfs_df, target, settings.server_probes), lfs_deadline
         )
     return probes
 

@@ -16,7 +16,7 @@ from fsprobe.probing.mounts import Mount, find_mount, nearest_existing
 from fsprobe.quota.ids import resolve_ids
 from fsprobe.quota.provider import Deadline, QuotaRequest, assemble
 from fsprobe.quota.registry import select_provider
-from fsprobe.quota.settings import QuotaSettings
+from fsprobe.quota.settings import ServerProbeSettings
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def locate(target: str) -> tuple[str, Mount | None]:
     return directory, find_mount(directory)
 
 
-def lookup_quota(target: str, settings: QuotaSettings) -> QuotaLookup:
+def lookup_quota(target: str, settings: ServerProbeSettings) -> QuotaLookup:
     """Read the quota of `target`; raises as `probe_quota` does when nothing could be read."""
     directory, mount = locate(target)
     provider = select_provider(settings, mount)
@@ -60,7 +60,7 @@ def lookup_quota(target: str, settings: QuotaSettings) -> QuotaLookup:
     return QuotaLookup(target, directory, mount, provider.name, report)
 
 
-def probe_quota(target: str, settings: QuotaSettings) -> QuotaReport | None:
+def probe_quota(target: str, settings: ServerProbeSettings) -> QuotaReport | None:
     """The quota report of `target`; None when no provider applies.
 
     Raises ProbeFailure when no ID could be read: ENOENT for a missing `lfs` (the message says

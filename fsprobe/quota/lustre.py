@@ -25,7 +25,7 @@ from fsprobe.quota.provider import (
     QuotaProvider,
     QuotaRequest,
 )
-from fsprobe.quota.settings import QuotaSettings
+from fsprobe.quota.settings import ServerProbeSettings
 
 _TYPE_FLAGS = {"user": "-u", "group": "-g", "project": "-p"}
 _PROJECT_LINE = re.compile(r"^\s*([0-9]+) [P-] (.*)$")
@@ -184,7 +184,7 @@ class LustreQuotaProvider(QuotaProvider):
             outcomes.append(outcome)
         return tuple(outcomes)
 
-    def project_id(self, directory: str, settings: QuotaSettings, deadline: Deadline) -> int:
+    def project_id(self, directory: str, settings: ServerProbeSettings, deadline: Deadline) -> int:
         """``lfs project -d DIR`` prints ``<projid> <P or -> <path>``."""
         run = run_lfs(
             ("project", "-d", directory),

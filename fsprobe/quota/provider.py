@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import QuotaEntry, QuotaReport
 from fsprobe.probing.mounts import Mount
-from fsprobe.quota.settings import QuotaSettings
+from fsprobe.quota.settings import ServerProbeSettings
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class QuotaRequest:
     directory: str
     mount: Mount | None
     queries: tuple[tuple[str, int], ...]
-    settings: QuotaSettings
+    settings: ServerProbeSettings
     deadline: Deadline
 
 
@@ -69,7 +69,7 @@ class QuotaProvider(abc.ABC):
     def read(self, request: QuotaRequest) -> tuple[IdOutcome, ...]:
         """One outcome per query, in order; must return by `request.deadline` (plus slack)."""
 
-    def project_id(self, directory: str, settings: QuotaSettings, deadline: Deadline) -> int:
+    def project_id(self, directory: str, settings: ServerProbeSettings, deadline: Deadline) -> int:
         """The project ID of `directory` by the provider's own means, when the ioctl fails."""
         raise ProbeFailure("EOPNOTSUPP", f"{self.name} cannot read project IDs")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from fsprobe.probing.mounts import Mount
 from fsprobe.quota.lustre import LustreQuotaProvider
 from fsprobe.quota.provider import QuotaProvider
-from fsprobe.quota.settings import PROVIDER_CHOICES, QuotaSettings
+from fsprobe.quota.settings import PROVIDER_CHOICES, ServerProbeSettings
 
 #: By --quota-provider name; "auto" tries them in this order. New filesystems go here.
 PROVIDERS: dict[str, QuotaProvider] = {"lfs": LustreQuotaProvider()}
 
 
-def select_provider(settings: QuotaSettings, mount: Mount | None) -> QuotaProvider | None:
+def select_provider(settings: ServerProbeSettings, mount: Mount | None) -> QuotaProvider | None:
     """The provider that `settings` asks for, or that fits `mount` for "auto"; None for none."""
     choice = settings.provider
     if choice == "none":

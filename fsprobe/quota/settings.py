@@ -1,4 +1,9 @@
-"""How quota is read for a target: which provider, which `lfs`, which IDs, how long to wait."""
+"""How the probes that ask the filesystem's servers run: quota and `lfs df`.
+
+Both cost RPCs to servers that thousands of clients share, both run the filesystem's own tool
+(`lfs`), and both are switched off together (`--no-quota`, provider ``none``): which provider,
+which binary, which IDs, how long to wait, how long to reuse an answer.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,14 @@ PROVIDER_CHOICES = ("auto", "lfs", "none")
 
 
 @dataclass(frozen=True)
-class QuotaSettings:
-    """Quota settings of one target (DESIGN §4); the defaults need no configuration at all.
+class ServerProbeSettings:
+    """Server probe settings of one target (DESIGN §4); the defaults need no configuration.
 
-    `timeout` bounds one probe: every `lfs` call it makes shares that deadline, and a call still
-    running at the deadline is killed with its process group. `cache_seconds` lets several targets
-    on one filesystem (and the daemon's next round) reuse a result instead of asking the metadata
-    server again.
+    `provider` chooses the quota provider, and with it whether `lfs df` runs (on Lustre, or
+    anywhere with ``lfs``). `timeout` bounds one probe: every `lfs` call it makes shares that
+    deadline, and a call still running at the deadline is killed with its process group.
+    `cache_seconds` lets several targets on one filesystem (and the daemon's next round) reuse a
+    result instead of asking the metadata server again.
     """
 
     provider: str = "auto"  # auto | lfs | none ; auto = lfs iff fstype == "lustre"

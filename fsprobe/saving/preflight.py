@@ -49,7 +49,7 @@ from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, writ
 from fsprobe.probing.plan import ProbeSettings, plan, run_plans
 from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
-from fsprobe.quota import QuotaSettings
+from fsprobe.quota import ServerProbeSettings
 from fsprobe.report import reason_to_dict
 from fsprobe.saving.fallback import all_fallback_dirs, redirect_path
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
@@ -258,20 +258,20 @@ def _from_state(
 
 # -- inline probes --------------------------------------------------------------------------------
 
-_inline_cache: dict[tuple[str, QuotaSettings], tuple[float, Snapshot]] = {}
+_inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
 
 
 def _inline_settings(
-    settings: ProbeSettings | None, quota: QuotaSettings | None, timeout: float
+    settings: ProbeSettings | None, quota: ServerProbeSettings | None, timeout: float
 ) -> ProbeSettings:
     """Cheap probes only: never a test write, quota only when the caller configured it."""
-    base = settings or ProbeSettings(quota=QuotaSettings(provider="none"))
-    chosen = quota or base.quota
+    base = settings or ProbeSettings(server_probes=ServerProbeSettings(provider="none"))
+    chosen = quota or base.server_probes
     return dataclasses.replace(
         base,
         deadline=min(base.deadline, timeout),
         write_probe=False,
-        quota=dataclasses.replace(chosen, timeout=min(chosen.timeout, timeout)),
+        server_probes=dataclasses.replace(chosen, timeout=min(chosen.timeout, timeout)),
     )
 
 
@@ -283,7 +283,7 @@ def _probe_inline(
     plans = {}
     now = time.monotonic()
     for directory in directories:
-        key = (directory, settings.quota)  # a probe with quota is not one without
+        key = (directory, settings.server_probes)  # a probe with quota is not one without
         with _lock:
             cached = _inline_cache.get(key)
         if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
@@ -293,7 +293,9 @@ def _probe_inline(
     for directory, results in run_plans(plans, shared_runner()).items():
         snapshot = Snapshot(directory, results)
         with _lock:
-            _remember(_inline_cache, (directory, settings.quota), (time.monotonic(), snapshot))
+            _remember(
+                _inline_cache, (directory, settings.server_probes), (time.monotonic(), snapshot)
+            )
         snapshots[directory] = snapshot
     return snapshots
 
@@ -417,7 +419,7 @@ def find_fallback(
     *,
     state_dir: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
-    quota: QuotaSettings | None = None,
+    quota: ServerProbeSettings | None = None,
     settings: ProbeSettings | None = None,
 ) -> str | None:
     """Where in the first fallback that can take it a save of `path` should go, or None.
@@ -455,7 +457,7 @@ def preflight(
     timeout: float = DEFAULT_TIMEOUT,
     on_unhealthy: str = "proceed",
     redirect: bool = True,
-    quota: QuotaSettings | None = None,
+    quota: ServerProbeSettings | None = None,
     settings: ProbeSettings | None = None,
 ) -> Decision:
     """Decide, right before writing the file `path`, whether and where to write it.

@@ -8,7 +8,7 @@ In a test module (or use this module as a pytest plugin, see `fake_lfs`)::
 
     def test_something(fake_lfs, faultfs):
         fake_lfs.configure(version="2.12", control=faultfs.socket_path)
-        report = probe_quota(str(faultfs.mountpoint), QuotaSettings(provider="lfs"))
+        report = probe_quota(str(faultfs.mountpoint), ServerProbeSettings(provider="lfs"))
 
 `configure` points FSPROBE_LFS at the fake, puts this interpreter first on PATH (the fake runs
 with ``python3`` from PATH) and sets the FAKE_LFS_* variables the fake reads (see its
