@@ -8,6 +8,8 @@ The public API (DESIGN §6)::
     fsprobe.atomic_write(path, write, ...) -> SaveResult          # the same for any writer
     fsprobe.save_dir(path, write, ...) -> SaveResult              # a directory, committed whole
     fsprobe.distributed.save_dir(path, write, ...) -> SaveResult  # ... written by every rank
+    fsprobe.save_async(obj, path, ...) -> Future[SaveResult]      # snapshot now, write later
+    fsprobe.wait_saves(timeout=None)                              # the background saves done
     fsprobe.SaveError                                             # an OSError, every attempt
 
 Every name is loaded on first use, so `import fsprobe` costs next to nothing (the probe worker
@@ -38,11 +40,15 @@ _API = {
     "save_dir": "fsprobe.saving.directory",
     "SaveError": "fsprobe.saving.retry",
     "SaveResult": "fsprobe.saving.retry",
+    "save_async": "fsprobe.saving.background",
+    "wait_saves": "fsprobe.saving.background",
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads these
     from fsprobe.checking import check as check
     from fsprobe.report import Report as Report
+    from fsprobe.saving.background import save_async as save_async
+    from fsprobe.saving.background import wait_saves as wait_saves
     from fsprobe.saving.directory import save_dir as save_dir
     from fsprobe.saving.file import atomic_write as atomic_write
     from fsprobe.saving.file import save as save
