@@ -62,8 +62,13 @@ Prepare = Callable[[], Callable[[], SaveResult]]
 @dataclass
 class _Job:
     destination: str
-    write: Callable[[], SaveResult]
+    write: Callable[[], SaveResult] | None  # holds the snapshot; None once taken
     future: Future
+
+    def take(self) -> Callable[[], SaveResult] | None:
+        """The write, which the job then no longer holds (nor its snapshot)."""
+        write, self.write = self.write, None
+        return write
 
 
 class BackgroundSaves:
@@ -180,24 +185,34 @@ class BackgroundSaves:
                     else:
                         del self._queues[destination]
                     self._changed.notify_all()
-            del job  # its snapshot: freed now, not when the next job arrives
 
 
 def _run(job: _Job) -> None:
-    """Write one checkpoint and settle its future; a failure is also logged, never dropped."""
-    if not job.future.set_running_or_notify_cancel():
+    """Write one checkpoint and settle its future; a failure is also logged, never dropped.
+
+    The snapshot is freed before the future settles and before `wait_saves` can return: once
+    they have, the main thread may end the interpreter, and a daemon thread that is then still
+    inside torch's C++ code (freeing tensors) is stopped there by `pthread_exit`, which aborts
+    the process ("terminate called without an active exception"), as measured before this
+    order was kept.
+    """
+    write = job.take()
+    if write is None or not job.future.set_running_or_notify_cancel():
         return  # cancelled while waiting: not written
     try:
-        result = job.write()
-    except BaseException as error:  # the future must settle whatever happened
-        _release_snapshot(error)
-        if isinstance(error, SaveError):  # its attempts were logged one by one already
-            log.error("background save of %s failed: %s", job.destination, error)
-        else:
-            log.error("background save of %s failed", job.destination, exc_info=error)
-        job.future.set_exception(error)
-    else:
+        result, error = write(), None
+    except BaseException as caught:  # the future must settle whatever happened
+        result, error = None, caught
+        _release_snapshot(caught)
+    del write  # the last reference to the snapshot
+    if error is None:
         job.future.set_result(result)
+        return
+    if isinstance(error, SaveError):  # its attempts were logged one by one already
+        log.error("background save of %s failed: %s", job.destination, error)
+    else:
+        log.error("background save of %s failed", job.destination, exc_info=error)
+    job.future.set_exception(error)
 
 
 def _release_snapshot(error: BaseException) -> None:
