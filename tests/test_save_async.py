@@ -233,7 +233,7 @@ def test_a_failed_save_does_not_keep_its_snapshot_alive(faultfs):
 def test_arguments_that_the_save_would_refuse_are_refused_at_once(tmp_path):
     with pytest.raises(TypeError):
         fsprobe.save_async({}, tmp_path / "a.pt", atempts=3)
-    with open(tmp_path / "file", "wb") as stream, pytest.raises(TypeError):
+    with open(tmp_path / "file", "wb") as stream, pytest.raises(TypeError, match="needs a path"):
         fsprobe.save_async({}, stream)
     assert background._saves.pending() == []
 

@@ -40,6 +40,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any
 
+from fsprobe.extras import import_extra
 from fsprobe.saving.file import save
 from fsprobe.saving.retry import SaveError, SaveResult
 from fsprobe.saving.snapshot import snapshot
@@ -237,8 +238,12 @@ _saves = BackgroundSaves()
 
 def _check_arguments(obj: object, path: object, save_kwargs: dict[str, Any]) -> None:
     """TypeError now for what `fsprobe.save` or `torch.save` would refuse in the background."""
-    import torch  # lazily: `fsprobe.wait_saves` must not need torch
-
+    torch = import_extra("torch", "torch", "fsprobe.save_async")  # on use, as fsprobe.save
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"fsprobe.save_async needs a path, not {type(path).__name__}: a file object the "
+            "caller holds cannot be written behind its back (use fsprobe.save)"
+        )
     inspect.signature(save).bind(obj, path, **save_kwargs)
     for_torch = {k: v for k, v in save_kwargs.items() if k not in _SAVE_PARAMETERS}
     inspect.signature(torch.save).bind(obj, None, **for_torch)
