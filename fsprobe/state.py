@@ -16,7 +16,6 @@ import fcntl
 import json
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,7 +50,10 @@ def default_state_dir(environ: Mapping[str, str] = os.environ) -> str:
         return environ["FSPROBE_STATE_DIR"]
     if environ.get("XDG_RUNTIME_DIR"):
         return os.path.join(environ["XDG_RUNTIME_DIR"], "fsprobe")
-    return os.path.join(tempfile.gettempdir(), f"fsprobe-{os.getuid()}")
+    # /tmp itself, as documented, not $TMPDIR: the daemon and the save hook meet here, and a
+    # per-job $TMPDIR that only one of them sees must not move it (gettempdir() would also
+    # answer from os.environ, not from `environ`).
+    return os.path.join("/tmp", f"fsprobe-{os.getuid()}")
 
 
 def ensure_state_dir(state_dir: str) -> None:
