@@ -13,6 +13,7 @@ import pytest
 from fsprobe.model import Status
 from fsprobe.state import StateReader
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+from tests.support.capability import ipv6_problem, require
 
 FAST = """
 [defaults]
@@ -209,13 +210,7 @@ def test_an_untrusted_state_dir_is_refused_at_start(tmp_path):
 
 
 def test_listens_on_ipv6_loopback(tmp_path):
-    if not socket.has_ipv6:
-        pytest.skip("no IPv6 on this machine")
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-    except OSError as error:
-        pytest.skip(f"cannot bind ::1: {error}")
+    require(ipv6_problem())
     daemon = DaemonProcess(tmp_path, str(tmp_path), env=env_with_tmpdir(tmp_path))
     daemon.args[1] = "[::1]:0"
     with daemon:

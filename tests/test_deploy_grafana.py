@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import deploy_metrics
 import pytest
 import yaml
+
+from tests.support.capability import need_command
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "deploy" / "grafana" / "fsprobe.json"
@@ -87,9 +88,9 @@ def _with_variables_filled_in(expr: str) -> str:
 
 
 @pytest.mark.prometheus
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_prometheus_parses_every_dashboard_expression(dashboard: dict, tmp_path: Path) -> None:
     """promtool checks each expression as the body of a recording rule: Prometheus' own parser."""
+    need_command("promtool", "prometheus")
     rules = [
         {"record": f"dashboard:expr{index}", "expr": _with_variables_filled_in(expr)}
         for index, expr in enumerate(deploy_metrics.dashboard_expressions(dashboard))

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from fsprobe.daemon import config
+from tests.support.capability import need_module
 
 REPO = Path(__file__).resolve().parent.parent
 KUBERNETES = REPO / "deploy" / "kubernetes"
@@ -182,7 +183,5 @@ def test_daemonset_config_is_accepted_by_the_config_loader(tmp_path: Path) -> No
 def test_manifest_validates_against_the_kubernetes_schema(name: str, kind: str) -> None:
     """Strict: an unknown or misspelt field fails. 1.29 is the first release with native
     sidecars (init containers with restartPolicy: Always) enabled by default."""
-    validator = pytest.importorskip(
-        "kubernetes_validate", reason="kubernetes-validate not installed (test extra)"
-    )
+    validator = need_module("kubernetes_validate")
     validator.validate(_one(name, kind), "1.29.0", strict=True)

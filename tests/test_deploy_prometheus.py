@@ -5,7 +5,6 @@ a runbook section behind every runbook_url)."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python < 3.11
     import tomli as tomllib
+
+from tests.support.capability import need_command
 
 REPO = Path(__file__).resolve().parent.parent
 PROMETHEUS = REPO / "deploy" / "prometheus"
@@ -48,11 +49,6 @@ DESIGN_ALERTS = {
 #: Alerts about fsprobe itself, not about a watched path.
 SELF_ALERTS = {"FsprobeDown"}
 
-promtool = pytest.mark.skipif(
-    shutil.which("promtool") is None,
-    reason="promtool not installed (Debian package 'prometheus')",
-)
-
 
 def _alert_rules() -> list[dict]:
     groups = deploy_metrics.load_rule_groups(RULES)
@@ -61,19 +57,22 @@ def _alert_rules() -> list[dict]:
 
 def _run_promtool(*args: str, cwd: Path) -> None:
     result = subprocess.run(
-        ["promtool", *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+        [need_command("promtool", "prometheus"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
 
 
 @pytest.mark.prometheus
-@promtool
 def test_promtool_check_rules_accepts_the_rule_file() -> None:
     _run_promtool("check", "rules", str(RULES), cwd=REPO)
 
 
 @pytest.mark.prometheus
-@promtool
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda path: path.name)
 def test_promtool_unit_tests_pass(test_file: Path) -> None:
     _run_promtool("test", "rules", test_file.name, cwd=test_file.parent)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.capability import need_command
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "deploy" / "slurm" / "fsprobe-train.sbatch"
@@ -176,10 +177,10 @@ def test_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True, timeout=30)
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_shellcheck_finds_nothing() -> None:
+    shellcheck = need_command("shellcheck", "shellcheck")
     result = subprocess.run(
-        ["shellcheck", str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
+        [shellcheck, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stdout
 

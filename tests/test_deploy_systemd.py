@@ -3,22 +3,18 @@ reloads on SIGHUP, and the example config is accepted by the daemon's config loa
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from fsprobe.daemon import config
+from tests.support.capability import need_command
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "deploy" / "systemd" / "fsprobe.service"
 CONFIG = REPO / "deploy" / "systemd" / "fsprobe.toml"
 BINARY = "/usr/local/bin/fsprobe"
-
-needs_systemd_analyze = pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed"
-)
 
 
 def _directives(text: str) -> dict[str, dict[str, list[str]]]:
@@ -59,11 +55,11 @@ def _installed_copy(tmp_path: Path) -> Path:
     return unit
 
 
-@needs_systemd_analyze
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
+    analyze = need_command("systemd-analyze", "systemd")
     unit = _installed_copy(tmp_path)
     result = subprocess.run(
-        ["systemd-analyze", "verify", str(unit)],
+        [analyze, "verify", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -74,11 +70,11 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     assert result.returncode == 0 and not complaints, result.stdout + result.stderr
 
 
-@needs_systemd_analyze
 def test_hardening_exposure_is_rated_ok(tmp_path: Path) -> None:
+    analyze = need_command("systemd-analyze", "systemd")
     unit = _installed_copy(tmp_path)
     result = subprocess.run(
-        ["systemd-analyze", "security", "--offline=yes", "--threshold=40", str(unit)],
+        [analyze, "security", "--offline=yes", "--threshold=40", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,7 +7,6 @@ bcrypt hashes use the lowest cost so that the suite stays fast.
 from __future__ import annotations
 
 import base64
-import shutil
 import socket
 import ssl
 import subprocess
@@ -22,13 +21,11 @@ from fsprobe.exporters.auth import BasicAuth
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.webconfig import WebConfig, WebConfigError, load_web_config
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
-
-OPENSSL = shutil.which("openssl")
-needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="the openssl command is not installed")
+from tests.support.capability import need_command
 
 
 def openssl(*args: str) -> None:
-    subprocess.run([OPENSSL, *args], check=True, capture_output=True)
+    subprocess.run([need_command("openssl", "openssl"), *args], check=True, capture_output=True)
 
 
 def self_signed(directory: Path, name: str = "server") -> tuple[Path, Path]:
@@ -66,7 +63,6 @@ def client_context(cafile: Path) -> ssl.SSLContext:
     return context
 
 
-@needs_openssl
 def test_tls_and_basic_auth_on_a_running_daemon(tmp_path):
     cert, _key = self_signed(tmp_path)
     web = tmp_path / "web.yml"
@@ -139,7 +135,6 @@ def test_plain_http_without_web_config_paths_and_methods(tmp_path):
         server.stop()
 
 
-@needs_openssl
 def test_a_silent_client_does_not_stall_other_scrapes(tmp_path):
     cert, key = self_signed(tmp_path)
     web = tmp_path / "web.yml"
@@ -160,7 +155,6 @@ def test_a_silent_client_does_not_stall_other_scrapes(tmp_path):
         server.stop()
 
 
-@needs_openssl
 def test_client_certificates_are_required_and_verified(tmp_path):
     ca_cert, ca_key = self_signed(tmp_path, "ca")
     cert, _key = self_signed(tmp_path, "server")
@@ -198,7 +192,6 @@ def test_client_certificates_are_required_and_verified(tmp_path):
         server.stop()
 
 
-@needs_openssl
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -6,9 +6,11 @@ import logging
 import os
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("lightning")
+from tests.support.capability import need_module
+
+need_module("lightning")
 
 from lightning import LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402

@@ -7,10 +7,12 @@ import logging
 import os
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+from tests.support.capability import need_module
+
+transformers = need_module("transformers")
+need_module("accelerate")
 
 from transformers import (  # noqa: E402
     GPT2Config,

@@ -16,6 +16,7 @@ from fsprobe.state import (
     Writer,
     write_state,
 )
+from tests.support.capability import need_root
 from tests.support.state import daemon_view
 
 NOBODY = 65534
@@ -67,24 +68,21 @@ def test_a_directory_writable_by_others_is_refused(state_dir):
 
 
 def test_a_file_owned_by_another_user_is_refused(state_dir):
-    if os.getuid() != 0:
-        pytest.skip("changing a file's owner needs root")
+    need_root("giving the state file to another user")
     os.chown(state_dir / STATE_FILE, NOBODY, NOBODY)
     with pytest.raises(UntrustedStateFile, match=f"belongs to uid {NOBODY}, not to you"):
         StateReader(str(state_dir)).read()
 
 
 def test_a_directory_owned_by_another_user_is_refused(state_dir):
-    if os.getuid() != 0:
-        pytest.skip("changing a file's owner needs root")
+    need_root("giving the state directory to another user")
     os.chown(state_dir, NOBODY, NOBODY)
     with pytest.raises(UntrustedStateFile, match="state directory"):
         StateReader(str(state_dir)).read()
 
 
 def test_writing_into_a_directory_of_another_user_is_refused(tmp_path):
-    if os.getuid() != 0:
-        pytest.skip("changing a file's owner needs root")
+    need_root("giving a directory to another user")
     planted = tmp_path / "planted"
     planted.mkdir(mode=0o755)
     os.chown(planted, NOBODY, NOBODY)

@@ -12,6 +12,7 @@ from fsprobe.atomic import open_exclusive, parse_temp_name, temp_name
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import WRITE_STEPS
 from fsprobe.probing.write import probe_write
+from tests.support.capability import need_root
 
 
 def test_rehearses_every_step_and_leaves_nothing(tmp_path):
@@ -71,8 +72,7 @@ def test_failure_records_step_and_errno_and_cleans_up(tmp_path):
 
 
 def test_read_only_directory_via_bind_mount_is_erofs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to bind-mount read-only")
+    need_root("a read-only bind mount")
     target = tmp_path / "ro"
     target.mkdir()
     subprocess.run(["mount", "--bind", str(target), str(target)], check=True)
