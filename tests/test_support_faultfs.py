@@ -615,6 +615,13 @@ def test_statfs_reports_the_numbers_set_and_passes_through_otherwise(faultfs):
     assert faultfs.ctl.counts()["statfs"] == 3
 
 
+def test_the_filesystem_runs_on_libfuse_3_even_where_libfuse_2_is_installed(faultfs):
+    """mfusepy prefers libfuse.so.2 when both are installed, and every mount then fails; the
+    launcher pins libfuse 3 and the filesystem refuses anything else (.ci/run installs
+    libfuse2 beside libfuse3, so CI proves it)."""
+    assert faultfs.ctl.ping()["libfuse"].startswith("3.")
+
+
 def test_control_protocol_is_json_lines_over_a_unix_socket(faultfs):
     requests = [
         {"cmd": "quota"},
@@ -660,7 +667,8 @@ def test_rule_validation_catches_typos_before_they_silently_match_nothing():
 
 @pytest.mark.torch
 def test_torch_save_works_and_its_failure_looks_as_in_the_field(faultfs):
-    torch = pytest.importorskip("torch")
+    import torch
+
     mnt = faultfs.mountpoint
     state = {"w": torch.randn(256, 1024), "step": 7}
     torch.save(state, mnt / "ok.pt")

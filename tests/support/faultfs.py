@@ -20,7 +20,8 @@ A connection may carry any number of requests. :class:`tests.support.faultctl.Fa
 the client. Commands, their arguments (``?`` marks an optional one, with its default) and
 ``-> result``:
 
-- ``ping`` -> ``{"pid", "backing", "mountpoint", "mounted"}``
+- ``ping`` -> ``{"libfuse", "pid", "backing", "mountpoint", "mounted"}``; ``libfuse`` is the
+  version of the library loaded (``"3.14"``), which must be 3
 - ``fail op errno path?=null after?=0 times?=1 sticky?=false`` -> ``{"id"}``;
   ``errno`` is a number or a name such as ``"EIO"``
 - ``delay op seconds path?=null after?=0 times?=null`` -> ``{"id"}``
@@ -517,6 +518,7 @@ class Controller:
 
     def ping(self) -> dict[str, Any]:
         return {
+            "libfuse": f"{mfusepy.fuse_version_major}.{mfusepy.fuse_version_minor}",
             "pid": os.getpid(),
             "backing": self.ops.root,
             "mountpoint": self.mountpoint,
@@ -658,6 +660,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-threads", type=int, default=64, help="libfuse worker threads")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
     args = parser.parse_args(argv)
+    if mfusepy.fuse_version_major != 3:
+        parser.error(
+            f"mfusepy loaded libfuse {mfusepy.fuse_version_major}, this filesystem needs 3: "
+            "set FUSE_LIBRARY_NAME=fuse3 (tests.support.faultmount does)"
+        )
 
     logging.basicConfig(
         level=logging.WARNING,

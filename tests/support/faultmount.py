@@ -28,6 +28,37 @@ from .mountinfo import is_mounted, unmount
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+#: A Unix socket path must fit in sun_path: 108 bytes with the terminating NUL.
+_SOCKET_PATH_MAX = 107
+
+
+def _private_short_directory() -> Path:
+    """A fresh directory for the control socket and the log, private to this user.
+
+    Under $TMPDIR when the socket path fits there, else under /tmp: a deep $TMPDIR (a job's
+    scratch directory) must not make every mount fail with "AF_UNIX path too long".
+    """
+    for base in (None, "/tmp"):
+        directory = Path(tempfile.mkdtemp(prefix="faultfs-", dir=base))
+        if len(os.fsencode(directory / "control.sock")) <= _SOCKET_PATH_MAX:
+            return directory
+        directory.rmdir()
+    raise RuntimeError("no directory short enough for a Unix socket, not even /tmp")
+
+
+def _libfuse3_environment() -> dict[str, str]:
+    """The environment of the filesystem process, with libfuse 3 chosen explicitly.
+
+    Left to itself, mfusepy loads ``libfuse.so.2`` where libfuse2 is installed beside
+    libfuse3, and every mount then fails (``unknown option 'max_threads=64'``). An explicit
+    FUSE_LIBRARY_PATH of the caller's still wins.
+    """
+    environment = dict(os.environ)
+    if "FUSE_LIBRARY_PATH" not in environment:
+        environment["FUSE_LIBRARY_NAME"] = "fuse3"
+    return environment
+
+
 class FaultFS:
     """One fault filesystem: `backing` shown at `mountpoint`, driven through `ctl`."""
 
@@ -43,8 +74,7 @@ class FaultFS:
         self.mountpoint = Path(mountpoint)
         self.direct_io = direct_io
         self.max_block = max_block
-        # A private short directory: a Unix socket path must fit in 108 bytes.
-        self._rundir = Path(tempfile.mkdtemp(prefix="faultfs-"))
+        self._rundir = _private_short_directory()
         self.socket_path = self._rundir / "control.sock"
         self.log_path = self._rundir / "faultfs.log"
         self.ctl = FaultControl(str(self.socket_path))
@@ -70,6 +100,7 @@ class FaultFS:
             self.proc = subprocess.Popen(
                 command,
                 cwd=REPO_ROOT,
+                env=_libfuse3_environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
