@@ -10,10 +10,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import fsprobe  # noqa: E402
+import fsprobe
 
 
 def model_state() -> dict:
