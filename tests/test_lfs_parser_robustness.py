@@ -1,17 +1,23 @@
-"""The parsers never raise, whatever `lfs` (or a broken pipe) hands them.
+"""The parsers never raise, never guess and never lose a line, whatever `lfs` hands them.
 
 Arbitrary text, and the real samples of tests/fixtures/lfs with lines dropped, duplicated,
-truncated or swapped: the parsers must return, and every line they report (as a row or as
-unreadable) must be a line of the input, by its number.
+truncated or swapped: the parsers must return, every line they report (as a row or as
+unreadable) must be a line of the input, by its number, and no line may be both read and
+unreadable. Rows generated from known values must read back as exactly those values: the used,
+soft, hard and grace cells, the ``*`` over-limit marker and the ``[...]`` inaccurate brackets.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fsprobe.lustre.amounts import KIB, format_quota_kib
 from fsprobe.lustre.df_parser import parse_df
-from fsprobe.lustre.quota_parser import QuotaOutput, parse_quota
+from fsprobe.lustre.grace import NO_TIMER, Grace, format_countdown
+from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from tests.fakes.fake_lfs import load_fixtures
 
 QUOTA_SAMPLES = [
@@ -62,8 +68,12 @@ def assert_lines_refer_to_input(stdout: str, output) -> None:
         if item.stream == "stdout":
             assert lines[item.line - 1].rstrip() == item.text.rstrip()
     if isinstance(output, QuotaOutput):
-        for number in _rows_and_targets(output):
+        read = list(_rows_and_targets(output))
+        for number in read:
             assert 1 <= number <= len(lines)
+        unreadable = {item.line for item in output.unparsed if item.stream == "stdout"}
+        assert not unreadable & set(read), "a line both read as a row and reported unreadable"
+        assert max(Counter(read).values(), default=1) == 1, "one line read as two rows"
 
 
 @given(st.text(), st.text(), STATUSES)
@@ -95,6 +105,63 @@ def test_df_parser_survives_damaged_samples(lines: list[str], status: int):
 
 
 @given(st.lists(st.sampled_from(["[", "]", "*", "-", " ", "4", "G", "k", "none", "1w"])))
-def test_quota_row_made_of_cell_fragments(fragments: list[str]):
+def test_quota_row_made_of_cell_fragments_is_read_or_reported_never_dropped(fragments):
     line = "    /mnt/lustre " + " ".join(fragments)
-    parse_quota(f"Disk quotas for usr 1 (uid 1):\n{line}\n", "", 0)
+    stdout = f"Disk quotas for usr 1 (uid 1):\n{line}\n"
+    output = parse_quota(stdout, "", 0)
+    assert_lines_refer_to_input(stdout, output)
+    read = [number for number in _rows_and_targets(output) if number == 2]
+    unreadable = [item for item in output.unparsed if (item.stream, item.line) == ("stdout", 2)]
+    assert len(read) + len(unreadable) == 1, (read, unreadable)
+
+
+# -- rows made from known values read back as those values ------------------------------------
+
+
+@st.composite
+def usage_cells(draw, blocks: bool, human: bool) -> tuple[list[str], dict]:
+    """The four cells of one side of a row, and the values they were made from."""
+    used, soft, hard = (draw(st.integers(0, 2**40)) for _ in range(3))
+    over, inaccurate = draw(st.booleans()), draw(st.booleans())
+    grace = draw(
+        st.one_of(
+            st.just(("-", NO_TIMER)),
+            st.integers(1, 10**8).map(lambda n: (format_countdown(n), Grace(remaining=n))),
+            st.sampled_from([("none", Grace(expired=True)), ("expired", Grace(expired=True))]),
+        )
+    )
+
+    def cell(value: int) -> str:
+        return format_quota_kib(value, human) if blocks else str(value)
+
+    used_cell = f"[{cell(used)}]" if inaccurate else cell(used)
+    cells = [used_cell + ("*" if over else ""), cell(soft), cell(hard), grace[0]]
+    values = dict(used=used, soft=soft, hard=hard, over=over, inaccurate=inaccurate)
+    return cells, {**values, "grace": grace[1]}
+
+
+def assert_reads_as(usage: Usage, made: dict, unit: int) -> None:
+    for name in ("used", "soft", "hard"):
+        amount = getattr(usage, name)
+        assert abs(amount.value - made[name] * unit) <= amount.tolerance, name
+    assert usage.over is made["over"]
+    assert usage.used.inaccurate is made["inaccurate"]
+    assert usage.inaccurate is made["inaccurate"]
+    assert usage.grace == made["grace"]
+
+
+@settings(max_examples=300)
+@given(st.booleans(), st.data())
+def test_a_row_made_from_values_reads_back_as_those_values(human: bool, data):
+    block_cells, blocks = data.draw(usage_cells(blocks=True, human=human))
+    inode_cells, inodes = data.draw(usage_cells(blocks=False, human=human))
+    row = "      /mnt/lustre " + " ".join(block_cells + inode_cells)
+    stdout = f"Disk quotas for prj 4242 (pid 4242):\n{row}\n"
+    output = parse_quota(stdout, "", 0)
+    assert output.unparsed == ()
+    (parsed,) = output.section("project", 4242).rows
+    assert (parsed.label, parsed.line) == ("/mnt/lustre", 2)
+    assert_reads_as(parsed.blocks, blocks, KIB)
+    assert_reads_as(parsed.inodes, inodes, 1)
+    assert parsed.inaccurate is (blocks["inaccurate"] or inodes["inaccurate"])
+    assert output.inaccurate is parsed.inaccurate

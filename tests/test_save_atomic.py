@@ -231,15 +231,6 @@ def test_unsynced_save_still_replaces_atomically(tmp_path):
     assert result.bytes == 3 and (tmp_path / "ckpt").read_bytes() == b"abc"
 
 
-def test_writer_that_closes_the_file_itself_is_still_synced(tmp_path):
-    def write(stream):
-        stream.write(b"closed by the writer")
-        stream.close()
-
-    fsprobe.atomic_write(tmp_path / "ckpt", write)
-    assert (tmp_path / "ckpt").read_bytes() == b"closed by the writer"
-
-
 def test_relative_path_is_saved_in_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = fsprobe.save({"step": 3}, "rel.pt")
