@@ -113,6 +113,10 @@ def test_quota_row_made_of_cell_fragments_is_read_or_reported_never_dropped(frag
     read = [number for number in _rows_and_targets(output) if number == 2]
     unreadable = [item for item in output.unparsed if (item.stream, item.line) == ("stdout", 2)]
     assert len(read) + len(unreadable) == 1, (read, unreadable)
+    for row in (row for section in output.sections for row in section.rows):
+        amounts = [row.blocks.used, row.blocks.hard, row.blocks.soft]
+        assert all(isinstance(a.value, int) for a in amounts if a is not None), row
+        assert isinstance(row.inaccurate, bool) and isinstance(output.inaccurate, bool)
 
 
 # -- rows made from known values read back as those values ------------------------------------

@@ -69,14 +69,14 @@ def test_a_directory_writable_by_others_is_refused(state_dir):
 
 def test_a_file_owned_by_another_user_is_refused(state_dir):
     need_root("giving the state file to another user")
-    os.chown(state_dir / STATE_FILE, NOBODY, NOBODY)
+    os.chown(state_dir / STATE_FILE, NOBODY, 0)  # the owner counts, not a trusted group
     with pytest.raises(UntrustedStateFile, match=f"belongs to uid {NOBODY}, not to you"):
         StateReader(str(state_dir)).read()
 
 
 def test_a_directory_owned_by_another_user_is_refused(state_dir):
     need_root("giving the state directory to another user")
-    os.chown(state_dir, NOBODY, NOBODY)
+    os.chown(state_dir, NOBODY, 0)
     with pytest.raises(UntrustedStateFile, match="state directory"):
         StateReader(str(state_dir)).read()
 
