@@ -1,0 +1,107 @@
+"""What the mutation run mutates, and which tests must notice (issue 12.6).
+
+The places users trust most: the policy that judges, the save path that must not lose a
+checkpoint (write, retry, redirect, sync back), the state file's trust check, the quota
+parser's markers and the IDs a quota is charged to. Each target names a module, the scopes in
+it (qualnames; ``*`` for the whole module) and the tests that cover it: the run is fast because
+it runs only those, and honest because a survivor then means "these tests do not notice".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    module: str  # path from the repository root
+    scopes: frozenset[str]
+    tests: tuple[str, ...]
+
+
+def target(name: str, module: str, scopes: str, *tests: str) -> Target:
+    return Target(name, module, frozenset(scopes.split()), tests)
+
+
+_POLICY_TESTS = (
+    "tests/test_policy.py",
+    "tests/test_thresholds.py",
+    "tests/test_defaults_documented.py",
+)
+_QUOTA_TESTS = (
+    "tests/test_quota_provider.py",
+    "tests/test_lfs_quota_parser.py",
+    "tests/test_lfs_parser_robustness.py",
+    "tests/test_thresholds.py",
+)
+_SAVE_TESTS = (
+    "tests/test_save_atomic.py",
+    "tests/test_durability.py",
+    "tests/test_save_faults.py",
+    "tests/test_redirect_sync.py",
+    "tests/test_save_stale.py",
+    "tests/test_save_trust.py",
+)
+
+TARGETS = (
+    target("policy", "fsprobe/policy.py", "*", *_POLICY_TESTS),
+    target(
+        "quota-state",
+        "fsprobe/model.py",
+        "QuotaUsage.state_at QuotaUsage.remaining",
+        *_POLICY_TESTS,
+    ),
+    target(
+        "state-trust",
+        "fsprobe/state.py",
+        "_check_trusted ensure_state_dir StateReader.read default_state_dir",
+        "tests/test_state_trust.py",
+        "tests/test_config.py",
+    ),
+    target(
+        "quota-markers",
+        "fsprobe/lustre/quota_parser.py",
+        "_used _amount _usage _row_cells _looks_inactive _target_of _same_values "
+        "Usage.inaccurate QuotaRow.inaccurate QuotaOutput.inaccurate",
+        *_QUOTA_TESTS,
+    ),
+    target("quota-usage", "fsprobe/quota/lustre.py", "_limit usage_from_cells", *_QUOTA_TESTS),
+    target("quota-ids", "fsprobe/quota/ids.py", "*", "tests/test_quota_ids.py"),
+    target(
+        "statvfs",
+        "fsprobe/probing/statvfs.py",
+        "probe_statvfs",
+        "tests/test_headroom_reserved.py",
+        "tests/test_check_faults.py",
+    ),
+    target(
+        "write-probe",
+        "fsprobe/probing/write.py",
+        "*",
+        "tests/test_write_probe.py",
+        "tests/test_durability.py",
+    ),
+    target(
+        "save-write",
+        "fsprobe/saving/file.py",
+        "AtomicFile.sync AtomicFile.close AtomicFile.size _io_failure _write_once _remove_temp",
+        *_SAVE_TESTS,
+    ),
+    target("save-retry", "fsprobe/saving/retry.py", "*", *_SAVE_TESTS),
+    target("save-atomic", "fsprobe/atomic.py", "fsync_directory open_exclusive", *_SAVE_TESTS),
+    target(
+        "save-redirect",
+        "fsprobe/saving/fallback.py",
+        "redirect_path prepare_directory remove_mirrored_dirs",
+        *_SAVE_TESTS,
+    ),
+    target("save-sync", "fsprobe/saving/sync.py", "*", *_SAVE_TESTS),
+    target(
+        "save-manifest",
+        "fsprobe/saving/manifest.py",
+        "*",
+        "tests/test_redirect_sync.py",
+        "tests/test_save_trust.py",
+    ),
+)
