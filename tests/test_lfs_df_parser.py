@@ -22,15 +22,11 @@ def _text(lines: list[str]) -> str:
 
 
 def close(amount: Amount, expected: int, where: str) -> None:
-    assert abs(amount.value - expected) <= amount.tolerance, f"{where}: {amount} != {expected}"
-    # One decimal of a 1024 (or 1000) multiple: at most 5 % of the value, half a unit.
-    assert amount.tolerance <= expected * 0.05 + 1, where
+    assert amount.value == expected, f"{where}: {amount} != {expected}"
 
 
 def parse_case(case: dict[str, Any]):
-    return parse_df(
-        _text(case["stdout"]), _text(case["stderr"]), case["status"], si=case.get("si", False)
-    )
+    return parse_df(_text(case["stdout"]), _text(case["stderr"]), case["status"])
 
 
 @pytest.mark.parametrize(("name", "case"), CASES, ids=[name for name, _ in CASES])

@@ -14,17 +14,14 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsprobe.lustre.amounts import KIB, format_quota_kib
+from fsprobe.lustre.amounts import KIB
 from fsprobe.lustre.df_parser import parse_df
-from fsprobe.lustre.grace import NO_TIMER, Grace, format_countdown
+from fsprobe.lustre.grace import NO_TIMER, Grace
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from tests.fakes.fake_lfs import load_fixtures
+from tests.support.lfs_print import countdown
 
-QUOTA_SAMPLES = [
-    case[form]["stdout"] if form == "human" else case["stdout"]
-    for _, case in load_fixtures("quota")
-    for form in (("plain", "human") if "human" in case else ("plain",))
-]
+QUOTA_SAMPLES = [case["stdout"] for _, case in load_fixtures("quota")]
 DF_SAMPLES = [case["stdout"] for _, case in load_fixtures("df")]
 STATUSES = st.integers(min_value=-64, max_value=300)
 
@@ -54,12 +51,9 @@ def damaged(draw, samples: list[list[str]]) -> list[str]:
     return lines
 
 
-def _rows_and_targets(output: QuotaOutput):
+def _rows(output: QuotaOutput):
     for section in output.sections:
-        for row in section.rows:
-            yield row.line
-            yield from (target.line for target in row.targets)
-        yield from (row.line for row in section.default_rows)
+        yield from (row.line for row in section.rows)
 
 
 def assert_lines_refer_to_input(stdout: str, output) -> None:
@@ -68,7 +62,7 @@ def assert_lines_refer_to_input(stdout: str, output) -> None:
         if item.stream == "stdout":
             assert lines[item.line - 1].rstrip() == item.text.rstrip()
     if isinstance(output, QuotaOutput):
-        read = list(_rows_and_targets(output))
+        read = list(_rows(output))
         for number in read:
             assert 1 <= number <= len(lines)
         unreadable = {item.line for item in output.unparsed if item.stream == "stdout"}
@@ -82,9 +76,9 @@ def test_quota_parser_never_raises_on_any_text(stdout: str, stderr: str, status:
     assert_lines_refer_to_input(stdout, output)
 
 
-@given(st.text(), st.text(), STATUSES, st.booleans())
-def test_df_parser_never_raises_on_any_text(stdout: str, stderr: str, status: int, si: bool):
-    output = parse_df(stdout, stderr, status, si=si)
+@given(st.text(), st.text(), STATUSES)
+def test_df_parser_never_raises_on_any_text(stdout: str, stderr: str, status: int):
+    output = parse_df(stdout, stderr, status)
     assert_lines_refer_to_input(stdout, output)
 
 
@@ -110,7 +104,7 @@ def test_quota_row_made_of_cell_fragments_is_read_or_reported_never_dropped(frag
     stdout = f"Disk quotas for usr 1 (uid 1):\n{line}\n"
     output = parse_quota(stdout, "", 0)
     assert_lines_refer_to_input(stdout, output)
-    read = [number for number in _rows_and_targets(output) if number == 2]
+    read = [number for number in _rows(output) if number == 2]
     unreadable = [item for item in output.unparsed if (item.stream, item.line) == ("stdout", 2)]
     assert len(read) + len(unreadable) == 1, (read, unreadable)
     for row in (row for section in output.sections for row in section.rows):
@@ -123,23 +117,20 @@ def test_quota_row_made_of_cell_fragments_is_read_or_reported_never_dropped(frag
 
 
 @st.composite
-def usage_cells(draw, blocks: bool, human: bool) -> tuple[list[str], dict]:
+def usage_cells(draw) -> tuple[list[str], dict]:
     """The four cells of one side of a row, and the values they were made from."""
     used, soft, hard = (draw(st.integers(0, 2**40)) for _ in range(3))
     over, inaccurate = draw(st.booleans()), draw(st.booleans())
     grace = draw(
         st.one_of(
             st.just(("-", NO_TIMER)),
-            st.integers(1, 10**8).map(lambda n: (format_countdown(n), Grace(remaining=n))),
+            st.integers(1, 10**8).map(lambda n: (countdown(n), Grace(remaining=n))),
             st.sampled_from([("none", Grace(expired=True)), ("expired", Grace(expired=True))]),
         )
     )
 
-    def cell(value: int) -> str:
-        return format_quota_kib(value, human) if blocks else str(value)
-
-    used_cell = f"[{cell(used)}]" if inaccurate else cell(used)
-    cells = [used_cell + ("*" if over else ""), cell(soft), cell(hard), grace[0]]
+    used_cell = f"[{used}]" if inaccurate else str(used)
+    cells = [used_cell + ("*" if over else ""), str(soft), str(hard), grace[0]]
     values = dict(used=used, soft=soft, hard=hard, over=over, inaccurate=inaccurate)
     return cells, {**values, "grace": grace[1]}
 
@@ -147,7 +138,7 @@ def usage_cells(draw, blocks: bool, human: bool) -> tuple[list[str], dict]:
 def assert_reads_as(usage: Usage, made: dict, unit: int) -> None:
     for name in ("used", "soft", "hard"):
         amount = getattr(usage, name)
-        assert abs(amount.value - made[name] * unit) <= amount.tolerance, name
+        assert amount.value == made[name] * unit, name
     assert usage.over is made["over"]
     assert usage.used.inaccurate is made["inaccurate"]
     assert usage.inaccurate is made["inaccurate"]
@@ -155,10 +146,10 @@ def assert_reads_as(usage: Usage, made: dict, unit: int) -> None:
 
 
 @settings(max_examples=300)
-@given(st.booleans(), st.data())
-def test_a_row_made_from_values_reads_back_as_those_values(human: bool, data):
-    block_cells, blocks = data.draw(usage_cells(blocks=True, human=human))
-    inode_cells, inodes = data.draw(usage_cells(blocks=False, human=human))
+@given(st.data())
+def test_a_row_made_from_values_reads_back_as_those_values(data):
+    block_cells, blocks = data.draw(usage_cells())
+    inode_cells, inodes = data.draw(usage_cells())
     row = "      /mnt/lustre " + " ".join(block_cells + inode_cells)
     stdout = f"Disk quotas for prj 4242 (pid 4242):\n{row}\n"
     output = parse_quota(stdout, "", 0)

@@ -1,7 +1,6 @@
-"""The marks `lfs quota` puts on its numbers, each read for exactly what it says (reference 1.5,
-1.6): ``[...]`` inaccurate on any cell, ``*`` over a limit, 2.16's inactive target shown only
-as bracketed zeros, target indices in hex. Each case differs from a neighbour by one mark, so
-that reading a mark too widely or too narrowly fails here."""
+"""The marks `lfs quota` puts on its numbers, each read for exactly what it says (reference
+1.5): ``[...]`` inaccurate on any cell, ``*`` over a limit. Each case differs from a neighbour
+by one mark, so that reading a mark too widely or too narrowly fails here."""
 
 from __future__ import annotations
 
@@ -53,11 +52,11 @@ def test_brackets_on_an_inode_cell_make_the_row_inaccurate():
     assert (row.blocks.inaccurate, row.inodes.inaccurate, row.inaccurate) == (False, True, True)
 
 
-def test_a_row_without_inode_cells_is_accurate_when_its_blocks_are():
-    output = rows("     /mnt/lustre 5368712 10485760 12582912 - - - - -\n")
-    (row,) = output.sections[0].rows
-    assert row.inodes is None
-    assert row.inaccurate is False and output.inaccurate is False
+def test_a_row_without_inode_cells_is_reported_not_read():
+    """Only -v target rows have no inode cells, and fsprobe never runs -v."""
+    output = parse_quota(HEADER + "     /mnt/lustre 5368712 10485760 12582912 - - - - -\n")
+    assert output.sections[0].rows == ()
+    assert [(u.stream, u.line) for u in output.unparsed] == [("stdout", 3)]
 
 
 def test_one_inaccurate_row_of_several_makes_the_output_inaccurate():
@@ -71,30 +70,3 @@ def test_the_errors_notice_alone_makes_the_output_inaccurate():
     output = rows(MAIN, errors_notice=True)
     assert output.sections[0].rows[0].inaccurate is False
     assert output.inaccurate is True
-
-
-@pytest.mark.parametrize(
-    ("cells", "inactive"),
-    [
-        ("[0]       -     [0]       -", True),  # 2.16: the [inact] tag cut off, zeros left
-        ("[0]       -       0       -", False),  # only the used value unconfirmed
-        ("  0       -     [0]       -", False),  # only the granted limit unconfirmed
-        ("  0       -       0       -", False),  # a target that holds nothing yet
-    ],
-    ids=["both-bracketed", "used-only", "hard-only", "plain-zeros"],
-)
-def test_an_inactive_target_is_told_by_both_bracketed_zeros(cells, inactive):
-    output = rows(MAIN, f"  lustre-OST0001 {cells}       -       -       -       -\n")
-    (target,) = output.sections[0].rows[0].targets
-    assert target.name == "lustre-OST0001" and target.inactive is inactive
-
-
-@pytest.mark.parametrize(
-    ("label", "index"), [("lustre-OST0010", 16), ("lustre-OST00ff", 255), ("lustre-MDT0009", 9)]
-)
-def test_target_indices_are_hexadecimal(label, index):
-    output = rows(
-        MAIN, f"  {label}       0       -       0       -       -       -       -       -\n"
-    )
-    (target,) = output.sections[0].rows[0].targets
-    assert (target.name, target.index) == (label, index)

@@ -37,7 +37,7 @@ def outcome(name: str, quota_type: str, quota_id: int) -> IdOutcome:
 
 @pytest.mark.parametrize("version", ["2.12", "2.14", "2.15", "2.16"])
 def test_over_soft_limit_with_grace_running(version: str):
-    result = outcome(f"{version}/user_verbose", "user", 1000)
+    result = outcome(f"{version}/user_over_soft", "user", 1000)
     assert result.failure is None and result.notes == ()
     assert result.entry == QuotaEntry(
         type="user",
@@ -92,13 +92,11 @@ def test_inaccurate_usage_is_kept_and_flagged(version: str, status: int):
         ("2.15/not_lustre_early", "user", 1000, "ENODEV", "'/scratch/x'"),
         ("2.12/unexpected_error", "user", 1000, errno_name(95), "Operation not supported"),
         ("2.16/unexpected_error", "user", 1000, errno_name(95), "Operation not supported"),
-        ("2.16/pool_not_found", "user", 1000, "ENOENT", "Cannot find pool"),
         ("2.16/usage_invalid_id", "user", 1000, "EINVAL", "rejected the command line"),
         ("2.12/usage_invalid_id", "user", 1000, "EINVAL", "invalid id"),
         ("2.16/truncated", "user", 1000, PARSE, "stdout line 3"),
         ("2.12/broken_cell", "user", 1000, PARSE, "'soon!' is not a grace time"),
-        ("2.16/user_verbose", "group", 1000, PARSE, "no quota row for group 1000"),
-        ("2.12/single_target", "user", 1000, PARSE, "not a user quota row"),
+        ("2.16/user_over_soft", "group", 1000, PARSE, "no quota row for group 1000"),
     ],
 )
 def test_failures_are_named(name: str, quota_type: str, quota_id: int, error: str, words: str):
@@ -121,12 +119,6 @@ def test_eremoteio_row_is_kept_with_a_note():
     result = outcome("2.12/eremoteio", "user", 1000)
     assert result.entry is not None
     assert any("EREMOTEIO" in note for note in result.notes)
-
-
-def test_failed_target_is_a_note():
-    result = outcome("2.14/target_failed", "user", 1000)
-    assert result.entry is not None
-    assert any("quotactl ost1 failed." in note for note in result.notes)
 
 
 def _usage(used: int, soft: int, hard: int, grace: Grace, over: bool) -> Usage:

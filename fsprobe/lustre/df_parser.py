@@ -1,10 +1,11 @@
-"""Reading what `lfs df` (and `lfs df -i`, -h, -H, -v) prints; the layout is the same in 2.12-2.16.
+"""Reading what `lfs df -v` and `lfs df -i -v` print; the layout is the same in 2.12-2.16.
 
 `parse_df(stdout, stderr, status)` is a pure function that never raises. Each filesystem is a block
 that starts with the column title: the MDT and OST rows (the mount point with ``[MDT:n]`` or
 ``[OST:n]`` glued on, then optional status letters), the ``: inactive device`` lines of ``-v``,
 per-target error lines, and the ``filesystem_summary:`` row (section 3 of the reference). Lines
-that none of the rules read are returned by number.
+that none of the rules read are returned by number. fsprobe never asks for the rounded ``-h``
+or ``-H`` forms.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fsprobe.lustre.quota_parser import LfsMessage, Unparsed
 from fsprobe.lustre.runner import USAGE_STATUS
 
 _TITLE = re.compile(
-    r"^UUID +(?P<total>1K-blocks|bytes|Inodes) +(?:Used|IUsed) +(?:Available|IFree) "
+    r"^UUID +(?P<total>1K-blocks|Inodes) +(?:Used|IUsed) +(?:Available|IFree) "
     r"+(?:Use%|IUse%) +Mounted on\s*$"
 )
 _NUMBERS = r"(?P<total>\S+) +(?P<used>\S+) +(?P<avail>\S+) +(?P<percent>[0-9]+)%"
@@ -87,10 +88,9 @@ class DfTargetError:
 
 @dataclass(frozen=True)
 class DfBlock:
-    """One filesystem's table; `inodes` for ``lfs df -i``, `human` when the title says bytes."""
+    """One filesystem's table; `inodes` for ``lfs df -i``."""
 
     inodes: bool
-    human: bool
     line: int
     targets: tuple[DfRow, ...] = ()
     summary: DfSummary | None = None
@@ -122,7 +122,6 @@ class DfOutput:
 @dataclass
 class _Block:
     inodes: bool
-    human: bool
     line: int
     targets: list[DfRow] = field(default_factory=list)
     summary: DfSummary | None = None
@@ -132,7 +131,6 @@ class _Block:
     def build(self) -> DfBlock:
         return DfBlock(
             self.inodes,
-            self.human,
             self.line,
             tuple(self.targets),
             self.summary,
@@ -141,23 +139,20 @@ class _Block:
         )
 
 
-def _numbers(match: re.Match[str], block: _Block, si: bool) -> tuple[Amount, Amount, Amount]:
+def _numbers(match: re.Match[str], block: _Block) -> tuple[Amount, Amount, Amount]:
     """The three number cells in bytes (or inodes); raises ValueError naming a bad cell."""
-    unit = KIB if not (block.inodes or block.human) else 1
+    unit = 1 if block.inodes else KIB
     values = []
     for key in ("total", "used", "avail"):
-        amount = parse_df_value(match.group(key), unit, si)
+        amount = parse_df_value(match.group(key), unit)
         if amount is None:
             raise ValueError(f"{match.group(key)!r} is not a number")
         values.append(amount)
     return values[0], values[1], values[2]
 
 
-def parse_df(stdout: str, stderr: str = "", status: int = 0, *, si: bool = False) -> DfOutput:
-    """Sort the output of one `lfs df` run into what it means; never raises.
-
-    `si` says the output came from ``lfs df -H`` (powers of 1000), which only ``k`` reveals.
-    """
+def parse_df(stdout: str, stderr: str = "", status: int = 0) -> DfOutput:
+    """Sort the output of one `lfs df` run into what it means; never raises."""
     blocks: list[_Block] = []
     not_lustre: list[str] = []
     unparsed: list[Unparsed] = []
@@ -172,7 +167,7 @@ def parse_df(stdout: str, stderr: str = "", status: int = 0, *, si: bool = False
         match = _TITLE.match(line)
         if match:
             total = match.group("total")
-            blocks.append(_Block(total == "Inodes", total == "bytes", number))
+            blocks.append(_Block(total == "Inodes", number))
             continue
         match = _NOT_LUSTRE.match(line)
         if match:
@@ -182,7 +177,7 @@ def parse_df(stdout: str, stderr: str = "", status: int = 0, *, si: bool = False
         if block is None:
             skip(number, line, "not an lfs df line, or a row before the column titles")
             continue
-        _read_line(block, number, line, si, skip)
+        _read_line(block, number, line, skip)
 
     messages: list[LfsMessage] = []
     for number, line in enumerate(stderr.splitlines(), 1):
@@ -210,11 +205,11 @@ def parse_df(stdout: str, stderr: str = "", status: int = 0, *, si: bool = False
     )
 
 
-def _read_line(block: _Block, number: int, line: str, si: bool, skip) -> None:
+def _read_line(block: _Block, number: int, line: str, skip) -> None:
     match = _TARGET_ROW.match(line)
     if match:
         try:
-            total, used, avail = _numbers(match, block, si)
+            total, used, avail = _numbers(match, block)
         except ValueError as error:
             skip(number, line, str(error))
             return
@@ -238,7 +233,7 @@ def _read_line(block: _Block, number: int, line: str, si: bool, skip) -> None:
     match = _SUMMARY_ROW.match(line)
     if match:
         try:
-            total, used, avail = _numbers(match, block, si)
+            total, used, avail = _numbers(match, block)
         except ValueError as error:
             skip(number, line, str(error))
             return

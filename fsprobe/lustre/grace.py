@@ -32,18 +32,6 @@ class Grace:
 NO_TIMER = Grace()
 
 
-def format_countdown(seconds: int) -> str:
-    """``93784`` → ``"1d2h3m4s"``; zero is ``"0s"``, as `lfs quota -t` prints a zero period."""
-    if seconds <= 0:
-        return "0s"
-    parts = []
-    for unit, size in _UNITS:
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts)
-
-
 def parse_countdown(text: str) -> int | None:
     """``"2d4h"`` → ``187200``; None for anything that is not a countdown."""
     match = _COUNTDOWN.match(text)

@@ -13,6 +13,7 @@ import re
 import shlex
 
 from fsprobe.errors import PARSE, ProbeFailure
+from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from fsprobe.lustre.runner import lfs_binary, run_lfs, status_error_name
 from fsprobe.model import TIMEOUT, QuotaEntry, QuotaState, QuotaUsage
@@ -44,8 +45,8 @@ _HINTS = {
 QUOTA_CACHE: SingleFlight[IdOutcome] = SingleFlight()
 
 
-def _limit(cell) -> int | None:
-    return cell.value if cell is not None and cell.value > 0 else None
+def _limit(cell: Amount) -> int | None:
+    return cell.value if cell.value > 0 else None
 
 
 def usage_from_cells(cells: Usage, now: float) -> QuotaUsage:
@@ -108,17 +109,14 @@ def outcome_from_output(
     unexpected = output.message("unexpected_error")
     if status_name is not None and (row is None or unexpected is not None):
         return failed(status_name, f"exit status {output.status}: {_failure_text(output)}")
-    if row is None or row.inodes is None or row.blocks.soft is None or row.inodes.soft is None:
-        what = f"no quota row for {quota_type} {quota_id}"
-        if row is not None:
-            what = f"line {row.line} is not a {quota_type} quota row"
+    if row is None:
         unread = "; ".join(item.describe() for item in output.unparsed)
+        what = f"no quota row for {quota_type} {quota_id}"
         return failed(PARSE, what + (f"; cannot read {unread}" if unread else ""))
 
     notes = list(_unparsed_notes(output))
     if status_name is not None:
         notes.append(f"{command} exited with status {output.status} ({status_name})")
-    notes += [f"lfs: {m.text}" for m in output.messages if m.kind == "target_failed"]
     if output.errors_notice and not row.inaccurate:
         notes.append("lfs reported errors while collecting usage (some targets did not answer)")
     entry = QuotaEntry(

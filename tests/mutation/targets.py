@@ -62,7 +62,7 @@ TARGETS = (
     target(
         "quota-markers",
         "fsprobe/lustre/quota_parser.py",
-        "_used _amount _usage _row_cells _looks_inactive _target_of _same_values "
+        "_used _limit _usage _split _StdoutReader._row "
         "Usage.inaccurate QuotaRow.inaccurate QuotaOutput.inaccurate",
         *_QUOTA_TESTS,
     ),
