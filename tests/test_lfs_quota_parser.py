@@ -132,3 +132,28 @@ def test_rows_of_options_fsprobe_never_runs_are_reported_not_guessed():
     (row,) = output.sections[0].rows
     assert row.blocks.used.value == 40 * 1024
     assert [u.line for u in output.unparsed] == [4, 5, 6]
+
+
+@pytest.mark.parametrize(
+    "cells",
+    ["4x 0 0 -", "[4x] 0 0 -", "4 0y 0 -", "4 [0y] 0 -", "4 0 z -", "4 0 0 -1"],
+    ids=["used", "bracketed-used", "soft", "bracketed-soft", "hard", "grace"],
+)
+def test_a_cell_that_is_not_a_number_makes_the_line_unread(cells):
+    output = parse_quota(f"Disk quotas for usr 1 (uid 1):\n    /mnt/lustre {cells} 1 0 0 -\n")
+    assert output.sections[0].rows == ()
+    assert [(u.stream, u.line) for u in output.unparsed] == [("stdout", 2)]
+
+
+def test_a_line_that_is_no_row_never_labels_a_later_row():
+    """It may be a wrapped label only for the very next row; a row with its own label in
+    between reports it as unread at once."""
+    output = parse_quota(
+        "Disk quotas for usr 1 (uid 1):\n"
+        "??? garbage\n"
+        "    /mnt/lustre 1 0 0 - 1 0 0 -\n"
+        "                2 0 0 - 2 0 0 -\n"
+    )
+    labels = [row.label for row in output.sections[0].rows]
+    assert labels == ["/mnt/lustre", ""]
+    assert [u.line for u in output.unparsed] == [2]

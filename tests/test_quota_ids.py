@@ -9,8 +9,10 @@ kernel built with CONFIG_QUOTA.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import grp
 import os
 import shutil
 import stat
@@ -22,7 +24,14 @@ import pytest
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.quota import ServerProbeSettings
-from fsprobe.quota.ids import FS_IOC_FSGETXATTR, FSXATTR, read_project_id, resolve_ids
+from fsprobe.quota.ids import (
+    FS_IOC_FSGETXATTR,
+    FSXATTR,
+    id_name,
+    id_of,
+    read_project_id,
+    resolve_ids,
+)
 from fsprobe.quota.lustre import LustreQuotaProvider
 from fsprobe.quota.provider import Deadline
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
@@ -197,3 +206,22 @@ def test_ioctl_numbers_encode_the_size_of_struct_fsxattr():
     for number in (FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR):
         assert (number >> 16) & 0x3FFF == FSXATTR.size
         assert (number >> 8) & 0xFF == ord("X")
+
+
+def test_names_and_ids_of_users_and_groups():
+    root_group = grp.getgrgid(0).gr_name
+    assert (id_of("user", "root"), id_of("group", root_group)) == (0, 0)
+    assert (id_name("user", 0), id_name("group", 0)) == ("root", root_group)
+    assert id_name("project", 0) is None
+    for quota_type in ("user", "group", "project"):
+        with pytest.raises(KeyError):
+            id_of(quota_type, "no-such-name-harden")
+
+
+def test_reading_the_project_id_leaves_no_descriptor_open(tmp_path: Path):
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        # On a filesystem without the ioctl it raises: the descriptor is closed all the same.
+        with contextlib.suppress(OSError):
+            read_project_id(str(tmp_path))
+    assert len(os.listdir("/proc/self/fd")) == before

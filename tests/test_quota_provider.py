@@ -276,3 +276,9 @@ def test_single_flight_does_not_keep_a_crash():
     with pytest.raises(RuntimeError):
         flights.get("k", crash, ttl=300, wait=1)
     assert flights.get("k", lambda: 7, ttl=300, wait=1) == 7
+
+
+def test_a_limit_of_one_is_a_limit_and_zero_is_none():
+    usage = usage_from_cells(_usage(1, 1, 1, NO_TIMER, True), NOW)
+    assert (usage.soft, usage.hard, usage.state) == (1, 1, QuotaState.HARD_REACHED)
+    assert usage_from_cells(_usage(1, 0, 0, NO_TIMER, False), NOW).hard is None

@@ -33,6 +33,7 @@ _QUOTA_TESTS = (
     "tests/test_quota_provider.py",
     "tests/test_lfs_quota_parser.py",
     "tests/test_lfs_parser_robustness.py",
+    "tests/test_lfs_quota_markers.py",
     "tests/test_thresholds.py",
 )
 _SAVE_TESTS = (
