@@ -32,6 +32,7 @@ from tests.support.capability import fuse_problem, require, tmpfs_problem
 from tests.support.faultmount import FaultFS
 from tests.support.prometheus import Prometheus
 from tests.support.tmpfs import Tmpfs
+from tests.support.users import LocalUsers, SharedPython, users_problem
 
 MOUNT_FIXTURES = frozenset({"tmpfs", "faultfs", "faultfs_factory"})
 
@@ -129,3 +130,22 @@ def prometheus_for(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_python() -> Iterator[str]:
+    """An interpreter with fsprobe that every user can execute (:class:`SharedPython`)."""
+    require(users_problem())
+    python = SharedPython()
+    yield python.executable
+    python.close()
+
+
+@pytest.fixture
+def local_users(shared_python: str) -> Iterator[LocalUsers]:
+    """Real accounts on demand (:mod:`tests.support.users`), deleted after the test."""
+    users = LocalUsers(python=shared_python)
+    yield users
+    problems = users.remove()
+    if problems:
+        pytest.fail("removing the test users: " + "; ".join(problems), pytrace=False)
