@@ -1,4 +1,4 @@
-"""The primitives of an atomic save, shared by the write probe and by `fsprobe.save`.
+"""The primitives of an atomic save, shared by the write probe, `fsprobe.save` and `sync`.
 
 An atomic save is: create a uniquely named hidden file in the destination directory, write it,
 fsync it, rename it over the final name, fsync the directory. The write probe rehearses exactly
@@ -6,12 +6,17 @@ this sequence, so both use the same primitives and the same naming.
 
 Temporary names look like ``.fsprobe~<host>~<pid>~<token>~<name>.tmp``: hidden (no ``*`` glob
 matches them), ending in ``.tmp`` (no ``*.pt`` filter matches them either), and carrying the host
-and pid of their writer, so that a later save can tell a crashed writer's leftovers from a live
-writer's file in progress.
+and pid of their writer for the people who find one. Whether the writer is still alive is not
+read from the name (a pid means nothing in another PID namespace, and ``hidepid`` hides other
+users' pids): a `TempFile` is locked (``flock``) by its writer for as long as it may still be
+written, and a lock that can be taken proves the writer gone (`fsprobe.saving.stale`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import re
 import socket
@@ -19,6 +24,11 @@ from dataclasses import dataclass
 
 #: Flags for creating a file that is ours alone: never an existing file, never through a symlink.
 EXCLUSIVE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: What `flock` raises on a filesystem without locks (Lustre ``noflock``, some FUSE and NFS),
+#: or on a directory where locks are byte-range locks underneath (NFS: EBADF).
+LOCK_UNSUPPORTED = frozenset(
+    {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
+)
 
 _PREFIX = ".fsprobe~"
 _SUFFIX = ".tmp"
@@ -27,6 +37,10 @@ _NAME = re.compile(
 )
 #: Room left for the final name inside NAME_MAX (255) after prefix, host, pid, token and suffix.
 _MAX_BASE = 96
+
+#: (st_dev, st_ino) of the temp files this process holds open: its own threads' saves. A
+#: lock is no proof of life within one process on NFS (whose flock is a per-process POSIX lock).
+_live: set[tuple[int, int]] = set()
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,139 @@ def open_exclusive(path: str, mode: int = 0o600) -> int:
     return os.open(path, EXCLUSIVE_FLAGS, mode)
 
 
+def is_live_here(info: os.stat_result) -> bool:
+    """Whether a file is a temp file that this process is writing right now."""
+    return (info.st_dev, info.st_ino) in _live
+
+
+def claim(fd: int) -> tuple[int, int]:
+    """Mark the open temp file or staging directory `fd` as being written by this process.
+
+    Locks it (``flock``, where the filesystem has locks: the proof of life that other
+    processes' cleanup looks for) and remembers it; the lock lasts as long as `fd` stays open.
+    Returns its identity, to `unclaim` when it is no longer written.
+    """
+    info = os.fstat(fd)
+    identity = (info.st_dev, info.st_ino)
+    _live.add(identity)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in LOCK_UNSUPPORTED:
+            _live.discard(identity)
+            raise
+    return identity
+
+
+def unclaim(identity: tuple[int, int]) -> None:
+    """The temp file or directory of `claim` is no longer being written by this process."""
+    _live.discard(identity)
+
+
+class TempFile:
+    """A temp file of this process: created exclusively, locked until `release`.
+
+    `name` is relative to `dir_fd`, or a path when `dir_fd` is None. `fd` (open for writing,
+    and reading if `readable`) belongs to the TempFile and is closed by `release`: the lock
+    lives as long as it does. A writer that closes its own stream opens it on a duplicate.
+    As a context manager, a TempFile that was not renamed is removed on the way out.
+    """
+
+    def __init__(
+        self, dir_fd: int | None, name: str, mode: int = 0o600, readable: bool = False
+    ) -> None:
+        self.dir_fd = dir_fd
+        self.name = name
+        flags = EXCLUSIVE_FLAGS & ~os.O_WRONLY | os.O_RDWR if readable else EXCLUSIVE_FLAGS
+        self.fd = os.open(name, flags, mode, dir_fd=dir_fd)
+        self.renamed = False
+        info = os.fstat(self.fd)
+        self._identity = (info.st_dev, info.st_ino)
+        try:
+            claim(self.fd)
+        except OSError:
+            self.discard()
+            raise
+
+    def rename(self, final: str) -> None:
+        """Replace `final` (in the same directory) with this file, which is then `final`."""
+        os.replace(self.name, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        self.name, self.renamed = final, True
+
+    def replace_if_unchanged(self, final: str, expected: os.stat_result | None) -> bool:
+        """Put this file at `final` only if `final` is still `expected` (None: still absent).
+
+        No system call compares and renames in one step, so a present `final` is first moved
+        aside (atomically: a save that lands at the same moment either lands before, and is
+        what gets moved aside, or after, and then the link below refuses to replace it), the
+        moved file is compared with `expected`, and this file is linked in with link(2), which
+        never replaces anything. When `final` had changed, what was moved aside goes back
+        (unless an even newer save took the name meanwhile) and False is returned. A reader
+        may find no `final` for the few calls in between; a crash there leaves this verified
+        file in place and the old one under a temp name.
+        """
+        moved = None
+        if expected is not None:
+            aside = temp_name(final)
+            try:
+                os.rename(final, aside, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                moved = os.stat(aside, dir_fd=self.dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass  # removed meanwhile: nothing newer to protect
+            if moved is not None and not _same_version(moved, expected):
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                os.unlink(aside, dir_fd=self.dir_fd)
+                return False
+        try:
+            os.link(self.name, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            published = True
+        except FileExistsError:
+            published = False  # a save landed in between: it is newer
+        if moved is not None:
+            os.unlink(aside, dir_fd=self.dir_fd)  # the old version, replaced either way
+        if published:
+            os.unlink(self.name, dir_fd=self.dir_fd)
+            self.renamed = True
+        return published
+
+    def discard(self) -> None:
+        """Remove the file (if it still is ours) and release it."""
+        try:
+            named = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+            if (named.st_dev, named.st_ino) == self._identity:
+                os.unlink(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Close the descriptor, which drops the lock; the file is no longer being written."""
+        unclaim(self._identity)
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> TempFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.renamed:
+            self.release()
+        else:
+            self.discard()
+
+
+def _same_version(first: os.stat_result, second: os.stat_result) -> bool:
+    return (first.st_dev, first.st_ino, first.st_size, first.st_mtime_ns) == (
+        second.st_dev,
+        second.st_ino,
+        second.st_size,
+        second.st_mtime_ns,
+    )
+
+
 def publish_file(path: str, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` with `data` so that a reader sees the old content or the new, never half.
 
@@ -69,16 +216,11 @@ def publish_file(path: str, data: bytes, mode: int = 0o644) -> None:
     rewritten every few seconds, and after a crash the next probe round writes them again.
     """
     directory, name = os.path.split(path)
-    temporary = os.path.join(directory, temp_name(name))
-    fd = open_exclusive(temporary, mode)
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            os.fchmod(stream.fileno(), mode)  # exactly `mode`, whatever the umask
+    with TempFile(None, os.path.join(directory, temp_name(name)), mode) as temporary:
+        os.fchmod(temporary.fd, mode)  # exactly `mode`, whatever the umask
+        with open(temporary.fd, "wb", closefd=False) as stream:
             stream.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+        temporary.rename(path)
 
 
 def fsync_directory(path: str) -> None:

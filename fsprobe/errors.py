@@ -23,9 +23,14 @@ class ErrorClass(str, enum.Enum):
 
 
 CAPACITY_ERRNOS = frozenset({"ENOSPC", "EDQUOT"})
+#: ``TIMEOUT`` is a save's attempt abandoned at its deadline: the target is stuck, and another
+#: try there would only leave a second thread stuck beside the first.
 PERMANENT_ERRNOS = frozenset(
-    {"EACCES", "EPERM", "EROFS", "ENAMETOOLONG", "EISDIR", "ENOTDIR", "ENOENT", "ELOOP"}
+    {"EACCES", "EPERM", "EROFS", "ENAMETOOLONG", "EISDIR", "ENOTDIR", "ENOENT", "ELOOP", "TIMEOUT"}
 )
+#: Steps of a save after its temp file exists: ENOENT there means that file vanished (another
+#: process's cleanup removed it), not that the directory is missing; a new attempt makes another.
+_TEMP_STEPS = frozenset({"write", "flush", "fsync", "close", "rename"})
 
 
 def errno_name(code: int | None) -> str:
@@ -45,12 +50,15 @@ def name_of(exc: BaseException) -> str:
     return errno_name(getattr(exc, "errno", None))
 
 
-def classify(name: str | None) -> ErrorClass:
+def classify(name: str | None, step: str | None = None) -> ErrorClass:
     """Transient unless the errno says the target cannot take the write (full or forbidden).
 
     An unknown error (``None``, as in torch's errno-less "file write failed") is treated as
-    transient: a retry costs seconds, giving up costs the job.
+    transient: a retry costs seconds, giving up costs the job. So is a temp file that vanished
+    (ENOENT at a `step` after it was created).
     """
+    if name == "ENOENT" and step in _TEMP_STEPS:
+        return ErrorClass.TRANSIENT
     if name in CAPACITY_ERRNOS:
         return ErrorClass.CAPACITY
     if name in PERMANENT_ERRNOS:

@@ -75,10 +75,11 @@ def test_a_writer_that_closes_the_file_itself_is_still_fsynced_before_the_rename
     rename = assert_file_saved(faultfs, ckpt / "ckpt.bin")
     calls = read_journal(faultfs)
     temp = rename.paths[0]
-    # The writer's close came first; the fsync went through a descriptor opened afterwards.
-    [release] = [c for c in calls if c.op == "release" and c.paths == (temp,)][:1]
+    # The writer's close came first (a flush); the fsync went through the temp file's own
+    # descriptor, still open, afterwards.
+    [close] = [c for c in calls if c.op == "flush" and c.paths == (temp,)][:1]
     fsyncs = [c for c in calls if c.op == "fsync" and c.paths == (temp,)]
-    assert fsyncs and all(release.index < f.index < rename.index for f in fsyncs)
+    assert fsyncs and all(close.index < f.index < rename.index for f in fsyncs)
     assert (ckpt / "ckpt.bin").read_bytes() == b"closed by the writer"
 
 

@@ -22,6 +22,7 @@ import fsprobe
 from fsprobe.atomic import parse_temp_name, temp_name
 from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
+from fsprobe.saving.stale import MIN_AGE_SECONDS
 from fsprobe.saving.swap import exchange, parse_retired_name
 from fsprobe.saving.tree import digest_tree, open_directory, opened
 from tests.support.durability import assert_directory_saved
@@ -73,6 +74,14 @@ def assert_checkpoint(directory: Path, seed: int, shards: int = 3) -> None:
         assert all(torch.equal(loaded[k], original[k]) for k in original)
     assert torch.load(directory / "optim" / "state.pt") == {"step": seed}
     assert json.loads((directory / "meta.json").read_text()) == {"seed": seed, "shards": shards}
+
+
+def a_while_ago(*paths: Path) -> None:
+    """A crash's leftovers as the next save finds them: older than the minute a live writer
+    may need between creating and locking (`fsprobe.saving.stale.MIN_AGE_SECONDS`)."""
+    then = time.time() - 2 * MIN_AGE_SECONDS
+    for path in paths:
+        os.utime(path, (then, then))
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -275,6 +284,7 @@ def test_saver_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_save_
     assert parse_temp_name(staging).pid == saver.pid
     assert len(os.listdir(faultfs.mountpoint / staging)) >= 2  # half a checkpoint
     assert_checkpoint(target, 1)
+    a_while_ago(faultfs.mountpoint / staging)
 
     fsprobe.save_dir(target, checkpoint_writer(3))
     assert_checkpoint(target, 3)
@@ -298,6 +308,7 @@ def test_a_crash_between_the_two_renames_is_repaired_by_the_next_save(faultfs):
     )
     [retired] = leftovers(faultfs.mountpoint)
     assert not target.exists() and parse_retired_name(retired)[1] == "ckpt"
+    a_while_ago(faultfs.mountpoint / retired)
 
     def write(staging: str) -> None:  # the cleanup before the attempt put the old one back
         seen.append(sorted(os.listdir(faultfs.mountpoint)))
@@ -313,9 +324,11 @@ def test_a_crash_between_the_two_renames_is_repaired_by_the_next_save(faultfs):
 def test_a_retired_checkpoint_replaced_before_the_crash_is_removed(tmp_path):
     fsprobe.save_dir(tmp_path / "ckpt", checkpoint_writer(1))
     subprocess.run([sys.executable, "-c", _RETIRE_AND_DIE, str(tmp_path)], cwd=REPO, check=True)
+    a_while_ago(*(tmp_path / name for name in leftovers(tmp_path)))
     fsprobe.save_dir(tmp_path / "other", checkpoint_writer(5))  # restores ckpt, untouched
     assert_checkpoint(tmp_path / "ckpt", 1)
     subprocess.run([sys.executable, "-c", _RETIRE_AND_DIE, str(tmp_path)], cwd=REPO, check=True)
+    a_while_ago(*(tmp_path / name for name in leftovers(tmp_path)))
     (tmp_path / "ckpt").mkdir()  # the new one made it into place before the crash
     fsprobe.save_dir(tmp_path / "other", checkpoint_writer(6))
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "other"]

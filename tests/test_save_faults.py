@@ -19,6 +19,7 @@ import torch
 import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.saving.retry import Backoff
+from fsprobe.saving.stale import MIN_AGE_SECONDS
 from tests.support.durability import assert_file_saved
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,6 +144,8 @@ def test_saver_killed_mid_write_leaves_the_previous_checkpoint_and_its_temp_is_c
     assert len(leftover) == 1 and parse_temp_name(leftover[0]).pid == saver.pid
     assert_same_state(torch.load(target), previous)
 
+    a_while_ago = time.time() - 2 * MIN_AGE_SECONDS  # a younger one may still be being created
+    os.utime(faultfs.mountpoint / leftover[0], (a_while_ago, a_while_ago))
     newer = model_state(seed=3)
     fsprobe.save(newer, target)
     assert temp_files(faultfs.mountpoint) == []

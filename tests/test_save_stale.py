@@ -1,16 +1,55 @@
-"""Cleaning up the temp files of crashed saves: ours by name, writer surely gone, nothing else."""
+"""Cleaning up the temp files of crashed saves: ours by name and owner, writer provably gone.
+
+A writer's proof of life is the lock it holds on its temp file, not its pid: pids mean nothing
+in another PID namespace (two containers of a pod share a host name, not their pids) or
+behind ``hidepid``. These tests use real processes in real PID namespaces (``unshare``) and
+real users.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
+
+import pytest
 
 import fsprobe
-from fsprobe.atomic import hostname
-from fsprobe.saving.stale import FOREIGN_STALE_SECONDS, remove_stale_temps
+from fsprobe.atomic import TempFile, hostname, is_live_here, parse_temp_name, temp_name
+from fsprobe.saving.stale import (
+    FOREIGN_STALE_SECONDS,
+    MIN_AGE_SECONDS,
+    is_stale,
+    remove_stale_temps,
+)
+from tests.support.capability import require
+from tests.support.users import REPO, share
+
+#: A writer that holds its temp file (locked, as every fsprobe writer does) until killed.
+_WRITER = """
+import sys, time
+from fsprobe.atomic import TempFile, temp_name
+temp = TempFile(None, sys.argv[1] + "/" + temp_name("model.pt"))
+print(temp.name, flush=True)
+time.sleep(300)
+"""
+
+#: Remove the stale temp files of a directory; print what was removed.
+_CLEANER = """
+import json, sys
+from fsprobe.saving.stale import remove_stale_temps
+print(json.dumps(remove_stale_temps(sys.argv[1])))
+"""
+
+
+def backdate(path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
 
 
 def dead_pid() -> int:
@@ -21,32 +60,81 @@ def dead_pid() -> int:
 
 
 def temp(directory, host: str, pid: int, base: str = "model.pt", age: float = 0.0) -> str:
+    """A temp file as a crashed writer left it: named after it, written, unlocked."""
     path = os.path.join(directory, f".fsprobe~{host}~{pid}~0123abcd~{base}.tmp")
     with open(path, "wb") as stream:
         stream.write(b"half a checkpoint")
     if age:
-        then = time.time() - age
-        os.utime(path, (then, then))
+        backdate(path, age)
     return path
+
+
+class Writer:
+    """A live writer in a process of its own (optionally in a new PID namespace)."""
+
+    def __init__(self, directory, namespace: bool = False) -> None:
+        command = [sys.executable, "-c", _WRITER, str(directory)]
+        if namespace:
+            command = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *command]
+        self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        self.path = self.process.stdout.readline().strip()
+        assert self.path, "the writer did not start"
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def clean_in_new_pid_namespace(directory) -> list[str]:
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _CLEANER, directory],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def unshare_works() -> None:
+    """A new PID namespace with its own /proc needs root."""
+    if os.geteuid() != 0:
+        require("a new PID namespace (unshare --pid --mount-proc) needs root")
 
 
 def test_removes_only_temps_whose_writer_is_certainly_gone(tmp_path, caplog):
     me = hostname()
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as alive:
-        try:
-            crashed = temp(tmp_path, me, dead_pid())
-            running = temp(tmp_path, me, alive.pid, base="other.pt")
-            mine = temp(tmp_path, me, os.getpid(), base="mine.pt")  # another thread may be saving
-            foreign_old = temp(tmp_path, "othernode", 4242, age=FOREIGN_STALE_SECONDS + 60)
-            foreign_young = temp(tmp_path, "othernode", 4243, age=60)
-            with caplog.at_level(logging.INFO, logger="fsprobe.save"):
-                removed = remove_stale_temps(str(tmp_path))
-        finally:
-            alive.kill()
+    writer = Writer(tmp_path)
+    try:
+        backdate(writer.path, 2 * FOREIGN_STALE_SECONDS)  # a writer stuck for hours: alive
+        crashed = temp(tmp_path, me, dead_pid(), age=2 * MIN_AGE_SECONDS)
+        young = temp(tmp_path, me, dead_pid(), base="young.pt")  # may be just being created
+        foreign_old = temp(tmp_path, "othernode", 4242, age=FOREIGN_STALE_SECONDS + 60)
+        foreign_young = temp(tmp_path, "othernode", 4243, age=2 * MIN_AGE_SECONDS)
+        with caplog.at_level(logging.INFO, logger="fsprobe.save"):
+            removed = remove_stale_temps(str(tmp_path))
+        assert os.path.exists(writer.path)
+    finally:
+        writer.stop()
     assert sorted(removed) == sorted([crashed, foreign_old])
-    for path in (running, mine, foreign_young):
+    for path in (young, foreign_young):
         assert os.path.exists(path)
     assert "left by a crashed save" in caplog.text
+    assert remove_stale_temps(str(tmp_path)) == [writer.path]  # its writer is gone now
+
+
+def test_a_temp_this_process_is_writing_is_known_without_its_lock(tmp_path):
+    """On NFS a lock is per process: another thread's temp file must be known without it."""
+    with TempFile(None, str(tmp_path / temp_name("model.pt"))) as live:
+        info = os.stat(live.name)
+        assert is_live_here(info)
+    assert not is_live_here(info)
+    old = time.time() - 2 * FOREIGN_STALE_SECONDS
+    name = parse_temp_name(os.path.basename(live.name))
+    assert is_stale(name, old, False, time.time())  # what the lock alone would say
+    assert not is_stale(name, old, True, time.time())
 
 
 def test_never_touches_what_is_not_ours(tmp_path):
@@ -61,12 +149,70 @@ def test_never_touches_what_is_not_ours(tmp_path):
     ]
     for name in lookalikes:
         (tmp_path / name).write_bytes(b"a user's file")
+        backdate(tmp_path / name, 2 * FOREIGN_STALE_SECONDS)
     directory = tmp_path / f".fsprobe~{me}~{gone}~0123abcd~dir.tmp"
     directory.mkdir()
     link = tmp_path / f".fsprobe~{me}~{gone}~0123abcd~link.tmp"
     link.symlink_to(tmp_path / "model.pt")
+    fifo = tmp_path / f".fsprobe~{me}~{gone}~0123abcd~fifo.tmp"
+    os.mkfifo(fifo)
+    for path in (directory, fifo):
+        backdate(path, 2 * FOREIGN_STALE_SECONDS)
     assert remove_stale_temps(str(tmp_path)) == []
-    assert sorted(os.listdir(tmp_path)) == sorted([*lookalikes, directory.name, link.name])
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [*lookalikes, directory.name, link.name, fifo.name]
+    )
+
+
+def test_a_live_temp_of_another_pid_namespace_is_kept(tmp_path, unshare_works):
+    writer = Writer(tmp_path)  # its pid means nothing in the cleaner's namespace
+    try:
+        backdate(writer.path, 2 * FOREIGN_STALE_SECONDS)
+        assert clean_in_new_pid_namespace(str(tmp_path)) == []
+        assert os.path.exists(writer.path)
+    finally:
+        writer.stop()
+
+
+def test_a_dead_writer_of_another_pid_namespace_is_cleaned_up(tmp_path, unshare_works):
+    writer = Writer(tmp_path, namespace=True)
+    try:
+        assert parse_temp_name(os.path.basename(writer.path)).pid == 1  # a pid alive here too
+        backdate(writer.path, 2 * MIN_AGE_SECONDS)
+        assert remove_stale_temps(str(tmp_path)) == []  # its lock is held: alive
+    finally:
+        writer.stop()  # its namespace's init dies a moment after unshare (--kill-child)
+    deadline = time.monotonic() + 30
+    while not (removed := remove_stale_temps(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert removed == [writer.path]
+
+
+def test_a_save_in_another_namespace_leaves_a_stuck_save_alone(faultfs, unshare_works):
+    """Two containers of a pod save into one directory: neither removes the other's temp."""
+    ckpt = faultfs.mountpoint / "ckpt"
+    ckpt.mkdir()
+    rule = faultfs.ctl.block("fsync", path="*rank0.pt.tmp")  # rank 0's server stalls
+    results: list[object] = []
+    rank0 = threading.Thread(
+        target=lambda: results.append(fsprobe.save({"rank": 0}, ckpt / "rank0.pt", attempts=1))
+    )
+    rank0.start()
+    try:
+        faultfs.ctl.wait_blocked(rule)
+        [name] = [n for n in os.listdir(faultfs.backing / "ckpt") if parse_temp_name(n)]
+        backdate(faultfs.backing / "ckpt" / name, 2 * FOREIGN_STALE_SECONDS)  # stuck for hours
+        code = "import sys, fsprobe; fsprobe.atomic_write(sys.argv[1], lambda f: f.write(b'1'))"
+        rank1 = [sys.executable, "-c", code, str(ckpt / "rank1.pt")]
+        unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
+        subprocess.run([*unshare, *rank1], cwd=REPO, check=True, timeout=120)
+        assert os.path.exists(faultfs.backing / "ckpt" / name)
+    finally:
+        faultfs.ctl.remove(rule)
+        rank0.join(60)
+    [result] = results
+    assert result.attempts == 1 and result.errors == ()
+    assert sorted(os.listdir(ckpt)) == ["rank0.pt", "rank1.pt"]
 
 
 def test_a_save_cleans_its_directory_first_and_only_that(tmp_path):
@@ -74,12 +220,27 @@ def test_a_save_cleans_its_directory_first_and_only_that(tmp_path):
     target.mkdir()
     elsewhere.mkdir()
     gone = dead_pid()
-    crashed = temp(target, hostname(), gone)
-    untouched = temp(elsewhere, hostname(), gone)
+    crashed = temp(target, hostname(), gone, age=2 * MIN_AGE_SECONDS)
+    untouched = temp(elsewhere, hostname(), gone, age=2 * MIN_AGE_SECONDS)
     fsprobe.save({"epoch": 2}, target / "model.pt")
     assert not os.path.exists(crashed)
     assert os.path.exists(untouched)
     assert sorted(os.listdir(target)) == ["model.pt"]
+
+
+def test_nobody_removes_another_users_temp_file_root_included(local_users, tmp_path):
+    share(tmp_path)
+    alice, bob = local_users.user(), local_users.user()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    crashed = Path(alice.run(temp, str(shared), hostname(), dead_pid(), "model.pt"))
+    backdate(crashed, 2 * FOREIGN_STALE_SECONDS)  # long dead, by every rule but ownership
+
+    assert bob.run(remove_stale_temps, str(shared)) == []
+    assert remove_stale_temps(str(shared)) == []  # root: not its file either
+    assert crashed.exists()
+    assert alice.run(remove_stale_temps, str(shared)) == [str(crashed)]
 
 
 def test_missing_directory_is_not_an_error(tmp_path):

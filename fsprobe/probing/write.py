@@ -9,12 +9,11 @@ probe deletes only the names it created itself, and it never creates a directory
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
 
-from fsprobe.atomic import fsync_directory, open_exclusive, temp_name
+from fsprobe.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.errors import ProbeFailure, name_of
 from fsprobe.model import WriteProbeResult
 from fsprobe.probing.mounts import nearest_existing
@@ -36,8 +35,7 @@ class _Rehearsal:
         self.directory = directory
         self.data = data
         self.latency: dict[str, float] = {}
-        self.fd: int | None = None
-        self.created: str | None = None  # the path of our file, wherever it is now
+        self.temp: TempFile | None = None  # our file, wherever it is now; locked while it lives
 
     def timed(self, step: str, action: Callable[[], object]) -> object:
         start = time.monotonic()
@@ -50,35 +48,30 @@ class _Rehearsal:
         first = os.path.join(self.directory, temp_name("write-probe"))
         renamed = os.path.join(self.directory, temp_name("write-probe-renamed"))
 
-        self.fd = self.timed("create", lambda: open_exclusive(first))
-        self.created = first
-        self.timed("write", lambda: _write_all(self.fd, self.data))
-        self.timed("fsync", self.fsync_and_close)
-        self.timed("rename", lambda: os.rename(first, renamed))
-        self.created = renamed
+        self.timed("create", lambda: self.create(first))
+        temp = self.temp
+        assert temp is not None
+        self.timed("write", lambda: _write_all(temp.fd, self.data))
+        self.timed("fsync", lambda: os.fsync(temp.fd))
+        self.timed("rename", lambda: temp.rename(renamed))
         self.timed("fsync_dir", lambda: fsync_directory(self.directory))
         self.timed("unlink", lambda: os.unlink(renamed))
-        self.created = None
+        self.temp = None
+        temp.release()
 
-    def fsync_and_close(self) -> None:
-        """fsync, then close: on NFS a deferred write error may only surface at close."""
-        fd, self.fd = self.fd, None
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def create(self, path: str) -> None:
+        self.temp = TempFile(None, path)
 
     def clean_up(self) -> str:
-        """Close and remove what this run created; returns a note if that failed too."""
-        if self.fd is not None:
-            with contextlib.suppress(OSError):  # a failed close leaves nothing to remove
-                os.close(self.fd)
-        if self.created is None:
+        """Remove what this run created; returns a note if that failed too."""
+        if self.temp is None:
             return ""
         try:
-            os.unlink(self.created)
+            self.temp.discard()
         except OSError as error:
-            return f"; removing the probe file {self.created} failed too: {error}"
+            return f"; removing the probe file {self.temp.name} failed too: {error}"
+        finally:
+            self.temp.release()
         return ""
 
 

@@ -24,7 +24,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable
 
-from fsprobe.atomic import hostname, parse_temp_name, temp_name
+from fsprobe.atomic import claim, hostname, is_live_here, parse_temp_name, temp_name, unclaim
 from fsprobe.saving.manifest import new_entry, record
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
@@ -38,7 +38,7 @@ from fsprobe.saving.retry import (
     failure_of,
     run_attempts,
 )
-from fsprobe.saving.stale import is_stale, remove_stale_temps
+from fsprobe.saving.stale import is_stale, remove_stale_temps, writer_alive
 from fsprobe.saving.swap import (
     exchange,
     parse_retired_name,
@@ -80,11 +80,15 @@ class Staging:
         self.path = os.path.join(self.parent, self.staging)
         self.parent_fd = open_parent(self.parent)
         self.fd: int | None = None
+        self.claimed: tuple[int, int] | None = None
+        self.replaced_fd: int | None = None
+        self.replaced: tuple[int, int] | None = None
         self.created = self.published = False
         try:
             os.mkdir(self.staging, 0o777, dir_fd=self.parent_fd)  # the umask applies
             self.created = True
             self.fd = open_directory(self.staging, self.parent_fd)
+            self.claimed = claim(self.fd)  # locked while written: others' cleanup keeps it
             self.mode = stat.S_IMODE(os.fstat(self.fd).st_mode)
             if self.mode & _SHARED_WRITE:
                 os.fchmod(self.fd, stat.S_IRWXU)
@@ -119,6 +123,10 @@ class Staging:
             os.rename(self.staging, self.name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd)
             self.published = True
             return None
+        # The old checkpoint goes under a temp name until it is removed: claim it meanwhile,
+        # or another process's cleanup would take it for a crashed save's leftover.
+        self.replaced_fd = open_directory(self.name, self.parent_fd)
+        self.replaced = claim(self.replaced_fd)
         if exchange(self.parent_fd, self.staging, self.name):
             self.published = True
             return self.staging  # the old checkpoint, now under the staging name
@@ -143,6 +151,13 @@ class Staging:
 
     def close(self) -> None:
         """Close the descriptors; the staging directory is removed unless it was published."""
+        for claimed in (self.claimed, self.replaced):
+            if claimed is not None:
+                unclaim(claimed)
+        self.claimed = self.replaced = None
+        if self.replaced_fd is not None:
+            os.close(self.replaced_fd)
+            self.replaced_fd = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -212,11 +227,12 @@ def remove_stale_staging(directory: str) -> None:
                 info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
                 if not stat.S_ISDIR(info.st_mode) or info.st_uid != euid:
                     continue
-                mtime = info.st_mtime
-                if writer.host != this_host:
-                    with opened(open_directory(name, parent_fd)) as fd:
+                with opened(open_directory(name, parent_fd)) as fd:
+                    alive = True if is_live_here(os.fstat(fd)) else writer_alive(fd)
+                    mtime = info.st_mtime
+                    if writer.host != this_host:
                         mtime = measure_tree(fd).newest_mtime
-                if not is_stale(writer, mtime, now, this_host):
+                if not is_stale(writer, mtime, alive, now):
                     continue
                 if retired:
                     restore_or_remove_retired(parent_fd, name, retired[1])

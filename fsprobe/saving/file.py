@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
-from fsprobe.atomic import fsync_directory, open_exclusive, temp_name
+from fsprobe.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.extras import import_extra
+from fsprobe.saving.deadline import Progress, within
 from fsprobe.saving.manifest import new_entry, record, sha256_of
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
@@ -50,12 +51,15 @@ FILE_MODE = 0o666
 class AtomicFile:
     """The binary file that `write` gets: the temp file, remembering the first OSError raised.
 
-    `name` is the temp file's path (not the final one), as for any file object.
+    `name` is the temp file's path (not the final one), as for any file object. The stream is
+    a duplicate of the temp file's own descriptor, so a writer may close it: the file stays
+    open (and locked) until the attempt is over, and is never reopened by its name.
     """
 
-    def __init__(self, fd: int, name: str) -> None:
-        self.name = name
-        self._file: BinaryIO = open(fd, "wb", closefd=True)  # noqa: SIM115 - closed by close()
+    def __init__(self, temp: TempFile) -> None:
+        self.name = temp.name
+        self._temp_fd = temp.fd
+        self._file: BinaryIO = open(os.dup(temp.fd), "wb", closefd=True)  # noqa: SIM115
         self.first_error: OSError | None = None
         self.first_error_step: str | None = None
 
@@ -112,21 +116,14 @@ class AtomicFile:
 
     def sync(self) -> None:
         """flush and fsync: the data is on stable storage before the rename makes it visible."""
-        if self._file.closed:  # the writer closed it itself: fsync through a new descriptor
-            fd = os.open(self.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                self._call("fsync", lambda: os.fsync(fd))
-            finally:
-                os.close(fd)
-            return
-        self.flush()
-        self._call("fsync", lambda: os.fsync(self._file.fileno()))
+        if not self._file.closed:
+            self.flush()
+        self._call("fsync", lambda: os.fsync(self._temp_fd))
 
     def size(self) -> int:
-        if self._file.closed:
-            return os.stat(self.name).st_size
-        self.flush()
-        return os.fstat(self._file.fileno()).st_size
+        if not self._file.closed:
+            self.flush()
+        return os.fstat(self._temp_fd).st_size
 
     def discard(self) -> None:
         """Close after a failure: errors now are echoes of the first, recorded but not raised."""
@@ -141,22 +138,26 @@ def _io_failure(error: BaseException, stream: AtomicFile) -> FailedAttempt | Non
     return failure_of(error, "write")
 
 
-def _write_once(final: str, write: Callable[[AtomicFile], object], fsync: bool) -> int:
+def _write_once(
+    final: str, write: Callable[[AtomicFile], object], fsync: bool, progress: Progress
+) -> int:
     """One attempt: temp file, write, fsync, rename, fsync dir. Returns the bytes written.
 
     Raises `FailedAttempt` for an I/O failure; anything else `write` raises (a pickling error, a
-    bug) is re-raised as it is. The temp file is removed on every way out but success.
+    bug) is re-raised as it is. The temp file is locked while it lives (another process's
+    cleanup leaves it alone) and removed on every way out but success.
     """
     directory = os.path.dirname(final)
-    temporary = os.path.join(directory, temp_name(os.path.basename(final)))
     try:
-        fd = open_exclusive(temporary, FILE_MODE)
+        temp = TempFile(
+            None, os.path.join(directory, temp_name(os.path.basename(final))), FILE_MODE
+        )
     except OSError as error:
         raise FailedAttempt.of(error, "create") from error
-    stream = AtomicFile(fd, temporary)
-    step, renamed = "write", False
+    stream = AtomicFile(temp)
     try:
         try:
+            progress.at("write")
             write(stream)
         except Exception as error:
             failure = _io_failure(error, stream)
@@ -164,35 +165,36 @@ def _write_once(final: str, write: Callable[[AtomicFile], object], fsync: bool) 
                 raise
             raise failure from error
         if fsync:
-            step = "fsync"
+            progress.at("fsync")
             stream.sync()
-        step = "close"
+        progress.at("close")
         size = stream.size()
         stream.close()
-        step = "rename"
-        os.replace(temporary, final)
-        renamed = True
+        progress.before_publishing()
+        progress.at("rename")
+        temp.rename(final)
         if fsync:
-            step = "fsync_dir"
+            progress.at("fsync_dir")
             fsync_directory(directory)
         return size
     except OSError as error:
         if stream.first_error is not None:
-            raise FailedAttempt.of(stream.first_error, stream.first_error_step or step) from error
-        raise FailedAttempt.of(error, step) from error
+            raise FailedAttempt.of(
+                stream.first_error, stream.first_error_step or progress.step
+            ) from error
+        raise FailedAttempt.of(error, progress.step) from error
     finally:
-        if not renamed:
+        if not temp.renamed:
             stream.discard()
-            _remove_temp(temporary)
+            _remove_temp(temp)
+        temp.release()
 
 
-def _remove_temp(temporary: str) -> None:
+def _remove_temp(temp: TempFile) -> None:
     try:
-        os.unlink(temporary)
-    except FileNotFoundError:
-        pass
+        temp.discard()
     except OSError as error:  # the next save's stale-temp cleanup gets another chance
-        log.warning("could not remove the temp file %s: %s", temporary, error)
+        log.warning("could not remove the temp file %s: %s", temp.name, error)
 
 
 def atomic_write(
@@ -210,6 +212,7 @@ def atomic_write(
     on_unhealthy: str = "proceed",
     state_dir: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    save_timeout: float | None = None,
 ) -> SaveResult:
     """Write `path` atomically through `write(fileobj)`, retrying and redirecting on failure.
 
@@ -217,9 +220,13 @@ def atomic_write(
     called again from scratch on every attempt. `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``)
     are where the save may be redirected (`redirect=False` never redirects); `max_wait`,
     `need_bytes`, `on_unhealthy`, `state_dir` and `timeout` go to the preflight
-    (`preflight=False` skips it). Raises `SaveError` when every attempt failed, or at once for
-    a permanent error with nowhere to redirect; the file at `path` is then as it was before.
+    (`preflight=False` skips it). `save_timeout` bounds each attempt at writing: past it the
+    attempt is abandoned (`fsprobe.saving.deadline`) and the save goes to a fallback, or fails
+    with ``TIMEOUT``. Raises `SaveError` when every attempt failed, or at once for a permanent
+    error with nowhere to redirect; the file at `path` is then as it was before.
     """
+    if save_timeout is not None and not save_timeout > 0:
+        raise ValueError("save_timeout must be a positive number of seconds")
     options = SaveOptions.of(
         attempts=attempts,
         backoff=backoff,
@@ -237,7 +244,11 @@ def atomic_write(
     return run_attempts(
         tries,
         Attempt(
-            write=lambda destination: _write_once(destination, write, fsync),
+            write=lambda destination: within(
+                save_timeout,
+                destination,
+                lambda progress: _write_once(destination, write, fsync, progress),
+            ),
             clean=remove_stale_temps,
             record=_record_redirect,
         ),
@@ -279,6 +290,7 @@ def save(
     on_unhealthy: str = "proceed",
     state_dir: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    save_timeout: float | None = None,
     **torch_save_kwargs: Any,
 ) -> SaveResult:
     """`torch.save(obj, path, **torch_save_kwargs)`, made atomic, retried and redirectable.
@@ -307,6 +319,7 @@ def save(
         on_unhealthy=on_unhealthy,
         state_dir=state_dir,
         timeout=timeout,
+        save_timeout=save_timeout,
     )
 
 

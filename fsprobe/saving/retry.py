@@ -266,7 +266,7 @@ class Attempts:
     def failed(self, failure: FailedAttempt) -> Plan | None:
         """Record a failed attempt and decide the next one; None means give up."""
         self.failures.append(failure.bare())
-        kind = classify(failure.errno)
+        kind = classify(failure.errno, failure.step)
         fallback = self.fallback
         if self.number == self.options.attempts:
             self._log(failure, kind, "giving up")

@@ -1,38 +1,110 @@
-"""Cleaning up after crashed saves: temp files whose writer is gone.
+"""Cleaning up after crashed saves: temp files whose writer is provably gone.
 
 A save killed mid-write (SIGKILL, OOM, a node crash) leaves its hidden temp file beside the
 checkpoints, often gigabytes that count against the quota that made the next save fail. Before
 writing, `fsprobe.save` removes such leftovers from the destination directory, and only there.
 
-Only names that `fsprobe.atomic.parse_temp_name` recognises are candidates: the naming scheme is
-the proof that fsprobe created the file, and nothing else is ever deleted. Among those, a file
-is stale when it was written on this host by a process that no longer exists, or on another
-host (whose processes cannot be checked from here) and not modified for an hour. A writer that
-is still alive, this very process included (another thread may be saving), keeps its file.
+A file is removed only when all of this holds:
+
+- its name is one that `fsprobe.atomic.temp_name` makes, and it is a regular file;
+- it belongs to the user cleaning up: nobody, root included, removes another user's file;
+- it is not one that this very process is writing (another thread may be saving);
+- its writer is gone. Every writer holds a lock (``flock``) on its temp file for as long as it
+  may write it (`fsprobe.atomic.TempFile`); a lock that can be taken proves the writer dead.
+  That holds across PID namespaces (two containers of a pod share the host name, not the pids)
+  and whatever ``/proc`` hides, where a pid proves nothing. It is trusted for writers on this
+  host only: a lock of another node may be invisible here (Lustre ``localflock``). A file from
+  another host, or on a filesystem without locks, is stale once unmodified for an hour.
+
+And a file younger than a minute is always left alone: a writer creates its file and locks it
+in two steps, and in between it looks dead.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import stat
 import time
 
-import psutil
-
-from fsprobe.atomic import TempName, hostname, parse_temp_name
+from fsprobe.atomic import LOCK_UNSUPPORTED, TempName, hostname, is_live_here, parse_temp_name
 
 log = logging.getLogger("fsprobe.save")
 
-#: A temp file from another host is stale once it has not been written to for this long.
+#: A temp file whose writer cannot be checked (another host, no locks) is stale after this.
 FOREIGN_STALE_SECONDS = 3600.0
+#: No temp file younger than this is removed (between create and lock its writer looks dead).
+MIN_AGE_SECONDS = 60.0
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def is_stale(name: TempName, mtime: float, now: float, this_host: str) -> bool:
-    """Whether a temp file's writer is certainly gone."""
-    if name.host == this_host:
-        return name.pid != os.getpid() and not psutil.pid_exists(name.pid)
-    return now - mtime > FOREIGN_STALE_SECONDS
+def writer_alive(fd: int) -> bool | None:
+    """True if the writer of the temp file or directory `fd` holds its lock (`claim`), False
+    if it is gone, None if locks do not work here."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError as error:
+        if error.errno in LOCK_UNSUPPORTED:
+            return None
+        raise
+    return False
+
+
+def is_stale(name: TempName, mtime: float, alive: bool | None, now: float) -> bool:
+    """Whether a temp of ours (by name and owner) was certainly abandoned by its writer.
+
+    `mtime` is when it was last written, `alive` what `writer_alive` said. A temp that this
+    process is writing (`fsprobe.atomic.is_live_here`) is the caller's to rule out first.
+    """
+    age = now - mtime
+    if alive or age < MIN_AGE_SECONDS:
+        return False
+    if alive is False and name.host == hostname():
+        return True
+    return age > FOREIGN_STALE_SECONDS
+
+
+def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> bool:
+    name = parse_temp_name(entry)
+    if name is None:
+        return False
+    try:  # only a regular file of ours is ever opened (opening a device may act on it)
+        named = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(named.st_mode) or named.st_uid != os.geteuid():
+            return False
+        fd = os.open(entry, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return False  # gone meanwhile, replaced by a symlink (ELOOP), or not ours to read
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+        if is_live_here(info) or not is_stale(name, info.st_mtime, writer_alive(fd), now):
+            return False
+        # Still the file that was checked? (Only its owner could have swapped it meanwhile.)
+        if not os.path.samestat(info, os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)):
+            return False
+        os.unlink(entry, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        log.warning("cannot remove the stale temp file %s/%s: %s", directory, entry, error)
+        return False
+    finally:
+        os.close(fd)
+    log.info(
+        "removed %s/%s (%d bytes), left by a crashed save (pid %d on %s)",
+        directory,
+        entry,
+        info.st_size,
+        name.pid,
+        name.host,
+    )
+    return True
 
 
 def remove_stale_temps(directory: str) -> list[str]:
@@ -40,36 +112,22 @@ def remove_stale_temps(directory: str) -> list[str]:
 
     Never raises: cleaning up is a courtesy, and must not be why a save fails.
     """
-    this_host, now = hostname(), time.time()
-    removed = []
+    now = time.time()
     try:
-        entries = list(os.scandir(directory))
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as error:
         log.debug("not cleaning %s: %s", directory, error)
-        return removed
-    for entry in entries:
-        name = parse_temp_name(entry.name)
-        if name is None:
-            continue
-        try:
-            info = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue  # gone meanwhile: its writer finished or someone else cleaned
-        if not stat.S_ISREG(info.st_mode) or not is_stale(name, info.st_mtime, now, this_host):
-            continue
-        try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            continue
-        except OSError as error:
-            log.warning("cannot remove the stale temp file %s: %s", entry.path, error)
-            continue
-        log.info(
-            "removed %s (%d bytes), left by a crashed save (pid %d on %s)",
-            entry.path,
-            info.st_size,
-            name.pid,
-            name.host,
-        )
-        removed.append(entry.path)
-    return removed
+        return []
+    try:
+        names = os.listdir(dir_fd)
+    except OSError as error:
+        log.debug("not cleaning %s: %s", directory, error)
+        names = []
+    try:
+        return [
+            os.path.join(directory, entry)
+            for entry in names
+            if _remove_if_stale(dir_fd, directory, entry, now)
+        ]
+    finally:
+        os.close(dir_fd)

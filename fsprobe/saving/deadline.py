@@ -1,0 +1,91 @@
+"""A deadline for one attempt of a save (`save_timeout`): past it, the attempt is abandoned.
+
+A filesystem can hold a write or an fsync in the kernel for minutes (a hung NFS server, a Lustre
+client waiting for an evicted lock); the thread in that call sleeps uninterruptibly and no
+signal ends it. The preflight is bounded, but once writing starts nothing was: the trainer sat
+in D state for as long as the filesystem pleased. So with a deadline, an attempt runs in a
+thread of its own and the save waits for it at most `timeout` seconds. Past that the attempt
+is abandoned: the save goes on (to a fallback, or it fails with ``TIMEOUT``) and the stuck
+thread is left behind, logged with the step it is stuck in. Should that thread ever come back,
+it sees that it was abandoned and publishes nothing: the save has moved on without it, and a
+late rename must not replace what the save did since.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from fsprobe.saving.retry import FailedAttempt
+from fsprobe.units import format_seconds
+
+log = logging.getLogger("fsprobe.save")
+
+#: The errno name of an attempt abandoned at its deadline: the target is stuck. It is not
+#: retried there (another try would leave a second thread stuck beside the first).
+TIMEOUT = "TIMEOUT"
+
+
+class Progress:
+    """Where an attempt is (`step`), and whether the save has abandoned it."""
+
+    def __init__(self) -> None:
+        self.step = "create"
+        self._abandoned = threading.Event()
+
+    def at(self, step: str) -> None:
+        """The attempt enters `step`."""
+        self.step = step
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+
+    def before_publishing(self) -> None:
+        """Raise instead of publishing when the save has gone on without this attempt."""
+        if self._abandoned.is_set():
+            raise FailedAttempt(TIMEOUT, self.step, "abandoned at the save's deadline")
+
+
+def within(timeout: float | None, destination: str, attempt: Callable[[Progress], int]) -> int:
+    """`attempt(progress)` with at most `timeout` seconds for it; inline when None.
+
+    Raises `FailedAttempt` (``TIMEOUT``, at the step it is stuck in) past the deadline, and
+    whatever the attempt raised otherwise.
+    """
+    progress = Progress()
+    if timeout is None:
+        return attempt(progress)
+    written: list[int] = []
+    raised: list[BaseException] = []
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            written.append(attempt(progress))
+        except BaseException as error:  # handed to the waiting save, not lost in the thread
+            raised.append(error)
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=run, name=f"fsprobe-save {destination}", daemon=True)
+    thread.start()
+    try:
+        done = finished.wait(timeout)
+    finally:
+        if not finished.is_set():
+            progress.abandon()
+    if not done:
+        log.error(
+            "save %s: no answer from the filesystem for %s at %s; abandoned, its thread is "
+            "left behind (it publishes nothing if it ever returns)",
+            destination,
+            format_seconds(timeout),
+            progress.step,
+        )
+        raise FailedAttempt(
+            TIMEOUT, progress.step, f"the write took longer than {format_seconds(timeout)}"
+        )
+    if raised:
+        raise raised[0]
+    return written[0]

@@ -1,0 +1,114 @@
+"""A save never hangs on a stuck filesystem past its `save_timeout`, and survives a lost temp.
+
+A filesystem can hold an fsync in the kernel for as long as it likes; the fault filesystem's
+``block`` does exactly that (the thread sleeps uninterruptibly until the rule is removed).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+import fsprobe
+from fsprobe.atomic import parse_temp_name
+from fsprobe.saving.retry import Backoff, SaveError
+
+#: The deadline of the tests, and what a stuck save may take beyond it on a busy machine.
+DEADLINE = 2.0
+SLACK = 20.0
+
+
+def no_sleep() -> Backoff:
+    return Backoff(sleep=lambda seconds: None)
+
+
+def temps(directory) -> list[str]:
+    return [name for name in os.listdir(directory) if parse_temp_name(name)]
+
+
+def wait_until_gone(directory, timeout: float = 30.0) -> None:
+    """Until the abandoned attempt, released, has removed its temp file."""
+    deadline = time.monotonic() + timeout
+    while temps(directory):
+        assert time.monotonic() < deadline, "the abandoned attempt left its temp file"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def stuck(faultfs):
+    """A checkpoint directory whose filesystem holds every fsync until released."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    fsprobe.atomic_write(target / "model.pt", lambda stream: stream.write(b"epoch 1"))
+    rule = faultfs.ctl.block("fsync", path="/ckpt/*")
+    yield target, lambda: faultfs.ctl.remove(rule)
+    faultfs.ctl.clear()
+
+
+def test_a_save_stuck_in_fsync_goes_to_the_fallback_at_its_deadline(stuck, tmp_path):
+    target, release = stuck
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    state = {"weights": torch.arange(1000)}
+    start = time.monotonic()
+    try:
+        result = fsprobe.save(
+            state,
+            target / "model.pt",
+            fallback_dirs=[fallback],
+            save_timeout=DEADLINE,
+            preflight=False,  # the attempt itself must not hang, whatever the preflight said
+        )
+        took = time.monotonic() - start
+    finally:
+        release()
+    assert DEADLINE <= took < DEADLINE + SLACK
+    assert result.redirected and result.errors == ("TIMEOUT",) and result.attempts == 2
+    assert torch.equal(torch.load(result.path)["weights"], state["weights"])
+    wait_until_gone(target)  # released, the abandoned attempt comes back and publishes nothing
+    assert (target / "model.pt").read_bytes() == b"epoch 1"
+
+
+def test_without_a_fallback_a_stuck_save_fails_at_its_deadline(stuck, caplog):
+    target, release = stuck
+    start = time.monotonic()
+    try:
+        with pytest.raises(SaveError) as failure:
+            fsprobe.atomic_write(
+                target / "model.pt",
+                lambda stream: stream.write(b"epoch 2"),
+                save_timeout=DEADLINE,
+                preflight=False,
+            )
+        took = time.monotonic() - start
+    finally:
+        release()
+    assert DEADLINE <= took < DEADLINE + SLACK
+    assert [(a.errno, a.step) for a in failure.value.attempts] == [("TIMEOUT", "fsync")]
+    assert "abandoned, its thread is left behind" in caplog.text
+    wait_until_gone(target)
+    assert (target / "model.pt").read_bytes() == b"epoch 1"
+
+
+def test_a_deadline_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="save_timeout"):
+        fsprobe.atomic_write(tmp_path / "x", lambda stream: None, save_timeout=0)
+
+
+def test_a_temp_file_that_vanished_mid_save_is_retried(tmp_path):
+    """Someone else's cleanup removed the temp file: ENOENT at rename, yet nothing is wrong."""
+    lost = []
+
+    def write(stream) -> None:
+        stream.write(b"the checkpoint")
+        if not lost:
+            lost.append(stream.name)
+            os.unlink(stream.name)
+
+    result = fsprobe.atomic_write(tmp_path / "model.pt", write, backoff=no_sleep())
+    assert result.attempts == 2 and result.errors == ("ENOENT",)
+    assert (tmp_path / "model.pt").read_bytes() == b"the checkpoint"
+    assert temps(tmp_path) == []
