@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 import fsprobe
+from fsprobe.saving.fallback import prepare_directory, redirect_path
 from fsprobe.saving.manifest import new_entry, pending, record
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
@@ -119,7 +120,8 @@ def test_a_sync_back_slower_than_three_probe_intervals_leaves_the_target_ok(faul
         )
 
         # Meanwhile another checkpoint is redirected: the count, a task of its own, sees it.
-        later = later_fallback / "later.ckpt"
+        later = Path(redirect_path(str(later_fallback), str(target / "later.ckpt")))
+        prepare_directory(str(later_fallback), str(later))  # where a redirected save puts it
         later.write_bytes(b"x" * 1000)
         record(
             new_entry(

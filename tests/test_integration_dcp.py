@@ -19,8 +19,10 @@ import torch.distributed.checkpoint as torch_dcp
 
 from fsprobe.atomic import parse_temp_name
 from fsprobe.integrations import dcp
+from fsprobe.saving.fallback import own_area
 from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
+from fsprobe.saving.stale import MIN_AGE_SECONDS
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import finish, run_ranks, start_ranks
 
@@ -181,9 +183,10 @@ def test_a_checkpoint_whose_shards_fit_but_not_the_whole_lands_whole_in_the_fall
     assert result["redirected"] and result["errors"] == [] and result["attempts"] == 1
     assert os.listdir(target_fs.path) == []  # nothing of it at the target
     actual = Path(result["path"])
-    assert actual == fallback / str(target).lstrip("/")
+    area = own_area(str(fallback))  # this user's part of the fallback directory
+    assert actual == Path(area.path) / str(target).lstrip("/")
     assert sorted(os.listdir(actual)) == checkpoint_files(actual, 4)
-    [entry] = read_manifest(str(fallback))
+    [entry] = read_manifest(area)
     assert (entry.requested, entry.actual, entry.bytes) == (
         str(target),
         str(actual),
@@ -213,8 +216,10 @@ def test_every_rank_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_
         results = finish(ranks, timeout=30)
     faultfs.ctl.clear()
     assert [r.returncode for r in results] == [-signal.SIGKILL] * 2
-    assert len(leftovers(faultfs.mountpoint)) == 1  # the killed save's staging directory
+    [staging] = leftovers(faultfs.mountpoint)  # the killed save's staging directory
     assert_loads(target, 2, seed=1)
+    a_while_ago = time.time() - 2 * MIN_AGE_SECONDS  # as the next save finds it, not at once
+    os.utime(faultfs.mountpoint / staging, (a_while_ago, a_while_ago))
 
     run_ranks(f"{HERE}:save_state", 2, faultfs.mountpoint, target=str(target), seed=3)
     assert leftovers(faultfs.mountpoint) == []

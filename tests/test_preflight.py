@@ -90,7 +90,8 @@ def test_a_checkpoint_that_does_not_fit_is_redirected_to_a_fallback(dirs):
         requested, need_bytes=5000, fallback_dirs=[fallback], state_dir=state
     )
     assert decision.action == "redirect"
-    assert decision.path == os.path.join(fallback, requested.lstrip("/"))  # mirrored
+    area = os.path.join(fallback, f"uid-{os.geteuid()}")  # this user's area in the fallback
+    assert decision.path == os.path.join(area, requested.lstrip("/"))  # mirrored
     assert decision.fits is False and decision.status is Status.UNHEALTHY
     assert any("needs 4.88 KiB" in r.message for r in decision.reasons)
 

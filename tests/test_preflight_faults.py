@@ -35,7 +35,7 @@ def test_blocked_statfs_answers_within_the_deadline_with_mount_stuck(faultfs, tm
     redirected = fsprobe.preflight(target / "other.pt", timeout=TIMEOUT, fallback_dirs=[fallback])
     assert time.monotonic() - start < TIMEOUT + SLACK
     assert redirected.action == "redirect"
-    assert redirected.path == str(fallback) + str(target / "other.pt")
+    assert redirected.path == f"{fallback}/uid-{os.geteuid()}{target / 'other.pt'}"
     assert "mount_stuck" in [r.code for r in redirected.reasons]
 
     for _ in range(5):  # a hung mount stays one blocked worker, not one per call

@@ -44,8 +44,13 @@ def sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def area(fallback) -> Path:
+    """This user's area in a fallback directory: their manifest and mirrored copies."""
+    return Path(fallback) / f"uid-{os.geteuid()}"
+
+
 def manifest_lines(fallback) -> list[dict]:
-    path = Path(fallback) / manifest.MANIFEST
+    path = area(fallback) / manifest.MANIFEST
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -114,7 +119,7 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
 
     result = fsprobe.save(state, target, fallback_dirs=[fallback], backoff=no_sleep())
     assert result.redirected and result.errors == ("EDQUOT",) and result.attempts == 2
-    assert result.path == str(fallback) + str(target)
+    assert result.path == str(area(fallback)) + str(target)
     assert_same_state(torch.load(result.path), state)
     assert_same_state(torch.load(target), previous)  # untouched
     assert [n for n in os.listdir(target_dir) if parse_temp_name(n)] == []
@@ -192,7 +197,7 @@ def test_a_copy_that_does_not_match_its_checksum_is_not_put_in_place(setup):
 
 def test_dry_run_changes_nothing(setup):
     result = setup.save_redirected(model_state())
-    before = (setup.fallback / manifest.MANIFEST).read_bytes()
+    before = (area(setup.fallback) / manifest.MANIFEST).read_bytes()
     code, report = sync_cli(
         "--fallback-dir", str(setup.fallback), "--state-dir", str(setup.state), "--dry-run"
     )
@@ -201,7 +206,7 @@ def test_dry_run_changes_nothing(setup):
     assert report["entries"][0]["requested"] == str(setup.target / "model.pt")
     assert os.listdir(setup.target) == []
     assert os.path.exists(result.path)
-    assert (setup.fallback / manifest.MANIFEST).read_bytes() == before
+    assert (area(setup.fallback) / manifest.MANIFEST).read_bytes() == before
 
 
 def test_an_unhealthy_target_keeps_its_entries_waiting(setup):
@@ -259,7 +264,7 @@ def test_an_entry_whose_copy_is_gone_is_dropped(setup):
 
 def test_a_manifest_others_can_write_is_not_acted_on(setup, caplog):
     result = setup.save_redirected(model_state())
-    os.chmod(setup.fallback / manifest.MANIFEST, 0o666)
+    os.chmod(area(setup.fallback) / manifest.MANIFEST, 0o666)
     with caplog.at_level(logging.WARNING, logger="fsprobe.saving.redirect"):
         assert sync.sync([str(setup.fallback)], state_dir=str(setup.state)) == []
     assert "writable by group or others" in caplog.text
@@ -287,7 +292,7 @@ def test_concurrent_appends_all_land_whole(setup):
                 manifest.new_entry(
                     str(setup.fallback),
                     f"/ckpt/{worker}/{index}.pt",
-                    str(setup.fallback / f"{worker}-{index}"),
+                    str(area(setup.fallback) / f"{worker}-{index}"),
                     index,
                     "0" * 64,
                 )
@@ -312,6 +317,37 @@ def test_newest_copy_and_forget_follow_the_redirected_checkpoint(setup):
     assert manifest.newest_copy(requested, [str(setup.fallback)]) == result.path
     assert manifest.forget(requested, [str(setup.fallback)]) == [result.path]
     assert os.listdir(setup.fallback) == []
+    assert manifest.newest_copy(requested, [str(setup.fallback)]) == requested
+
+
+def test_a_copy_whose_sha256_changed_is_not_handed_out_to_load(setup, caplog):
+    requested = str(setup.target / "model.pt")
+    result = setup.save_redirected(model_state())
+    assert manifest.newest_copy(requested, [str(setup.fallback)]) == result.path
+    with open(result.path, "r+b") as damaged:  # bit rot, or a writer that went astray
+        damaged.seek(100)
+        byte = damaged.read(1)
+        damaged.seek(100)
+        damaged.write(bytes([byte[0] ^ 0xFF]))
+    with caplog.at_level(logging.WARNING, logger="fsprobe.redirect"):
+        assert manifest.newest_copy(requested, [str(setup.fallback)]) == requested
+    assert "its sha256 is" in caplog.text
+
+
+def test_a_directory_checkpoint_is_loaded_only_while_its_tree_is_as_saved(setup):
+    def write(staging: str) -> None:
+        os.mkdir(os.path.join(staging, "optim"))
+        Path(staging, "model.pt").write_bytes(b"weights")
+        Path(staging, "optim", "state.pt").write_bytes(b"moments")
+
+    requested = str(setup.target / "step-10")
+    setup.mark_target(readonly=True)
+    result = fsprobe.save_dir(
+        requested, write, fallback_dirs=[setup.fallback], state_dir=str(setup.state)
+    )
+    assert result.redirected
+    assert manifest.newest_copy(requested, [str(setup.fallback)]) == result.path
+    Path(result.path, "optim", "extra.pt").write_bytes(b"not saved with it")
     assert manifest.newest_copy(requested, [str(setup.fallback)]) == requested
 
 
@@ -347,7 +383,7 @@ def test_a_full_fallback_is_given_up_for_the_next_one(tmpfs, tmp_path):
         backoff=no_sleep(),
     )
     assert result.errors == ("ENOSPC", "ENOSPC") and result.attempts == 3
-    assert result.path == str(second) + str(target.path / "model.pt")
+    assert result.path == str(area(second)) + str(target.path / "model.pt")
     assert os.listdir(target.path) == [] and os.listdir(first.path) == []  # nothing left over
     assert manifest_lines(second)[0]["actual"] == result.path
 
@@ -395,3 +431,69 @@ def test_a_checkpoint_saved_during_the_copy_back_is_not_overwritten(faultfs, tmp
     assert_same_state(torch.load(setup.target / "model.pt"), newer)
     assert os.path.exists(result.path)
     assert sorted(os.listdir(setup.target)) == ["model.pt"]
+
+
+_TRAINER = """
+import sys, fsprobe
+fsprobe.atomic_write(sys.argv[1], lambda stream: stream.write(b"epoch 9, saved during the sync"))
+"""
+
+
+def _scenario(faultfs, tmp_path, name: str) -> Setup:
+    """A target on the fault filesystem holding epoch 1, and epoch 2 waiting in a fallback."""
+    (tmp_path / name).mkdir()
+    setup = Setup(tmp_path / name)
+    setup.target = faultfs.mountpoint / name
+    setup.target.mkdir()
+    fsprobe.atomic_write(setup.target / "model.pt", lambda stream: stream.write(b"epoch 1"))
+    time.sleep(0.01)
+    setup.save_redirected({"epoch": 2})
+    return setup
+
+
+def _sync_in_thread(setup: Setup, outcomes: list) -> threading.Thread:
+    syncing = threading.Thread(
+        target=lambda: outcomes.extend(sync.sync([str(setup.fallback)], state_dir=str(setup.state)))
+    )
+    syncing.start()
+    return syncing
+
+
+def test_a_save_that_lands_during_any_fsync_of_the_copy_back_is_never_overwritten(
+    faultfs, tmp_path
+):
+    """The check that the original is older must hold at the publish, not only before the copy.
+
+    The copy back is slow (its fsync is held by the filesystem); a trainer that saves the same
+    checkpoint meanwhile must keep its newer file, whichever of the copy's fsyncs it lands in.
+    """
+    copy_fsyncs = f"*~{os.getpid()}~*~model.pt.tmp"  # the sync's temp files, not the trainer's
+    setup = _scenario(faultfs, tmp_path, "counting")
+    counting = faultfs.ctl.delay("fsync", 0.001, path=copy_fsyncs)
+    assert [o.action for o in sync.sync([str(setup.fallback)], state_dir=str(setup.state))] == [
+        "synced"
+    ]
+    fsyncs = faultfs.ctl.rule(counting)["seen"]
+    faultfs.ctl.remove(counting)
+    assert fsyncs >= 1
+
+    for held in range(fsyncs):
+        setup = _scenario(faultfs, tmp_path, f"held{held}")
+        rule = faultfs.ctl.block("fsync", path=copy_fsyncs, after=held, times=1)
+        outcomes: list = []
+        syncing = _sync_in_thread(setup, outcomes)
+        try:
+            faultfs.ctl.wait_blocked(rule, timeout=30)
+            subprocess.run(
+                [sys.executable, "-c", _TRAINER, str(setup.target / "model.pt")],
+                cwd=REPO,
+                check=True,
+                timeout=120,
+            )
+        finally:
+            faultfs.ctl.remove(rule)
+            syncing.join(60)
+        assert [o.action for o in outcomes] == ["superseded"], (held, outcomes)
+        assert (setup.target / "model.pt").read_bytes() == b"epoch 9, saved during the sync"
+        assert [n for n in os.listdir(setup.target) if parse_temp_name(n)] == []
+        assert len(manifest.pending([str(setup.fallback)])) == 1  # the copy waits, untouched

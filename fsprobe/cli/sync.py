@@ -58,6 +58,12 @@ def exit_status(outcomes: list[SyncOutcome]) -> int:
     is_flag=True,
     help="Remove redirected copies whose original is newer (kept by default).",
 )
+@click.option(
+    "--under",
+    metavar="DIR",
+    type=click.Path(file_okay=False, path_type=str),
+    help="Only the checkpoints meant for DIR or below it.",
+)
 @click.option("--state-dir", metavar="DIR", help="Where the daemon's state file is.")
 @click.option(
     "--timeout",
@@ -72,6 +78,7 @@ def sync(
     fallback_dirs: tuple[str, ...],
     dry_run: bool,
     prune_superseded: bool,
+    under: str | None,
     state_dir: str | None,
     timeout: float,
     as_json: bool,
@@ -101,6 +108,7 @@ def sync(
         prune_superseded=prune_superseded,
         state_dir=state_dir,
         timeout=timeout,
+        under=under,
     )
     if as_json:
         document = {

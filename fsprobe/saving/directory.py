@@ -53,6 +53,7 @@ from fsprobe.saving.tree import (
     opened,
     remove_tree,
     sync_tree,
+    tree_digest,
 )
 
 log = logging.getLogger("fsprobe.save")
@@ -256,14 +257,6 @@ def clean_directory(directory: str) -> None:
     """Before the first attempt into `directory`: the leftovers of crashed saves, files and dirs."""
     remove_stale_temps(directory)
     remove_stale_staging(directory)
-
-
-def tree_digest(files: dict[str, str]) -> str:
-    """One sha256 for a whole directory: of its files' relative paths and sha256s, sorted."""
-    import hashlib
-
-    listing = "".join(f"{name}\0{digest}\n" for name, digest in sorted(files.items()))
-    return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def record_redirect(fallback: str, attempts: Attempts, size: int) -> None:

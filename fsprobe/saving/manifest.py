@@ -1,13 +1,17 @@
-"""The manifest of a fallback directory: one JSON line per redirected checkpoint.
+"""The manifest of a user's area in a fallback directory: one JSON line per redirected save.
 
-Every redirected save appends one line to ``<fallback>/.fsprobe-redirects.jsonl``:
+Every redirected save appends one line to ``<fallback>/uid-<uid>/.fsprobe-redirects.jsonl``:
 ``requested``, ``actual``, ``bytes``, ``sha256``, ``time``, ``host``, ``pid``. A line is written
-with a single ``write`` on an ``O_APPEND`` descriptor and fsynced, so concurrent savers never
-interleave and a crash leaves either the whole line or none.
+with a single ``write`` on an ``O_APPEND`` descriptor under an exclusive lock and fsynced, so
+concurrent savers never interleave and a crash leaves either the whole line or none.
 
-The manifest decides what `fsprobe sync` copies where, so it is trusted like the state file: a
-regular file, not writable by group or others, owned by the user running `sync` (root may read
-anyone's, for counting).
+The manifest decides what `fsprobe sync` copies where and what a resume loads, so it is
+trusted only as far as it is provably its user's (`fsprobe.owned`): a regular file (never
+opened through a symlink, never waited on as a FIFO), owned by the area's user, writable by
+nobody else, in an area that is the user's. And a line can only ever speak for that area: its
+``actual`` must be exactly the mirrored path of its ``requested`` in the area, so no line can
+point anywhere else, whatever it says. A copy is handed out to load only if it is the user's
+regular file and its sha256 is still the one recorded.
 """
 
 from __future__ import annotations
@@ -21,37 +25,67 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Any
 
-from fsprobe.atomic import fsync_directory, hostname, open_exclusive, temp_name
+from fsprobe.atomic import TempFile, hostname, temp_name
+from fsprobe.owned import NotTrusted, check_owned, components, open_file, walk
 from fsprobe.paths import is_under
-from fsprobe.saving.fallback import remove_mirrored_dirs
+from fsprobe.saving.fallback import (
+    AREA_NAME,
+    Area,
+    mirrored,
+    own_area,
+    remove_area_if_empty,
+    remove_empty_parents,
+)
+from fsprobe.saving.tree import digest_tree, measure_tree, remove_tree, tree_digest
 
 log = logging.getLogger("fsprobe.redirect")
 
 MANIFEST = ".fsprobe-redirects.jsonl"
 READ_CHUNK = 4 * 1024 * 1024
-#: Manifest lines are appended as one write each; a line is a few hundred bytes.
-_MANIFEST_MODE = 0o644
+#: A line is a few hundred bytes: this is some 200,000 redirected saves, never a real manifest.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+#: Readable by its user only: nobody else can hold its lock (and so block a save).
+_MANIFEST_MODE = 0o600
+#: Opening a directory checkpoint's copy: never through a symlink.
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: How long a save waits for the manifest's lock (held by its user's other savers and syncs).
+LOCK_TIMEOUT = 30.0
+_LOCK_POLL = 0.05
 
 
-def sha256_of(path: str) -> str:
+def sha256_of_fd(fd: int) -> str:
+    """The sha256 of everything an open file holds, read from its start."""
     # Imported here: hashlib loads OpenSSL (several MiB), and this module is imported by every
-    # preflight, also in the probe worker, while only a redirect or a sync ever hashes.
+    # preflight, also in the probe worker, while only a redirect, a sync or a resume hashes.
     import hashlib
 
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as stream:
-        while chunk := stream.read(READ_CHUNK):
-            digest.update(chunk)
+    offset = 0
+    while chunk := os.pread(fd, READ_CHUNK, offset):
+        digest.update(chunk)
+        offset += len(chunk)
     return digest.hexdigest()
+
+
+def sha256_of(path: str) -> str:
+    """The sha256 of the regular file at `path` (never through a symlink, never a FIFO)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotTrusted(f"{path} is not a regular file")
+        return sha256_of_fd(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One redirected save, as one line of a manifest says it."""
+    """One redirected save, as one line of a manifest in `area` says it."""
 
-    fallback: str
+    area: Area
     requested: str
     actual: str
     bytes: int
@@ -60,19 +94,39 @@ class Entry:
     host: str = ""
     pid: int = 0
 
+    @property
+    def fallback(self) -> str:
+        return self.area.fallback
+
     def to_line(self) -> bytes:
-        fields = asdict(self)
-        del fields["fallback"]  # implied by where the manifest is
+        fields = {
+            "requested": self.requested,
+            "actual": self.actual,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "time": self.time,
+            "host": self.host,
+            "pid": self.pid,
+        }
         return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The entry for people and scripts: the line's fields, its fallback and its owner."""
+        where = {"fallback": self.fallback, "area": self.area.path, "owner": self.area.owner}
+        return {**where, **json.loads(self.to_line())}
+
     @classmethod
-    def from_line(cls, fallback: str, line: bytes) -> Entry:
+    def from_line(cls, area: Area, line: bytes) -> Entry:
         """Parse one line; ValueError (or a subclass) when it is not an entry."""
-        fields = json.loads(line)
+        return cls.from_fields(area, json.loads(line))
+
+    @classmethod
+    def from_fields(cls, area: Area, fields: object) -> Entry:
+        """The entry these JSON fields describe; ValueError, KeyError or TypeError if none."""
         if not isinstance(fields, dict):
             raise ValueError("not a JSON object")
         return cls(
-            fallback=fallback,
+            area=area,
             requested=str(fields["requested"]),
             actual=str(fields["actual"]),
             bytes=int(fields["bytes"]),
@@ -82,10 +136,26 @@ class Entry:
             pid=int(fields.get("pid", 0)),
         )
 
+    def names(self) -> list[str]:
+        """The names leading from the area to the copy; NotTrusted unless the line is sound.
+
+        Sound means: `requested` is absolute and normalised, and `actual` is exactly its
+        mirrored path in this area. Nothing else a line says is ever used as a path.
+        """
+        if not os.path.isabs(self.requested) or os.path.normpath(self.requested) != (
+            self.requested
+        ):
+            raise NotTrusted(f"{self.requested!r} is not an absolute, normalised path")
+        expected = os.path.join(self.area.path, mirrored(self.requested))
+        if self.actual != expected:
+            raise NotTrusted(f"{self.actual} is not where {self.requested} is kept ({expected})")
+        return components(mirrored(self.requested))
+
 
 def new_entry(fallback: str, requested: str, actual: str, nbytes: int, sha256: str) -> Entry:
+    """The entry of a save of `requested` that this user redirected to `actual` in `fallback`."""
     return Entry(
-        fallback=os.path.abspath(fallback),
+        area=own_area(fallback),
         requested=os.path.abspath(requested),
         actual=actual,
         bytes=nbytes,
@@ -96,30 +166,93 @@ def new_entry(fallback: str, requested: str, actual: str, nbytes: int, sha256: s
     )
 
 
-def manifest_path(fallback: str) -> str:
-    return os.path.join(os.path.abspath(fallback), MANIFEST)
+def areas(fallback: str) -> list[Area]:
+    """Every user's area in `fallback`, found by name (opening one proves whose it is).
+
+    A manifest directly in the fallback directory, as fsprobe wrote them before areas
+    existed, counts as an area of the manifest's owner.
+    """
+    fallback = os.path.abspath(fallback)
+    found = []
+    with os.scandir(fallback) as listing:
+        for item in listing:
+            match = AREA_NAME.match(item.name)
+            if match is not None:
+                found.append(Area(fallback, item.path, int(match["uid"])))
+            elif item.name == MANIFEST:
+                with contextlib.suppress(OSError):
+                    owner = item.stat(follow_symlinks=False).st_uid
+                    found.append(Area(fallback, fallback, owner))
+    return sorted(found, key=lambda area: (area.owner, area.legacy))
+
+
+def own_areas(fallback: str) -> list[Area]:
+    """This user's areas in `fallback`: theirs, and a legacy manifest of theirs."""
+    uid = os.geteuid()
+    try:
+        found = [area for area in areas(fallback) if area.owner == uid]
+    except FileNotFoundError:
+        return []
+    mine = own_area(fallback)
+    return found if mine in found else [mine, *found]
+
+
+def _open_manifest(area_fd: int, area: Area, flags: int) -> int:
+    return open_file(area_fd, MANIFEST, flags, area.owner, mode=_MANIFEST_MODE, where=area.path)
+
+
+def _lock(fd: int, path: str, timeout: float) -> None:
+    """Take the manifest's exclusive lock, waiting at most `timeout`; ETIMEDOUT past it.
+
+    Filesystems without `flock` (Lustre mounted with ``noflock``) go on unlocked, with a
+    warning once: concurrent rewrites are then not serialised, appends still are by O_APPEND.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(
+                    errno.ETIMEDOUT, f"the manifest stayed locked for {timeout:g} s", path
+                ) from None
+            time.sleep(_LOCK_POLL)
+        except OSError as error:
+            if error.errno not in _LOCK_UNSUPPORTED:
+                raise
+            if path not in _warned_unlocked:
+                _warned_unlocked.add(path)
+                log.warning(
+                    "cannot lock %s (%s): concurrent updates are not serialised", path, error
+                )
+            return
+
+
+_LOCK_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+_warned_unlocked: set[str] = set()
 
 
 @contextlib.contextmanager
-def _locked_manifest(fallback: str, create: bool) -> Iterator[int | None]:
+def _locked_manifest(area_fd: int, area: Area, create: bool) -> Iterator[int | None]:
     """The manifest opened for appending and exclusively locked; None if absent and not created.
 
-    The rewrite in `sync` replaces the file, so a lock taken on the old inode would protect
-    nothing: after locking, the descriptor must still be the file at the path, else retry.
-    Filesystems without `flock` (Lustre mounted without it) go on unlocked, with a warning once.
+    `rewrite` replaces the file, so a lock taken on the old inode would protect nothing: after
+    locking, the descriptor must still be the file of that name, else take the new one.
     """
-    path = manifest_path(fallback)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    path = os.path.join(area.path, MANIFEST)
+    flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
     while True:
         try:
-            fd = os.open(path, flags, _MANIFEST_MODE)
+            fd = _open_manifest(area_fd, area, flags)
         except FileNotFoundError:
             yield None
             return
         try:
-            _lock(fd, path)
+            _lock(fd, path, LOCK_TIMEOUT)
             try:
-                same = os.path.samestat(os.fstat(fd), os.lstat(path))
+                named = os.stat(MANIFEST, dir_fd=area_fd, follow_symlinks=False)
+                same = os.path.samestat(os.fstat(fd), named)
             except FileNotFoundError:
                 same = False
             if same:
@@ -129,106 +262,86 @@ def _locked_manifest(fallback: str, create: bool) -> Iterator[int | None]:
             os.close(fd)  # releases the lock
 
 
-_LOCK_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
-
-
-_warned_unlocked: set[str] = set()
-
-
-def _lock(fd: int, path: str) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as error:
-        if error.errno not in _LOCK_UNSUPPORTED:
-            raise
-        if path not in _warned_unlocked:
-            _warned_unlocked.add(path)
-            log.warning("cannot lock %s (%s): concurrent updates are not serialised", path, error)
-
-
 def record(entry: Entry) -> None:
-    """Append `entry` to its fallback's manifest: one write of one line, then fsync."""
+    """Append `entry` to its area's manifest: one write of one line, then fsync."""
     line = entry.to_line()
-    with _locked_manifest(entry.fallback, create=True) as fd:
-        if fd is None:  # only possible without create; keeps the type checker honest
-            raise FileNotFoundError(
-                errno.ENOENT, "manifest vanished", manifest_path(entry.fallback)
-            )
-        written = os.write(fd, line)
-        if written != len(line):
-            raise OSError(errno.EIO, f"short append to {manifest_path(entry.fallback)}")
-        os.fsync(fd)
-
-
-class UntrustedManifest(Exception):
-    """The manifest could have been written by someone else; acting on it is refused."""
-
-
-def _check_manifest(info: os.stat_result, path: str) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        raise UntrustedManifest(f"{path} is not a regular file")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UntrustedManifest(f"{path} is writable by group or others")
-    if info.st_uid != os.geteuid() and os.geteuid() != 0:
-        raise UntrustedManifest(f"{path} belongs to uid {info.st_uid}, not to you")
-
-
-def read_manifest(fallback: str) -> list[Entry]:
-    """Every entry of a fallback's manifest, in the order written; [] when there is none.
-
-    Raises `UntrustedManifest`. A line that cannot be parsed (a torn write on a filesystem
-    that broke O_APPEND) is skipped with a warning, never guessed at.
-    """
-    path = manifest_path(fallback)
+    area_fd = entry.area.open(create=True)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with _locked_manifest(area_fd, entry.area, create=True) as fd:
+            if fd is None:  # only possible without create; keeps the type checker honest
+                raise FileNotFoundError(errno.ENOENT, "manifest vanished", entry.area.path)
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.EIO, f"short append to the manifest in {entry.area.path}")
+            os.fsync(fd)
+    finally:
+        os.close(area_fd)
+
+
+def _read(area_fd: int, area: Area) -> list[Entry]:
+    path = os.path.join(area.path, MANIFEST)
+    try:
+        fd = _open_manifest(area_fd, area, os.O_RDONLY)
     except FileNotFoundError:
         return []
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise UntrustedManifest(f"{path} is a symbolic link") from error
-        raise
     with os.fdopen(fd, "rb") as stream:
-        _check_manifest(os.fstat(stream.fileno()), path)
-        lines = stream.read().splitlines()
+        data = stream.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise NotTrusted(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; not reading it")
     entries = []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            entries.append(Entry.from_line(os.path.abspath(fallback), line))
+            entries.append(Entry.from_line(area, line))
         except (ValueError, KeyError, TypeError) as error:
             log.warning("%s line %d is not a redirect entry (%s); ignored", path, number, error)
     return entries
 
 
-def rewrite(fallback: str, remove: set[Entry]) -> None:
-    """Drop `remove` from the manifest, atomically; unlink the manifest once it is empty.
+def read_manifest(area: Area) -> list[Entry]:
+    """Every entry of an area's manifest, in the order written; [] when there is none.
+
+    Raises `NotTrusted` for a manifest or area that is not provably the area's user's. A
+    line that cannot be parsed (a torn write on a filesystem that broke O_APPEND) is skipped
+    with a warning, never guessed at.
+    """
+    try:
+        area_fd = area.open()
+    except FileNotFoundError:
+        return []
+    try:
+        return _read(area_fd, area)
+    finally:
+        os.close(area_fd)
+
+
+def rewrite(area: Area, remove: set[Entry]) -> None:
+    """Drop `remove` from the area's manifest, atomically; unlink the manifest once empty.
 
     Re-read under the lock, so that lines appended by a saver since `sync` read the manifest
     are kept.
     """
-    path = manifest_path(fallback)
-    with _locked_manifest(fallback, create=False) as fd:
-        if fd is None:
-            return
-        kept = [entry for entry in read_manifest(fallback) if entry not in remove]
-        if not kept:
-            os.unlink(path)
-            return
-        temporary = os.path.join(os.path.dirname(path), temp_name(MANIFEST))
-        out = open_exclusive(temporary, _MANIFEST_MODE)
-        try:
-            with os.fdopen(out, "wb") as stream:
-                stream.write(b"".join(entry.to_line() for entry in kept))
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
-        fsync_directory(os.path.dirname(path))
+    area_fd = area.open()
+    try:
+        with _locked_manifest(area_fd, area, create=False) as fd:
+            if fd is None:
+                return
+            kept = [entry for entry in _read(area_fd, area) if entry not in remove]
+            if not kept:
+                os.unlink(MANIFEST, dir_fd=area_fd)
+                with contextlib.suppress(OSError):  # copies still there, or a save began
+                    remove_area_if_empty(area)
+            else:
+                with TempFile(area_fd, temp_name(MANIFEST), _MANIFEST_MODE) as temporary:
+                    with os.fdopen(os.dup(temporary.fd), "wb") as stream:
+                        stream.write(b"".join(entry.to_line() for entry in kept))
+                        stream.flush()
+                        os.fsync(stream.fileno())
+                    temporary.rename(MANIFEST)
+            os.fsync(area_fd)
+    finally:
+        os.close(area_fd)
 
 
 def latest_per_file(entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
@@ -240,48 +353,163 @@ def latest_per_file(entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
     return live, [entry for entry in entries if latest[entry.actual] is not entry]
 
 
-def pending(fallback_dirs: Iterable[str]) -> list[Entry]:
-    """The redirected checkpoints not yet copied back, newest first.
+class OpenCopy:
+    """An entry's copy, opened through its user's own directories as that user's own.
+
+    Every directory from the area down is walked without following symlinks and must belong to
+    the area's user and be writable by nobody else; the copy must be that user's regular file
+    (opened without blocking) or, for a directory checkpoint, that user's directory. Raises
+    FileNotFoundError when it is gone, `NotTrusted` when it is not provably the user's. `fd`
+    is open for reading; `directory` holds it as `name`.
+    """
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+        *directories, self.name = entry.names()
+        owner, where = entry.area.owner, entry.area.path
+        area_fd = entry.area.open()
+        try:
+            self.directory = walk(area_fd, directories, owner, where=where)
+        finally:
+            os.close(area_fd)
+        try:
+            self.fd, self.is_directory = self._open(owner)
+        except BaseException:
+            os.close(self.directory)
+            raise
+
+    def _open(self, owner: int) -> tuple[int, bool]:
+        what = self.entry.actual
+        try:
+            return open_file(self.directory, self.name, os.O_RDONLY, owner, private=False), False
+        except NotTrusted:
+            info = os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode):
+                raise
+        fd = os.open(self.name, _DIRECTORY_FLAGS, dir_fd=self.directory)
+        try:
+            check_owned(os.fstat(fd), owner, what, private=False)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, True
+
+    def digest(self) -> str:
+        """The sha256 as a manifest records it: of the file, or of the directory's tree."""
+        if self.is_directory:
+            return tree_digest(digest_tree(self.fd))
+        return sha256_of_fd(self.fd)
+
+    def size(self) -> int:
+        if self.is_directory:
+            return measure_tree(self.fd).bytes
+        return os.fstat(self.fd).st_size
+
+    def remove(self) -> bool:
+        """Remove the copy if its name still is what was opened; tidy up the empty directories."""
+        named = os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)
+        if not os.path.samestat(os.fstat(self.fd), named):
+            return False
+        if self.is_directory:
+            if not remove_tree(self.directory, self.name):
+                return False
+        else:
+            os.unlink(self.name, dir_fd=self.directory)
+        with contextlib.suppress(OSError):
+            remove_empty_parents(self.entry.area, self.entry.names())
+        return True
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.directory)
+
+    def __enter__(self) -> OpenCopy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def pending(fallback_dirs: Iterable[str], mine: bool = False) -> list[Entry]:
+    """The redirected checkpoints not yet copied back, newest first (only this user's if `mine`).
 
     Untrusted manifests are skipped with a warning. An entry replaced by a later save to the
     same fallback file is not pending (its bytes are gone).
     """
     entries: list[Entry] = []
-    for fallback in fallback_dirs:
+    for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
         try:
-            entries += latest_per_file(read_manifest(fallback))[0]
-        except (UntrustedManifest, OSError) as error:
-            log.warning("skipping the redirect manifest in %s: %s", fallback, error)
+            found = own_areas(fallback) if mine else areas(fallback)
+        except OSError as error:
+            log.warning("cannot list the fallback directory %s: %s", fallback, error)
+            continue
+        for area in found:
+            try:
+                entries += latest_per_file(read_manifest(area))[0]
+            except OSError as error:
+                log.warning("skipping the redirect manifest in %s: %s", area.path, error)
     return sorted(entries, key=lambda entry: entry.time, reverse=True)
 
 
 def pending_bytes(fallback_dirs: Iterable[str], under: str) -> int:
-    """Bytes of redirected checkpoints waiting to go back to `under` (a target directory)."""
-    return sum(entry.bytes for entry in pending(fallback_dirs) if is_under(entry.requested, under))
+    """Bytes of redirected checkpoints waiting to go back to `under` (a target directory).
+
+    What is counted is the size of each copy that is really there and provably its user's,
+    not what a manifest line claims.
+    """
+    total = 0
+    for entry in pending(fallback_dirs):
+        if not is_under(entry.requested, under):
+            continue
+        try:
+            with OpenCopy(entry) as copy:
+                total += copy.size()
+        except OSError as error:
+            log.debug("not counting %s: %s", entry.actual, error)
+    return total
 
 
 def newest_copy(requested: str, fallback_dirs: Iterable[str]) -> str:
     """The path holding the newest checkpoint saved as `requested`: itself or a redirected copy.
 
     What a trainer resuming from `requested` should load: a save that was redirected after the
-    original was last written is newer than the original (which may not even exist).
+    original was last written is newer than the original (which may not even exist). A copy is
+    returned only if it is this user's own (a regular file, or a directory checkpoint), reached
+    through this user's own directories, and still has the sha256 recorded when it was saved:
+    a file someone swapped in, or one that rotted, is passed over with a warning. Nobody but
+    this user (and root) can change the copy at that path afterwards.
     """
     requested = os.path.abspath(requested)
     try:
         original_mtime: float | None = os.stat(requested).st_mtime
     except FileNotFoundError:
         original_mtime = None
-    for entry in pending(fallback_dirs):  # newest first
-        if entry.requested != requested or not os.path.exists(entry.actual):
+    for entry in pending(fallback_dirs, mine=True):  # newest first
+        if entry.requested != requested:
             continue
-        if original_mtime is None or original_mtime < entry.time:
+        if original_mtime is not None and original_mtime >= entry.time:
+            break
+        try:
+            with OpenCopy(entry) as copy:
+                digest = copy.digest()
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            log.warning("not loading the redirected copy %s: %s", entry.actual, error)
+            continue
+        if digest == entry.sha256:
             return entry.actual
-        break
+        log.warning(
+            "not loading the redirected copy %s: its sha256 is %s, the manifest says %s",
+            entry.actual,
+            digest,
+            entry.sha256,
+        )
     return requested
 
 
 def forget(requested: str, fallback_dirs: Iterable[str]) -> list[str]:
-    """Remove the redirected copies of `requested` and their manifest entries (it was deleted).
+    """Remove this user's redirected copies of `requested` and their entries (it was deleted).
 
     A trainer that deletes an old checkpoint (Lightning's top-k) deletes its redirected copy
     too, or `sync` would bring it back later. Returns the fallback files removed.
@@ -289,24 +517,21 @@ def forget(requested: str, fallback_dirs: Iterable[str]) -> list[str]:
     requested = os.path.abspath(requested)
     removed = []
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
-        try:
-            entries = [e for e in read_manifest(fallback) if e.requested == requested]
-        except (UntrustedManifest, OSError) as error:
-            log.warning("skipping the redirect manifest in %s: %s", fallback, error)
-            continue
-        for entry in entries:
+        for area in own_areas(fallback):
             try:
-                info = os.lstat(entry.actual)
-            except FileNotFoundError:
+                entries = [e for e in read_manifest(area) if e.requested == requested]
+            except OSError as error:
+                log.warning("skipping the redirect manifest in %s: %s", area.path, error)
                 continue
-            if (
-                is_under(entry.actual, fallback)
-                and stat.S_ISREG(info.st_mode)
-                and info.st_uid == os.geteuid()
-            ):
-                os.unlink(entry.actual)
-                remove_mirrored_dirs(fallback, entry.actual)
-                removed.append(entry.actual)
-        if entries:
-            rewrite(fallback, set(entries))
+            for entry in entries:
+                try:
+                    with OpenCopy(entry) as copy:
+                        if copy.remove():
+                            removed.append(entry.actual)
+                except FileNotFoundError:
+                    continue
+                except OSError as error:
+                    log.warning("not removing %s: %s", entry.actual, error)
+            if entries:
+                rewrite(area, set(entries))
     return removed

@@ -1,34 +1,53 @@
 """`fsprobe sync`: copy redirected checkpoints back once their target can take them again.
 
-`sync` copies a pending checkpoint back (checksum verified on the copy before it is renamed
-into place), removes the fallback copy and rewrites the manifest without the entry. It never
-overwrites a checkpoint at the original path that is newer than the redirected one, and only
-copies a fallback file that is inside that fallback directory and owned by the user running it.
+Who acts on what, as whom: `sync` acts on its own user's area of each fallback directory only
+(`fsprobe.saving.fallback`), through what that user's manifest says and nothing else. Run as
+root, it syncs root's own area itself and every other user's area *as that user*, by running
+``fsprobe sync`` with the user's identity (`fsprobe.saving.delegate`): root never copies,
+writes or deletes anything of a user's with root's rights.
+
+One entry goes back like this:
+
+1. the line is sound: its copy is the mirrored path of its ``requested`` in the area;
+2. the copy is opened through the user's own directories, as the user's own regular file;
+3. the target is judged (the bounded preflight: it may be the hung mount) and must take it;
+4. the checkpoint at the original path is looked at: one newer than the redirected save is
+   kept (``superseded``; with ``--prune-superseded`` the copy is removed instead);
+5. the copy is written to a locked temp file beside the original, fsynced, and read back:
+   its sha256 must be the one recorded at the save;
+6. it replaces the original only if the original is still the one seen in step 4
+   (`fsprobe.atomic.TempFile.replace_if_unchanged`): a trainer save that lands while the copy
+   was being made is never overwritten, however slow the copy was;
+7. the directory is fsynced, then the fallback copy and its entry are removed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
+from fsprobe.atomic import TempFile, temp_name
+from fsprobe.errors import name_of
+from fsprobe.owned import NotTrusted
 from fsprobe.paths import is_under
-from fsprobe.saving.fallback import remove_mirrored_dirs
-from fsprobe.saving.file import atomic_write
+from fsprobe.saving import delegate
+from fsprobe.saving.fallback import Area, area_name
 from fsprobe.saving.manifest import (
     READ_CHUNK,
     Entry,
-    UntrustedManifest,
+    OpenCopy,
+    areas,
     latest_per_file,
+    own_areas,
     read_manifest,
     rewrite,
-    sha256_of,
+    sha256_of_fd,
 )
 from fsprobe.saving.preflight import preflight
-from fsprobe.saving.retry import SaveError
+from fsprobe.state import default_state_dir
 
 log = logging.getLogger("fsprobe.redirect")
 
@@ -39,6 +58,11 @@ Readiness = Callable[[Entry], Optional[str]]
 
 #: Outcomes after which the entry leaves the manifest.
 _DONE = frozenset({"synced", "pruned", "replaced", "missing"})
+_ACTIONS = frozenset(
+    {"would_sync", "waiting", "superseded", "checksum_mismatch", "skipped", "failed", *_DONE}
+)
+#: How long root waits for a run as another user (copying gigabytes back is slow, not hung).
+DELEGATE_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -48,8 +72,8 @@ class SyncOutcome:
     ``synced``, ``would_sync`` (dry run), ``waiting`` (the target cannot take it yet),
     ``superseded`` (a newer checkpoint is at the original path; both kept), ``pruned``
     (superseded, and the copy removed), ``replaced`` (a later save overwrote that fallback file),
-    ``missing`` (the fallback file is gone), ``checksum_mismatch``, ``skipped`` (not ours to
-    touch), ``failed`` (the copy failed).
+    ``missing`` (the fallback file is gone), ``checksum_mismatch``, ``skipped`` (not provably
+    the user's to touch), ``failed`` (the copy failed).
     """
 
     entry: Entry
@@ -62,53 +86,72 @@ class SyncOutcome:
         return self.action in _DONE
 
     def to_dict(self) -> dict[str, Any]:
-        fields = asdict(self.entry)
-        return {**fields, "action": self.action, "message": self.message}
+        return {**self.entry.to_dict(), "action": self.action, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, fields: Any, fallback: str, owner: int) -> SyncOutcome:
+        """An outcome that a run as `owner` reported; ValueError (or Key-, TypeError) if none.
+
+        Only root reads these, and only to report them: the run is the user's own process, so
+        an outcome can speak for that user's area of `fallback` and for nothing else.
+        """
+        area = {area.path: area for area in _candidate_areas(fallback, owner)}[fields["area"]]
+        action = str(fields["action"])
+        if action not in _ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+        return cls(Entry.from_fields(area, fields), action, str(fields["message"]))
 
 
-class ChecksumMismatch(Exception):
-    """The copy does not have the bytes the manifest recorded; it is not renamed into place."""
+def _candidate_areas(fallback: str, owner: int) -> tuple[Area, Area]:
+    """The areas a user can have in `fallback`: theirs, and a legacy manifest of theirs."""
+    return (
+        Area(fallback, os.path.join(fallback, area_name(owner)), owner),
+        Area(fallback, fallback, owner),
+    )
 
 
-class Superseded(Exception):
-    """A newer checkpoint appeared at the original path while the copy was being made."""
-
-
-def _is_superseded(entry: Entry) -> bool:
-    """Whether the original path holds a checkpoint written after the redirected one."""
+def _stat_or_none(name: str, dir_fd: int) -> os.stat_result | None:
     try:
-        return os.stat(entry.requested).st_mtime > entry.time
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        return False
+        return None
 
 
-def _copy_verified(entry: Entry):
-    """A write callback for `atomic_write`: copy the fallback file back, verify, re-check.
+def _copy_back(copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result | None) -> str:
+    """Steps 5 and 6: the verified copy beside the original, then its conditional publish.
 
-    The copy is verified by re-reading it; and since copying gigabytes takes a while, during
-    which the trainer may have saved a newer checkpoint to the original path, that is checked
-    again last, just before `atomic_write` renames the copy into place.
+    Returns ``synced``, ``superseded`` (the original changed meanwhile) or ``checksum_mismatch``.
     """
+    with TempFile(target_dir, temp_name(final), 0o600, readable=True) as temp:
+        os.fchmod(temp.fd, os.fstat(copy.fd).st_mode & 0o777)  # the checkpoint's own mode
+        offset = 0
+        while chunk := os.pread(copy.fd, READ_CHUNK, offset):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(temp.fd, view) :]
+            offset += len(chunk)
+        os.fsync(temp.fd)
+        if sha256_of_fd(temp.fd) != copy.entry.sha256:  # the copy, as it was written
+            return "checksum_mismatch"
+        if not temp.replace_if_unchanged(final, seen):
+            return "superseded"
+    os.fsync(target_dir)
+    return "synced"
 
-    def write(stream) -> None:
-        with open(entry.actual, "rb", buffering=0) as origin:
-            while chunk := origin.read(READ_CHUNK):
-                stream.write(chunk)
-        stream.flush()
-        os.fsync(stream.fileno())
-        copied = sha256_of(stream.name)
-        if copied != entry.sha256:
-            raise ChecksumMismatch(
-                f"the copy of {entry.actual} has sha256 {copied}, the manifest says {entry.sha256}"
-            )
-        if _is_superseded(entry):
-            raise Superseded(f"{entry.requested} was saved anew during the copy; kept it")
 
-    return write
+def _sync_one(entry: Entry, **options: Any) -> SyncOutcome:
+    try:
+        copy = OpenCopy(entry)
+    except FileNotFoundError:
+        return SyncOutcome(entry, "missing", f"{entry.actual} is gone; nothing to copy back")
+    except NotTrusted as error:
+        return SyncOutcome(entry, "skipped", f"{error}; not acting on it")
+    with copy:
+        return _sync_open(copy, **options)
 
 
-def _sync_one(
-    entry: Entry,
+def _sync_open(
+    copy: OpenCopy,
     *,
     dry_run: bool,
     prune_superseded: bool,
@@ -116,21 +159,13 @@ def _sync_one(
     timeout: float,
     ready: Readiness | None,
 ) -> SyncOutcome:
+    entry = copy.entry
+
     def outcome(action: str, message: str) -> SyncOutcome:
         return SyncOutcome(entry, action, message)
 
-    if not is_under(entry.actual, entry.fallback) or entry.actual == entry.fallback:
-        return outcome("skipped", f"{entry.actual} is outside its fallback {entry.fallback}")
-    try:
-        info = os.lstat(entry.actual)
-    except FileNotFoundError:
-        return outcome("missing", f"{entry.actual} is gone; nothing to copy back")
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-        return outcome(
-            "skipped",
-            f"{entry.actual} is not a regular file of yours (uid {info.st_uid}); "
-            "run fsprobe sync as its owner",
-        )
+    if copy.is_directory:
+        return outcome("skipped", f"{entry.actual} is a directory checkpoint: not synced back yet")
     # The target may be the hung mount: ask before touching it.
     if ready is None:
         decision = preflight(
@@ -146,37 +181,105 @@ def _sync_one(
         not_ready = ready(entry)
     if not_ready is not None:
         return outcome("waiting", f"{entry.requested} not ready: {not_ready}")
-    if _is_superseded(entry):
-        if not prune_superseded:
-            return outcome(
-                "superseded",
-                f"{entry.requested} is newer than the redirected copy; kept both "
-                "(--prune-superseded removes the copy)",
-            )
-        if dry_run:
-            return outcome("superseded", f"would remove {entry.actual}: the original is newer")
-        os.unlink(entry.actual)
-        remove_mirrored_dirs(entry.fallback, entry.actual)
-        return outcome("pruned", f"removed {entry.actual}: {entry.requested} is newer")
-    if dry_run:
-        return outcome("would_sync", f"would copy {entry.actual} back to {entry.requested}")
+    final = os.path.basename(entry.requested)
+    target_dir = os.open(
+        os.path.dirname(entry.requested), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    )
     try:
-        atomic_write(
-            entry.requested,
-            _copy_verified(entry),
-            attempts=3,
-            preflight=False,
-            redirect=False,
+        seen = _stat_or_none(final, target_dir)
+        if seen is not None and seen.st_mtime > entry.time:
+            if not prune_superseded:
+                return outcome(
+                    "superseded",
+                    f"{entry.requested} is newer than the redirected copy; kept both "
+                    "(--prune-superseded removes the copy)",
+                )
+            if dry_run:
+                return outcome("superseded", f"would remove {entry.actual}: the original is newer")
+            copy.remove()
+            return outcome("pruned", f"removed {entry.actual}: {entry.requested} is newer")
+        if dry_run:
+            return outcome("would_sync", f"would copy {entry.actual} back to {entry.requested}")
+        try:
+            action = _copy_back(copy, target_dir, final, seen)
+        except OSError as error:
+            return outcome(
+                "failed",
+                f"copying back to {entry.requested} failed: {error.strerror or error} "
+                f"({name_of(error)}); {entry.requested} left as it was",
+            )
+    finally:
+        os.close(target_dir)
+    if action == "checksum_mismatch":
+        return outcome(
+            "checksum_mismatch",
+            f"the copy of {entry.actual} does not have the sha256 the manifest recorded "
+            f"({entry.sha256}); {entry.requested} left as it was",
         )
-    except ChecksumMismatch as error:
-        return outcome("checksum_mismatch", f"{error}; {entry.requested} left as it was")
-    except Superseded as error:
-        return outcome("superseded", str(error))
-    except SaveError as error:
-        return outcome("failed", f"copying back to {entry.requested} failed: {error}")
-    os.unlink(entry.actual)
-    remove_mirrored_dirs(entry.fallback, entry.actual)
+    if action == "superseded":
+        return outcome("superseded", f"{entry.requested} was saved anew during the copy; kept it")
+    copy.remove()
     return outcome("synced", f"copied {entry.actual} back to {entry.requested} (sha256 verified)")
+
+
+def _sync_area(area: Area, under: str | None, **options: Any) -> list[SyncOutcome]:
+    try:
+        live, replaced = latest_per_file(read_manifest(area))
+    except OSError as error:
+        log.warning("skipping the redirect manifest in %s: %s", area.path, error)
+        return []
+    if under is not None:
+        live = [entry for entry in live if is_under(entry.requested, under)]
+        replaced = [entry for entry in replaced if is_under(entry.requested, under)]
+    outcomes = [
+        SyncOutcome(entry, "replaced", f"{entry.actual} was overwritten by a later save")
+        for entry in replaced
+    ]
+    for entry in sorted(live, key=lambda e: e.time, reverse=True):
+        try:
+            result = _sync_one(entry, **options)
+        except OSError as error:
+            result = SyncOutcome(entry, "failed", f"{entry.actual}: {error}")
+        log.log(
+            logging.WARNING if result.action in ("failed", "checksum_mismatch") else logging.INFO,
+            "sync %s: %s",
+            result.action,
+            result.message,
+        )
+        outcomes.append(result)
+    settled = {o.entry for o in outcomes if o.done}
+    if settled and not options["dry_run"]:
+        rewrite(area, settled)
+    return outcomes
+
+
+def _sync_as_owner(
+    fallback: str,
+    owner: int,
+    under: str | None,
+    *,
+    dry_run: bool,
+    prune_superseded: bool,
+    state_dir: str | None,
+    timeout: float,
+) -> list[SyncOutcome]:
+    """Root's part for another user's areas: ``fsprobe sync`` run as that user, its report read."""
+    arguments = ["sync", "--json", "--fallback-dir", fallback, "--timeout", str(timeout)]
+    arguments += ["--state-dir", state_dir or default_state_dir()]
+    arguments += ["--dry-run"] * dry_run + ["--prune-superseded"] * prune_superseded
+    if under is not None:
+        arguments += ["--under", under]
+    try:
+        report = delegate.run_as(owner, arguments, DELEGATE_TIMEOUT)
+        outcomes = [SyncOutcome.from_dict(fields, fallback, owner) for fields in report["entries"]]
+    except (delegate.DelegationFailed, KeyError, TypeError, ValueError) as error:
+        log.warning(
+            "could not sync the redirected checkpoints of uid %d in %s: %s", owner, fallback, error
+        )
+        return []
+    for outcome in outcomes:
+        log.info("sync as uid %d %s: %s", owner, outcome.action, outcome.message)
+    return outcomes
 
 
 def sync(
@@ -195,44 +298,29 @@ def sync(
     in place and is reported as superseded instead of overwriting it. Settled entries (synced,
     pruned, replaced, missing) leave the manifest; the rest stay for the next run. With `under`,
     only the checkpoints that were meant for that directory (or below it) are handled. `ready`
-    decides whether a target can take an entry now; without it, a bounded preflight does.
+    decides whether a target can take an entry now; without it, a bounded preflight does. As
+    root, every other user's area is synced by a run as that user, which asks its own preflight.
     """
+    options: dict[str, Any] = {
+        "dry_run": dry_run,
+        "prune_superseded": prune_superseded,
+        "state_dir": state_dir,
+        "timeout": timeout,
+    }
     outcomes: list[SyncOutcome] = []
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
-        try:
-            live, replaced = latest_per_file(read_manifest(fallback))
-        except (UntrustedManifest, OSError) as error:
-            log.warning("skipping the redirect manifest in %s: %s", fallback, error)
-            continue
-        if under is not None:
-            live = [entry for entry in live if is_under(entry.requested, under)]
-            replaced = [entry for entry in replaced if is_under(entry.requested, under)]
-        outcomes += [
-            SyncOutcome(entry, "replaced", f"{entry.actual} was overwritten by a later save")
-            for entry in replaced
-        ]
-        for entry in sorted(live, key=lambda e: e.time, reverse=True):
-            try:
-                result = _sync_one(
-                    entry,
-                    dry_run=dry_run,
-                    prune_superseded=prune_superseded,
-                    state_dir=state_dir,
-                    timeout=timeout,
-                    ready=ready,
-                )
-            except OSError as error:
-                result = SyncOutcome(entry, "failed", f"{entry.actual}: {error}")
-            log.log(
-                logging.WARNING
-                if result.action in ("failed", "checksum_mismatch")
-                else logging.INFO,
-                "sync %s: %s",
-                result.action,
-                result.message,
-            )
-            outcomes.append(result)
-        settled = {o.entry for o in outcomes if o.done and o.entry.fallback == fallback}
-        if settled and not dry_run:
-            rewrite(fallback, settled)
+        for area in own_areas(fallback):
+            outcomes += _sync_area(area, under, ready=ready, **options)
+        if os.geteuid() == 0:
+            others = {area.owner for area in _areas_or_none(fallback)} - {0}
+            for owner in sorted(others):
+                outcomes += _sync_as_owner(fallback, owner, under, **options)
     return outcomes
+
+
+def _areas_or_none(fallback: str) -> list[Area]:
+    try:
+        return areas(fallback)
+    except OSError as error:
+        log.warning("cannot list the fallback directory %s: %s", fallback, error)
+        return []

@@ -157,6 +157,14 @@ def digest_tree(root_fd: int) -> dict[str, str]:
     return digests
 
 
+def tree_digest(files: dict[str, str]) -> str:
+    """One sha256 for a whole directory: of its files' relative paths and sha256s, sorted."""
+    import hashlib
+
+    listing = "".join(f"{name}\0{digest}\n" for name, digest in sorted(files.items()))
+    return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def remove_tree(parent_fd: int, name: str) -> bool:
     """Remove `name` in `parent_fd` and all below it, if all of it belongs to this user.
 

@@ -103,10 +103,16 @@ def _explain(calls: Iterable[Call], message: str) -> NotDurable:
 
 
 def last_rename_onto(calls: list[Call], final: str) -> Call:
-    """The last successful rename whose destination is `final`."""
+    """The last successful rename whose destination is `final`.
+
+    A hard link onto `final` publishes a file just as a rename does (sync-back links its copy
+    in, because link(2) never replaces a newer save); it is returned as ``(source, final)``.
+    """
     for call in reversed(calls):
         if call.op == "rename" and call.ok and call.paths[1] == final:
             return call
+        if call.op == "link" and call.ok and call.paths[0] == final:
+            return Call(call.index, call.op, (call.paths[1], final), call.error)
     raise _explain(calls, f"nothing was renamed onto {final}")
 
 
