@@ -18,6 +18,7 @@ from fsprobe.state import (
 )
 from tests.support.capability import need_root
 from tests.support.state import daemon_view
+from tests.support.users import share
 
 NOBODY = 65534
 
@@ -89,6 +90,46 @@ def test_writing_into_a_directory_of_another_user_is_refused(tmp_path):
     with pytest.raises(UntrustedStateFile, match=f"belongs to uid {NOBODY}"):
         write(planted, {})
     assert not (planted / STATE_FILE).exists()
+
+
+def _read(state_dir: str) -> str:
+    """What an (unprivileged) reader makes of a state dir: "trusted" or why not."""
+    try:
+        StateReader(state_dir).read()
+    except UntrustedStateFile as error:
+        return str(error)
+    return "trusted"
+
+
+def _write(state_dir: str) -> str:
+    try:
+        write(Path(state_dir), {})
+    except UntrustedStateFile as error:
+        return str(error)
+    return "written"
+
+
+def test_a_reader_trusts_its_own_state_and_roots_and_nobody_elses(local_users, tmp_path):
+    """Run as real unprivileged users, where the kernel's permission checks apply."""
+    share(tmp_path)
+    alice, bob = local_users.user(), local_users.user()
+    shared = tmp_path / "tmp"  # like /tmp: everyone makes their own state dir there
+    shared.mkdir()
+    shared.chmod(0o1777)
+    roots, alices, bobs = shared / "root", shared / "alice", shared / "bob"
+    write(roots, {})
+    assert alice.run(_write, str(alices)) == "written"
+    assert bob.run(_write, str(bobs)) == "written"
+
+    assert alice.run(_read, str(alices)) == "trusted"
+    assert alice.run(_read, str(roots)) == "trusted"
+    assert f"belongs to uid {bob.uid}, not to you ({alice.uid}) or root" in alice.run(
+        _read, str(bobs)
+    )
+    os.chown(bobs / STATE_FILE, alice.uid, alice.gid)  # her file, in Bob's directory
+    assert "state directory" in alice.run(_read, str(bobs))
+    assert f"belongs to uid {bob.uid}" in alice.run(_write, str(bobs))
+    assert (bobs / STATE_FILE).stat().st_uid == alice.uid  # not replaced
 
 
 def test_a_symlink_in_place_of_the_file_is_refused(state_dir, tmp_path):
