@@ -215,3 +215,11 @@ def test_the_policy_reads_hard_reached_from_the_state(used, hard_reached):
     judged = quota_verdict(QuotaUsage(used, None, 20_000, None, state))
     assert (severity_of("quota_hard_reached", judged) is Status.UNHEALTHY) is hard_reached
     assert judged.headroom.bytes == 20_000 - used
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(0, None), (1, 1)])
+def test_a_zero_limit_is_no_limit_and_one_is_a_limit(limit, expected):
+    """lfs prints 0 for "no limit"; the smallest real limit, 1 inode, must stay one."""
+    cells = Usage(Amount(0), False, Amount(limit), Amount(limit), NO_TIMER)
+    usage = usage_from_cells(cells, NOW)
+    assert (usage.soft, usage.hard) == (expected, expected)
