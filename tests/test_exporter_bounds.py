@@ -17,6 +17,7 @@ from fsprobe.exporters import server as server_module
 from fsprobe.exporters.server import MAX_CONNECTIONS, MetricsServer
 from fsprobe.exporters.webconfig import WebConfig
 from tests.daemon_process import DaemonProcess
+from tests.support.capability import open_files
 
 SLOW_CLIENTS = 1500
 BURST = 500
@@ -39,7 +40,7 @@ def connect_slowly(address: tuple[str, int], count: int) -> list[socket.socket]:
 def test_slow_header_clients_cannot_exhaust_threads_and_scrapes_still_succeed(tmp_path):
     target = tmp_path / "ckpt"
     target.mkdir()
-    with DaemonProcess(tmp_path, str(target)) as daemon:
+    with open_files(SLOW_CLIENTS + 256), DaemonProcess(tmp_path, str(target)) as daemon:
         assert daemon.get()[0] == 200
         baseline_threads = daemon_threads(daemon)
         baseline_fds = psutil.Process(daemon.pid).num_fds()

@@ -13,14 +13,17 @@ mount fails in a container are many and only the attempt knows them all.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import functools
 import importlib
 import importlib.util
 import os
+import resource
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -77,6 +80,27 @@ def need_module(name: str) -> ModuleType:
     except ImportError as error:
         require(f"cannot import {name} ({error}; pip install -e '.[test]')")
         raise  # not reached: require skipped or failed
+
+
+# -- resources -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_files(count: int) -> Iterator[None]:
+    """Let this process (and the children it starts meanwhile) open `count` files.
+
+    The soft limit is raised up to the hard one, as any user may; an ordinary login often gets
+    1024, root here 20000, and a test that opens 1500 sockets must not depend on which.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < count:
+        if hard != resource.RLIM_INFINITY and hard < count:
+            require(f"{count} open files needed, the hard limit is {hard} (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 # -- network ---------------------------------------------------------------------------------
