@@ -28,6 +28,7 @@ _POLICY_TESTS = (
     "tests/test_policy.py",
     "tests/test_thresholds.py",
     "tests/test_defaults_documented.py",
+    "tests/test_policy_combinations.py",
 )
 _QUOTA_TESTS = (
     "tests/test_quota_provider.py",
@@ -81,6 +82,7 @@ TARGETS = (
         "fsprobe/probing/write.py",
         "*",
         "tests/test_write_probe.py",
+        "tests/test_write_probe_faults.py",
         "tests/test_durability.py",
     ),
     target(
