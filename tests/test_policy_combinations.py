@@ -18,6 +18,7 @@ from fsprobe.model import (
     ProbeResult,
     QuotaEntry,
     QuotaReport,
+    QuotaState,
     QuotaUsage,
     Snapshot,
     Status,
@@ -96,8 +97,8 @@ def test_a_notice_beside_a_degraded_reason_leaves_it_degraded():
         (filesystem(), project(inodes=QuotaUsage(95, hard=100)), "quota:project"),
         # bytes scarcer (5 % of the project's bytes) than inodes (90 % of the filesystem)
         (filesystem(), project(bytes_=QuotaUsage(95, hard=100)), "quota:project"),
-        # equal ratios: the bytes side is named
-        (filesystem(avail=500, files_free=500), project(inodes=QuotaUsage(0)), "filesystem"),
+        # equal ratios (50 % of the filesystem's bytes, 50 % of the project's inodes): bytes
+        (filesystem(avail=500), project(inodes=QuotaUsage(50, hard=100)), "filesystem"),
     ],
     ids=["inodes-scarcer", "bytes-scarcer", "tie"],
 )
@@ -124,9 +125,11 @@ def test_limited_by_with_only_one_resource_known():
 
 
 def test_a_tie_between_filesystem_and_quota_names_the_filesystem():
-    quota = project(bytes_=QuotaUsage(500, hard=1000))  # 500 left, as on the filesystem
+    # 500 bytes and 900 inodes left under the quota, exactly as on the filesystem
+    quota = project(bytes_=QuotaUsage(500, hard=1000), inodes=QuotaUsage(100, hard=1000))
     headroom = judge(probe("statvfs", filesystem(avail=500)), probe("quota", quota)).headroom
-    assert headroom.bytes == 500 and headroom.bytes_limited_by == "filesystem"
+    assert (headroom.bytes, headroom.inodes) == (500, 900)
+    assert (headroom.bytes_limited_by, headroom.inodes_limited_by) == ("filesystem", "filesystem")
 
 
 @pytest.mark.parametrize(("files", "files_free", "inodes"), [(0, 0, None), (1, 0, 0), (1, 1, 1)])
@@ -180,3 +183,49 @@ def test_a_verdict_is_fresh_up_to_and_including_its_fresh_until():
     until = verdict.fresh_until
     assert until == NOW - 1 + Policy().stale_after("statvfs")
     assert verdict.is_fresh(until) and not verdict.is_fresh(math.nextafter(until, math.inf))
+
+
+# -- who and what a message names ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("usage", "words"),
+    [
+        (
+            QuotaUsage(500, 400, 500, None, QuotaState.HARD_REACHED),
+            "500 inodes used, hard limit 500",
+        ),
+        (
+            QuotaUsage(450, 400, 500, NOW + 7 * 86400.0, QuotaState.SOFT_EXCEEDED),
+            "450 inodes used, soft limit 400",
+        ),
+    ],
+    ids=["hard", "soft"],
+)
+def test_a_quota_message_names_the_owner_and_the_limit_that_was_crossed(usage, words):
+    def quota_message(entry: QuotaEntry) -> str:
+        verdict = judge(
+            probe("statvfs", filesystem()), probe("quota", QuotaReport("lfs", (entry,)))
+        )
+        (reason,) = [r for r in verdict.reasons if r.code.startswith("quota_")]
+        return reason.message
+
+    named = quota_message(QuotaEntry("user", 1000, "alice", QuotaUsage(0), usage))
+    assert named.startswith(f"user quota of alice: {words}")
+    unnamed = quota_message(QuotaEntry("project", 4242, None, QuotaUsage(0), usage))
+    assert unnamed.startswith(f"project quota of 4242: {words}")
+
+
+def test_a_failed_probe_without_a_message_is_described_by_its_errno():
+    failed = ProbeResult("write", NOW - 1, 0.0, None, "EIO", "", False)
+    said = ProbeResult("write", NOW - 1, 0.0, None, "EIO", "test write failed at fsync", False)
+    assert message(judge(probe("statvfs", filesystem()), failed), "write_failed") == (
+        "test write failed with EIO"
+    )
+    assert message(judge(probe("statvfs", filesystem()), said), "write_failed") == (
+        "test write failed at fsync"
+    )
+    quiet_statvfs = ProbeResult("statvfs", NOW - 1, 0.0, None, "EACCES", "", False)
+    assert message(judge(quiet_statvfs), "probe_failed") == (
+        "the statvfs probe failed: EACCES (EACCES)"
+    )

@@ -202,6 +202,52 @@ def test_a_trust_change_is_noticed_even_with_a_cached_parse(state_dir):
         reader.read()
 
 
+def test_an_owner_change_is_noticed_even_with_a_cached_parse(state_dir):
+    need_root("giving the state file to another user")
+    reader = StateReader(str(state_dir))
+    reader.read()
+    os.chown(state_dir / STATE_FILE, NOBODY, -1)  # only the owner changes: no mtime, no mode
+    with pytest.raises(UntrustedStateFile, match=f"belongs to uid {NOBODY}"):
+        reader.read()
+
+
+def read_as(uid: int, state_dir: Path) -> str:
+    """What an ordinary user's reader makes of `state_dir`: read in a forked child that entered
+    the directory and then dropped root (the path above it need not be open to that user)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.chdir(state_dir)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            outcome = "trusted " + ",".join(StateReader(".").read().names)
+        except BaseException as error:
+            outcome = f"{type(error).__name__}: {error}"
+        os.write(write_end, outcome.encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as pipe:
+        return pipe.read().decode()
+
+
+def test_an_ordinary_user_trusts_roots_state_and_their_own_but_no_one_elses(state_dir):
+    """The node daemon runs as root, a trainer as itself: root's state file is trusted, so is
+    the user's own, another user's is not (seen from the user's side, where root's bypasses
+    of permission checks cannot hide a mistake)."""
+    need_root("a state file of root and one of another user")
+    assert read_as(NOBODY, state_dir) == "trusted /ckpt"
+    for path in (state_dir, state_dir / STATE_FILE):
+        os.chown(path, NOBODY, NOBODY)
+    assert read_as(NOBODY, state_dir) == "trusted /ckpt"
+    stranger = NOBODY - 1
+    os.chown(state_dir / STATE_FILE, stranger, NOBODY)
+    assert read_as(NOBODY, state_dir).startswith("UntrustedStateFile: ")
+    assert f"belongs to uid {stranger}, not to you ({NOBODY}) or root" in read_as(NOBODY, state_dir)
+
+
 def test_target_for_picks_the_closest_watched_ancestor(state_dir, view_text):
     write(state_dir, {"/ckpt": view_text, "/ckpt/run1": view_text})
     state = StateReader(str(state_dir)).read()
