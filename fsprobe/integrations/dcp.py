@@ -263,9 +263,12 @@ class FsprobeWriter(FileSystemWriter):
         tasks = []
         while not file_queue.empty():
             tasks.append(file_queue.get_nowait())
-        workers = max(1, min(self.thread_count, len(tasks)))
-        with concurrent.futures.ThreadPoolExecutor(workers, "fsprobe-dcp-write") as pool:
-            written = list(pool.map(lambda task: self._write_file(planner, task), tasks))
+        workers = min(self.thread_count, len(tasks))
+        if workers <= 1:  # as DCP does: in the calling thread
+            written = [self._write_file(planner, task) for task in tasks]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(workers, "fsprobe-dcp-write") as pool:
+                written = list(pool.map(lambda task: self._write_file(planner, task), tasks))
         future: Future[list[Any]] = Future()
         future.set_result([result for results in written for result in results])
         return future

@@ -48,6 +48,7 @@ from fsprobe.saving.swap import (
 from fsprobe.saving.tree import (
     TreeSize,
     digest_tree,
+    drop_cached_pages,
     measure_tree,
     open_directory,
     opened,
@@ -98,6 +99,22 @@ class Staging:
         except BaseException:
             self.close()
             raise
+        self._drop_replaced_pages()
+
+    def _drop_replaced_pages(self) -> None:
+        """Drop the page cache of the checkpoint this one will replace, if there is one.
+
+        Old and new must both be on disk until the new one is complete; the old one's cached
+        pages (clean, never read again by the saver) would otherwise stay while the new one is
+        written, and every page the writes need would wait for the kernel to reclaim one:
+        DCP's 256 MiB save over an existing checkpoint took 1.4x its time in place, 1.05x
+        with this (benchmarks/dcp_writer.py). On this node only; best effort.
+        """
+        try:
+            with opened(open_directory(self.name, self.parent_fd)) as fd:
+                drop_cached_pages(fd)
+        except OSError:
+            pass  # no checkpoint there yet (or not a directory, or not ours to read)
 
     def sync(self, files: bool = True) -> TreeSize:
         """fsync every file (unless `files` is False) and directory in it, itself last."""
