@@ -51,16 +51,16 @@ def encode_header(family: Family, help_text: str) -> str:
 
 @dataclass(frozen=True)
 class _Rendered:
-    """One target's encoded lines per family (in `FAMILIES` order, ``""`` where none)."""
+    """One target's encoded lines per family (in `FAMILIES` order, ``b""`` where none)."""
 
     version: int
-    lines: tuple[str, ...]
+    lines: tuple[bytes, ...]
 
 
 def _render(view: TargetView) -> _Rendered:
     by_family = target_samples(view)
     lines = tuple(
-        "".join(encode_sample(sample) for sample in by_family.get(family.name, ()))
+        "".join(encode_sample(sample) for sample in by_family.get(family.name, ())).encode()
         for family in FAMILIES
     )
     return _Rendered(view.version, lines)
@@ -77,16 +77,19 @@ class Exposition:
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
         self._text: tuple[tuple[int, ...], bytes] = ((), b"")
-        self._build_info = encode_header(BUILD_INFO, BUILD_INFO.help) + encode_sample(
-            Sample(BUILD_INFO.name, {"version": __version__}, 1.0)
-        )
-        self._headers = [encode_header(family, f"{family.help} {CACHED}") for family in FAMILIES]
+        self._build_info = (
+            encode_header(BUILD_INFO, BUILD_INFO.help)
+            + encode_sample(Sample(BUILD_INFO.name, {"version": __version__}, 1.0))
+        ).encode()
+        self._headers = [
+            encode_header(family, f"{family.help} {CACHED}").encode() for family in FAMILIES
+        ]
         self._process = CollectorRegistry(auto_describe=False)
         if process_metrics:
             self._process.register(ProcessCollector(registry=None))
             self._process.register(PlatformCollector(registry=None))
 
-    def _lines(self, view: TargetView) -> tuple[str, ...]:
+    def _lines(self, view: TargetView) -> tuple[bytes, ...]:
         with self._lock:
             cached = self._cache.get(view.path)
         if cached is None or cached.version != view.version:
@@ -120,7 +123,7 @@ class Exposition:
         for header, column in zip(self._headers, columns):
             parts.append(header)
             parts.extend(column)
-        text = "".join(parts).encode()
+        text = b"".join(parts)
         self._text = (key, text)
         return text
 
