@@ -26,6 +26,7 @@ from fsprobe.saving.retry import Backoff
 from fsprobe.saving.stale import MIN_AGE_SECONDS
 from fsprobe.saving.swap import exchange, parse_retired_name
 from fsprobe.saving.tree import digest_tree, open_directory, opened
+from tests.support.capability import need_module
 from tests.support.durability import assert_directory_saved
 
 REPO = Path(__file__).resolve().parents[1]
@@ -373,3 +374,19 @@ def test_a_full_target_redirects_the_whole_directory_and_the_manifest_records_it
         files = digest_tree(fd)
     assert set(files) == {"meta.json", "model-0.pt", "model-1.pt", "model-2.pt", "optim/state.pt"}
     assert leftovers(actual.parent) == []
+
+
+def test_a_failed_write_of_a_writer_in_rust_is_retried_with_its_errno(faultfs):
+    """safetensors (Rust) raises SafetensorError, no OSError, no errno attribute: the errno is
+    only in its message, "... (os error 5)". It is still an I/O failure, so it is retried."""
+    safetensors_torch = need_module("safetensors.torch")
+    tensors = model_state(1)
+    faultfs.ctl.fail("write", "EIO", path="/.fsprobe~*ckpt.tmp/*", sticky=True)
+
+    def write(staging: str) -> None:
+        safetensors_torch.save_file(tensors, os.path.join(staging, "model.safetensors"))
+
+    result = fsprobe.save_dir(faultfs.mountpoint / "ckpt", write, backoff=quick())
+    assert (result.attempts, result.errors) == (2, ("EIO",))
+    loaded = safetensors_torch.load_file(faultfs.mountpoint / "ckpt" / "model.safetensors")
+    assert all(torch.equal(loaded[key], value) for key, value in tensors.items())

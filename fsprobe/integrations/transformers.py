@@ -1,39 +1,73 @@
-"""Hugging Face: a ``TrainerCallback`` that runs the preflight before each checkpoint save.
+"""Hugging Face: the `Trainer`'s checkpoints written the fsprobe way, and a preflight callback.
 
 ::
 
     from transformers import Trainer
-    from fsprobe.integrations.transformers import FsprobeCallback
+    from fsprobe.integrations.transformers import FsprobeCallback, protect
 
-    trainer = Trainer(..., callbacks=[FsprobeCallback(max_wait=120)])
+    trainer = protect(Trainer(...), fallback_dirs=["/scratch/me/fallback"])
+    trainer.train()
 
-The `Trainer` writes its checkpoints itself (``checkpoint-<step>/`` under ``output_dir``), so the
-callback cannot retry or redirect them; what it does is look before the Trainer leaps. When a
-save step comes (``control.should_save`` at the end of a step or an epoch) it runs
-`fsprobe.preflight` on ``output_dir`` with the size of the previous checkpoint as the need, waits
-up to `max_wait` for a transiently unhealthy filesystem (a hung mount, failing test writes) to
-recover, and reports the decision: a log line (a warning unless all is well), an entry in
-``state.log_history`` (saved with every checkpoint in ``trainer_state.json``), and
-``fsprobe_status`` / ``fsprobe_action`` in the next ``logs`` the Trainer prints. It never raises:
-a monitoring problem must not be what stops a training run.
+`protect(trainer)` makes every ``checkpoint-<step>/`` the `Trainer` writes a `fsprobe.save_dir`
+(one process) or a `fsprobe.distributed.save_dir` (``torchrun``: every rank writes its part of
+the one directory): the Trainer's own code writes the files, into a hidden staging directory
+beside the checkpoint; fsprobe fsyncs them and publishes the directory with one rename, retries
+the whole checkpoint after a transient error and redirects it to a fallback when the target
+cannot take it. A reader (a resume, the Trainer's own rotation) never sees half a checkpoint.
+
+How it hooks in, and why there: the Trainer's `_save_checkpoint` decides *what* a checkpoint
+is (model, optimizer, scheduler, scaler, RNG states, ``trainer_state.json``; which rank writes
+which) and changes between versions, so it is wrapped, never rewritten: it runs as it is, once
+per attempt, with the methods that write the files (`save_model`,
+`_save_optimizer_and_scheduler`, `_save_scaler`, `_save_rng_state`,
+``state.save_to_json``) given the staging directory where they were given the checkpoint's.
+What must see the *published* checkpoint runs after the commit: the rotation of old checkpoints
+(``save_total_limit``; run again, the Trainer's own run saw one checkpoint fewer) and the push
+to the Hub. A version whose writers differ would write beside the staging directory: that is
+detected after the first attempt and refused with an error naming the version, rather than
+leaving checkpoints unprotected unnoticed (a test pins the installed version).
+
+`FsprobeCallback` only looks before the Trainer leaps: when a save step comes
+(``control.should_save`` at the end of a step or an epoch) it runs `fsprobe.preflight` on
+``output_dir`` with the size of the previous checkpoint as the need, waits up to `max_wait` for
+a transiently unhealthy filesystem (a hung mount, failing test writes) to recover, and reports
+the decision: a log line (a warning unless all is well), an entry in ``state.log_history``
+(saved with every checkpoint in ``trainer_state.json``), and ``fsprobe_status`` /
+``fsprobe_action`` in the next ``logs`` the Trainer prints. It never raises: a monitoring
+problem must not be what stops a training run.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 import os
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from transformers import TrainerCallback
+import torch.distributed as dist
+import transformers
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from fsprobe.saving import distributed as collective
+from fsprobe.saving.directory import save_dir
 from fsprobe.saving.preflight import NEED_MARGIN, Decision, preflight
+from fsprobe.saving.retry import SaveResult
 
 log = logging.getLogger("fsprobe.transformers")
 
 #: The Trainer's checkpoint directories are ``<output_dir>/checkpoint-<global_step>``.
-CHECKPOINT_PREFIX = "checkpoint"
+CHECKPOINT_PREFIX = PREFIX_CHECKPOINT_DIR
+#: The Trainer's methods that write a checkpoint's files, each given the directory first.
+WRITERS = ("save_model", "_save_optimizer_and_scheduler", "_save_scaler", "_save_rng_state")
+_SAVE_DIR_PARAMETERS = inspect.signature(save_dir).parameters
+_NOT_OPTIONS = ("path", "write")  # what protect() gives save_dir itself
+#: The protected trainers; weakly held, so that a trainer is freed as if never protected.
+_PROTECTED: weakref.WeakKeyDictionary[Trainer, _ProtectedCheckpoints] = weakref.WeakKeyDictionary()
 
 
 def _tree_size(directory: str) -> tuple[int, int]:
@@ -157,3 +191,197 @@ class FsprobeCallback(TrainerCallback):
             state.global_step,
             decision.summary(),
         )
+
+
+def protect(trainer: Trainer, **save_dir_kwargs: Any) -> Trainer:
+    """Make every checkpoint `trainer` writes a directory save; returns `trainer`.
+
+    `save_dir_kwargs` are those of `fsprobe.save_dir` (``fallback_dirs``, ``attempts``,
+    ``max_wait``, ``backoff``, ``state_dir``...), checked now rather than at the first
+    checkpoint. Works on an instance of `Trainer` or of any subclass (TRL's, a user's), before
+    or after ``train()`` started; see the module docstring for what it changes.
+    """
+    unknown = [k for k in save_dir_kwargs if k not in _SAVE_DIR_PARAMETERS or k in _NOT_OPTIONS]
+    if unknown:
+        raise TypeError(f"protect() got unexpected keyword arguments: {', '.join(unknown)}")
+    if trainer in _PROTECTED:
+        raise ValueError("this trainer's checkpoints are protected already")
+    _PROTECTED[trainer] = _ProtectedCheckpoints(trainer, save_dir_kwargs)
+    return trainer
+
+
+def protected_results(trainer: Trainer) -> list[SaveResult]:
+    """The `SaveResult` of every checkpoint `trainer` saved since `protect(trainer)`."""
+    protection = _PROTECTED.get(trainer)
+    if protection is None:
+        raise ValueError("this trainer's checkpoints are not protected: call protect(trainer)")
+    return list(protection.results)
+
+
+def _fingerprint(path: str) -> tuple[int, int] | None:
+    """What changes when something writes into the directory `path` (None: there is none)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_mtime_ns
+
+
+def _files_in(directory: str) -> set[str]:
+    """Every file below `directory` (our own staging directory), relative to it."""
+    return {
+        os.path.relpath(os.path.join(parent, name), directory)
+        for parent, _, names in os.walk(directory)
+        for name in names
+    }
+
+
+class _ProtectedCheckpoints:
+    """What `protect` installs on one trainer: its checkpoints, staged and committed whole."""
+
+    def __init__(self, trainer: Trainer, save_dir_kwargs: dict[str, Any]) -> None:
+        self.trainer = weakref.proxy(trainer)  # the trainer holds this, not the other way
+        self.save_dir_kwargs = save_dir_kwargs
+        #: (the checkpoint's absolute path, its staging directory) while the Trainer writes.
+        self.staging: tuple[str, str] | None = None
+        self.push: Callable[[str], object] | None = None  # the Hub push, deferred to the commit
+        self.results: list[SaveResult] = []
+        self._install(trainer)
+
+    def _install(self, trainer: Trainer) -> None:
+        needed = ("_save_checkpoint", "_get_output_dir", "_push_from_checkpoint", *WRITERS)
+        missing = [name for name in needed if not callable(getattr(trainer, name, None))]
+        if missing:
+            raise TypeError(
+                f"fsprobe cannot protect the checkpoints of this Trainer (transformers "
+                f"{transformers.__version__}): it has no {', '.join(missing)}"
+            )
+        if trainer.args.save_on_each_node and trainer.args.world_size > 1:
+            raise ValueError(
+                "save_on_each_node: every node writes its own checkpoint to its own disk, "
+                "which one collective save cannot commit; fsprobe protects shared storage"
+            )
+        original = trainer._save_checkpoint
+        for name in WRITERS:
+            setattr(trainer, name, self._staged_writer(getattr(trainer, name)))
+        pushing = trainer._push_from_checkpoint
+        trainer._push_from_checkpoint = functools.wraps(pushing)(
+            lambda folder, *args, **kwargs: self._defer_push(pushing, args, kwargs)
+        )
+        trainer._save_checkpoint = functools.partial(self.save_checkpoint, original)
+
+    # -- what the Trainer's own code calls --------------------------------------------------
+
+    def staged(self, path: Any) -> Any:
+        """`path`, moved into the staging directory if it is (in) the checkpoint being saved."""
+        if self.staging is None or path is None:
+            return path
+        checkpoint, staging = self.staging
+        full = os.path.abspath(os.fspath(path))
+        if full == checkpoint:
+            return staging
+        if full.startswith(checkpoint + os.sep):
+            return staging + full[len(checkpoint) :]
+        return path
+
+    def _staged_writer(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def write(output_dir: Any = None, *args: Any, **kwargs: Any) -> Any:
+            return method(self.staged(output_dir), *args, **kwargs)
+
+        return write
+
+    def _defer_push(self, push: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        """The Hub upload reads the files in the background: only from the published folder."""
+        self.push = lambda folder: push(folder, *args, **kwargs)
+
+    def save_checkpoint(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's `_save_checkpoint(model, trial)`, as one directory save."""
+        trainer, state = self.trainer, self.trainer.state
+        trial = kwargs.get("trial", args[1] if len(args) > 1 else None)
+        run_dir = trainer._get_output_dir(trial=trial)
+        given = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        checkpoint = os.path.abspath(given)
+        best_before = state.best_model_checkpoint
+        if state.best_global_step and state.best_global_step == state.global_step:
+            # What the Trainer sets when it finds this checkpoint on disk, which it cannot
+            # before the commit: its trainer_state.json must name itself as the best.
+            state.best_model_checkpoint = given
+        self.push = None
+        try:
+            result = self._save(checkpoint, lambda: original(*args, **kwargs))
+        except BaseException:
+            state.best_model_checkpoint = best_before
+            self.push = None
+            raise
+        self._after_commit(run_dir, result)
+
+    # -- the save ---------------------------------------------------------------------------
+
+    def _save(self, checkpoint: str, run_original: Callable[[], object]) -> SaveResult:
+        collective_save = dist.is_available() and dist.is_initialized()
+        collective_save = collective_save and dist.get_world_size() > 1
+
+        def write(staging: str) -> list[str] | None:
+            before = _files_in(staging) if collective_save else set()
+            self._write_into(checkpoint, staging, run_original)
+            # Each rank fsyncs the files that appeared while it wrote (its own among them).
+            return sorted(_files_in(staging) - before) if collective_save else None
+
+        if collective_save:
+            return collective.save_dir(checkpoint, write, **self.save_dir_kwargs)
+        return save_dir(checkpoint, write, **self.save_dir_kwargs)
+
+    def _write_into(
+        self, checkpoint: str, staging: str, run_original: Callable[[], object]
+    ) -> None:
+        """One attempt: the Trainer's code writes the checkpoint, into `staging`."""
+        state = self.trainer.state
+        untouched = _fingerprint(checkpoint)
+        self.staging = (checkpoint, staging)
+        state.save_to_json = lambda path: type(state).save_to_json(state, self.staged(path))
+        try:
+            run_original()
+        finally:
+            self.staging = None
+            del state.save_to_json
+        if _fingerprint(checkpoint) != untouched:
+            raise RuntimeError(
+                f"the Trainer of transformers {transformers.__version__} wrote into {checkpoint} "
+                "by a way fsprobe does not know, around the staging directory: its "
+                "checkpoints cannot be protected (fsprobe.integrations.transformers.WRITERS)"
+            )
+
+    def _after_commit(self, run_dir: str, result: SaveResult) -> None:
+        state, args = self.trainer.state, self.trainer.args
+        self.results.append(result)
+        state.log_history.append(
+            {
+                "fsprobe_save": {
+                    "path": result.path,
+                    "redirected": result.redirected,
+                    "attempts": result.attempts,
+                    "errors": list(result.errors),
+                    "bytes": result.bytes,
+                    "seconds": round(result.seconds, 3),
+                },
+                "step": state.global_step,
+            }
+        )
+        if result.redirected:
+            log.warning(
+                "fsprobe: checkpoint %s was redirected to %s; `fsprobe sync` brings it back, "
+                "fsprobe.integrations.transformers.last_checkpoint() finds it for a resume",
+                result.requested_path,
+                result.path,
+            )
+        if args.should_save:  # the Trainer's rotation ran before this checkpoint existed
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=args.save_total_limit,
+                best_model_checkpoint=state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        if self.push is not None:
+            push, self.push = self.push, None
+            push(result.path)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fsprobe.errors import ErrorClass, classify, errno_code, name_of
+from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.saving.fallback import (
     all_fallback_dirs,
     prepare_directory,
@@ -120,6 +121,10 @@ class SaveResult:
 
 #: What torch's C++ writer says when a write failed underneath it, with or without an OSError.
 _TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "PytorchStreamWriter failed")
+#: How Rust's `std::io::Error` ends its message, the only trace of the errno that writers in
+#: Rust leave: safetensors raises ``SafetensorError("Error while serializing: I/O error:
+#: Input/output error (os error 5)")``, and Hugging Face writes every model with it.
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def first_os_error(error: BaseException) -> OSError | None:
@@ -149,6 +154,9 @@ def failure_of(error: BaseException, step: str) -> FailedAttempt | None:
         return FailedAttempt.of(os_error, step)
     if isinstance(error, RuntimeError) and any(s in str(error) for s in _TORCH_WRITE_FAILURES):
         return FailedAttempt("EUNKNOWN", step, str(error))
+    rust = _RUST_OS_ERROR.search(str(error))
+    if rust is not None:
+        return FailedAttempt(errno_name(int(rust[1])), step, str(error))
     return None
 
 

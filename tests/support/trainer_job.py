@@ -1,0 +1,57 @@
+"""A Hugging Face `Trainer` job for `torchrun`: a tiny GPT-2 (from a config, no downloads)
+trained on CPU by every rank (gloo), its checkpoints protected by fsprobe.
+
+    torchrun --standalone --nproc-per-node 2 -m tests.support.trainer_job OUTPUT_DIR STEPS
+
+Each rank prints, as its last line, ``TRAINER-JOB {json}``: its rank, the global step reached
+and the `SaveResult` of every checkpoint (`protected_results`). The backoff does not sleep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from fsprobe.integrations.transformers import protect, protected_results
+from fsprobe.saving.retry import Backoff
+
+RESULT = "TRAINER-JOB "
+
+
+def main(output_dir: str, steps: int) -> None:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    samples = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (16, 16)).unbind()]
+    args = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=steps,
+        save_steps=1,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=samples)
+    protect(trainer, backoff=Backoff(sleep=lambda seconds: None))
+    trainer.train()
+    report = {
+        "rank": args.process_index,
+        "world_size": args.world_size,
+        "global_step": trainer.state.global_step,
+        "results": [dataclasses.asdict(result) for result in protected_results(trainer)],
+    }
+    print(RESULT + json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

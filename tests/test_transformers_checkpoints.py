@@ -1,0 +1,302 @@
+"""`fsprobe.integrations.transformers.protect`: a real Hugging Face `Trainer` (a tiny GPT-2 built
+from a config, no downloads) whose ``checkpoint-N/`` directories are written through
+`fsprobe.save_dir`, on the fault filesystem. Pinned against the installed transformers: the
+checkpoints hold exactly what the unprotected Trainer writes, rotate and track the best model
+as it does, and a resume loads them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.capability import need_module
+
+need_module("transformers")
+need_module("accelerate")
+
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainingArguments,
+)
+
+from fsprobe.atomic import parse_temp_name  # noqa: E402
+from fsprobe.integrations.transformers import protect, protected_results  # noqa: E402
+from fsprobe.saving.retry import Backoff  # noqa: E402
+from tests.support.durability import assert_directory_saved  # noqa: E402
+from tests.support.trainer_job import RESULT  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: What the installed Trainer writes into every checkpoint of this model (no scaler on CPU).
+CHECKPOINT_FILES = [
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "optimizer.pt",
+    "rng_state.pth",
+    "scheduler.pt",
+    "trainer_state.json",
+    "training_args.bin",
+]
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+
+
+def trainer_for(output_dir: Path, max_steps: int = 3, **arguments) -> Trainer:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    samples = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (8, 16)).unbind()]
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        save_steps=1,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        **arguments,
+    )
+    evaluating = arguments.get("eval_strategy", "no") != "no"
+    return Trainer(
+        model=GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=samples,
+        eval_dataset=samples[:2] if evaluating else None,
+    )
+
+
+def quick() -> Backoff:
+    return Backoff(sleep=lambda seconds: None)
+
+
+def checkpoints(output_dir: Path) -> list[str]:
+    return sorted(name for name in os.listdir(output_dir) if name.startswith("checkpoint-"))
+
+
+def relative(path: str | None, start: Path) -> str | None:
+    return None if path is None else os.path.relpath(path, start)
+
+
+def leftovers(directory: Path) -> list[str]:
+    return [name for name in os.listdir(directory) if name.startswith(".fsprobe")]
+
+
+def assert_complete_and_loads(checkpoint: Path, step: int) -> None:
+    """Everything the Trainer writes is there, and each file loads as what it is."""
+    assert sorted(os.listdir(checkpoint)) == CHECKPOINT_FILES
+    model = GPT2LMHeadModel.from_pretrained(checkpoint)
+    assert model.transformer.wte.weight.shape == (64, 16)
+    optimizer = torch.load(checkpoint / "optimizer.pt")
+    assert optimizer["state"] and optimizer["param_groups"]
+    assert "last_epoch" in torch.load(checkpoint / "scheduler.pt")
+    assert "cpu" in torch.load(checkpoint / "rng_state.pth", weights_only=False)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["global_step"] == step
+
+
+@pytest.mark.parametrize(
+    ("victim", "errno_name"),
+    [
+        # model.safetensors, written by safetensors (Rust) to a temp file renamed in place:
+        # the errno survives only in the message, "... (os error 5)".
+        (".tmp*", "EIO"),
+        ("optimizer.pt", "EUNKNOWN"),  # torch.save to a path: "unexpected pos", no errno
+    ],
+)
+def test_a_write_failing_inside_a_checkpoint_is_retried_and_every_checkpoint_is_whole(
+    faultfs, caplog, victim, errno_name
+):
+    output = faultfs.mountpoint / "run"
+    trainer = protect(trainer_for(output), backoff=quick())
+    # The first write of this file in checkpoint-2's staging directory fails, handle broken.
+    rule = faultfs.ctl.fail(
+        "write", "EIO", path=f"/run/.fsprobe~*checkpoint-2.tmp/{victim}", sticky=True
+    )
+    with caplog.at_level(logging.WARNING, logger="fsprobe.save"):
+        trainer.train()
+    assert faultfs.ctl.rule(rule)["hits"] == 1
+    assert trainer.state.global_step == 3
+    results = protected_results(trainer)
+    assert [(r.attempts, r.errors) for r in results] == [(1, ()), (2, (errno_name,)), (1, ())]
+    assert all(not r.redirected for r in results)
+    assert "attempt 1/5 failed" in caplog.text
+    assert checkpoints(output) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    for step in (1, 2, 3):
+        assert_complete_and_loads(output / f"checkpoint-{step}", step)
+    assert leftovers(output) == []
+    # The attempt that counted was durable: files, then directories, then rename, then parent.
+    assert_directory_saved(faultfs, output / "checkpoint-3")
+    saved = [e["fsprobe_save"] for e in trainer.state.log_history if "fsprobe_save" in e]
+    assert [s["attempts"] for s in saved] == [1, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param(dict(max_steps=3, save_total_limit=2), id="rotation"),
+        pytest.param(
+            dict(
+                max_steps=4,
+                save_total_limit=1,
+                eval_strategy="steps",
+                eval_steps=1,
+                load_best_model_at_end=True,
+                metric_for_best_model="loss",
+            ),
+            id="best-model",
+        ),
+    ],
+)
+def test_the_checkpoints_are_what_the_unprotected_trainer_writes(tmp_path, arguments):
+    """Same files, same rotation (save_total_limit), same best checkpoint, same state."""
+    plain = trainer_for(tmp_path / "plain", **arguments)
+    plain.train()
+    protected = protect(trainer_for(tmp_path / "protected", **arguments))
+    protected.train()
+
+    assert checkpoints(tmp_path / "protected") == checkpoints(tmp_path / "plain")
+    for name in checkpoints(tmp_path / "plain"):
+        ours, theirs = tmp_path / "protected" / name, tmp_path / "plain" / name
+        assert sorted(os.listdir(ours)) == sorted(os.listdir(theirs))
+        state, reference = (
+            json.loads((d / "trainer_state.json").read_text()) for d in (ours, theirs)
+        )
+        assert state["global_step"] == reference["global_step"]
+        assert state["best_global_step"] == reference["best_global_step"]
+        assert relative(state["best_model_checkpoint"], ours.parent) == relative(
+            reference["best_model_checkpoint"], theirs.parent
+        )
+    assert protected.state.best_global_step == plain.state.best_global_step
+    assert relative(protected.state.best_model_checkpoint, tmp_path / "protected") == relative(
+        plain.state.best_model_checkpoint, tmp_path / "plain"
+    )
+    assert leftovers(tmp_path / "protected") == []
+
+
+def test_a_resume_loads_the_protected_checkpoint(tmp_path):
+    first = protect(trainer_for(tmp_path / "run", max_steps=2))
+    first.train()
+    resumed = protect(trainer_for(tmp_path / "run", max_steps=3))
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+    assert checkpoints(tmp_path / "run") == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert_complete_and_loads(tmp_path / "run" / "checkpoint-3", 3)
+
+
+def test_a_writer_fsprobe_does_not_know_is_refused_instead_of_left_unprotected(tmp_path):
+    """A Trainer (a future version, a subclass) that writes into the checkpoint some other way
+    than the known writers would leave those files outside the staging directory."""
+
+    class Sidecar(Trainer):
+        def _save_rng_state(self, output_dir):
+            super()._save_rng_state(output_dir)
+            checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+            os.makedirs(checkpoint, exist_ok=True)
+            Path(checkpoint, "sidecar.json").write_text("{}")
+
+    plain = trainer_for(tmp_path / "run", max_steps=1)
+    trainer = protect(
+        Sidecar(model=plain.model, args=plain.args, train_dataset=plain.train_dataset)
+    )
+    with pytest.raises(RuntimeError, match=r"wrote into .*checkpoint-1 by a way fsprobe does not"):
+        trainer.train()
+    assert leftovers(tmp_path / "run") == []
+
+
+def test_protect_checks_its_arguments_and_protects_once(tmp_path):
+    trainer = trainer_for(tmp_path / "run")
+    with pytest.raises(TypeError, match="atempts"):
+        protect(trainer, atempts=3)
+    with pytest.raises(TypeError, match="write"):
+        protect(trainer, write=print)
+    protect(trainer)
+    with pytest.raises(ValueError, match="protected already"):
+        protect(trainer)
+    with pytest.raises(ValueError, match="not protected"):
+        protected_results(trainer_for(tmp_path / "other"))
+
+
+def test_no_staging_directory_is_left_when_the_save_fails_for_good(faultfs):
+    output = faultfs.mountpoint / "run"
+    trainer = protect(trainer_for(output, max_steps=1), attempts=2, backoff=quick())
+    faultfs.ctl.fail("write", "EIO", path="/run/.fsprobe~*/optimizer.pt", times=None, sticky=True)
+    with pytest.raises(OSError) as raised:
+        trainer.train()
+    assert [a.errno for a in raised.value.attempts] == ["EUNKNOWN", "EUNKNOWN"]
+    assert os.listdir(output) == []
+    assert not [name for name in os.listdir(output) if parse_temp_name(name)]
+
+
+def test_torchrun_two_ranks_one_failing_write_on_rank_1_and_every_checkpoint_is_whole(faultfs):
+    """`torchrun`, 2 processes, gloo: every rank writes its part of ``checkpoint-N/`` (its RNG
+    state) into the one staging directory; rank 1's write fails once, both ranks retry."""
+    output = faultfs.mountpoint / "run"
+    rule = faultfs.ctl.fail(
+        "write", "EIO", path="/run/.fsprobe~*checkpoint-2.tmp/rng_state_1.pth", sticky=True
+    )
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",  # a free port of its own
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "tests.support.trainer_job",
+            str(output),
+            "3",
+        ],
+        cwd=REPO,
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert job.returncode == 0, job.stderr[-4000:]
+    reports = sorted(
+        (
+            json.loads(line[len(RESULT) :])
+            for line in job.stdout.splitlines()
+            if line.startswith(RESULT)
+        ),
+        key=lambda report: report["rank"],
+    )
+    assert [(r["rank"], r["world_size"], r["global_step"]) for r in reports] == [
+        (0, 2, 3),
+        (1, 2, 3),
+    ]
+    for report in reports:  # one decision for all: the same result on every rank
+        outcomes = [(s["attempts"], s["errors"]) for s in report["results"]]
+        assert outcomes == [(1, []), (2, ["EUNKNOWN"]), (1, [])]
+    assert faultfs.ctl.rule(rule)["hits"] == 1
+    assert checkpoints(output) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    for step in (1, 2, 3):
+        checkpoint = output / f"checkpoint-{step}"
+        assert sorted(os.listdir(checkpoint)) == sorted(
+            [
+                *(f for f in CHECKPOINT_FILES if f != "rng_state.pth"),
+                "rng_state_0.pth",
+                "rng_state_1.pth",
+            ]
+        )
+        GPT2LMHeadModel.from_pretrained(checkpoint)
+        for rank in (0, 1):
+            assert "cpu" in torch.load(checkpoint / f"rng_state_{rank}.pth", weights_only=False)
+        assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
+    assert leftovers(output) == []
