@@ -46,8 +46,15 @@ def clean_environment(**extra: str) -> dict[str, str]:
 class DaemonProcess:
     """`fsprobe run ARGS...` with its state in `home/state` and its log in `home/daemon.log`."""
 
-    def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
         self.home = home
+        self.python = python  # another one where other users must run it too (SharedPython)
         self.state_dir = home / "state"
         self.log_path = home / "daemon.log"
         self.args = ["--listen", "127.0.0.1:0", "--state-dir", str(self.state_dir), *args]
@@ -63,7 +70,7 @@ class DaemonProcess:
     def start(self, timeout: float = 15.0) -> DaemonProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fsprobe", "run", *self.args],
+                [self.python, "-m", "fsprobe", "run", *self.args],
                 cwd=REPO_ROOT,
                 env=self.env,
                 stdin=subprocess.DEVNULL,

@@ -9,8 +9,10 @@ So the process that runs `lfs` (the probe worker) makes itself a *child subreape
 (``prctl(PR_SET_CHILD_SUBREAPER)``): whatever an `lfs` leaves behind when it exits is reparented
 to us instead of to init, and after each run every child of ours that is not a run in progress
 is killed and reaped. Runs in progress are known because every child is started through
-`start`; the worker starts nothing else. A process that did not adopt orphans (a test calling
-`run_lfs` directly) still gets the group kill, only not this.
+`start`: the `lfs` runs, and the sync task's runs of ``fsprobe sync`` as a user
+(`fsprobe.saving.delegate`), which must not die with an `lfs` that ends beside them. A process
+that did not adopt orphans (a test calling `run_lfs` directly) still gets the group kill, only
+not this.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fsprobe.lustre import children
+
 #: More than any report of a real run; a run that says more is killed and disbelieved.
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 #: The environment a run as a user gets from root's: where tools are, the language, fsprobe's.
@@ -67,7 +69,9 @@ def _read_until(fd: int, deadline: float, cap: int) -> tuple[bytes, bool]:
 
 
 def _start(uid: int, gid: int, groups: list[int], arguments: Sequence[str]) -> subprocess.Popen:
-    return subprocess.Popen(
+    # Started as a known child: the probe worker, where the daemon's sync task runs, kills
+    # every child it did not start itself whenever an `lfs` run ends (what lfs left behind).
+    return children.start(
         [sys.executable, "-I", "-m", "fsprobe", *arguments],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -108,7 +112,8 @@ def run_as(uid: int, arguments: Sequence[str], timeout: float) -> dict[str, Any]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # its own session's group, nobody else's
     with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(_REAP_SECONDS)  # a run stuck in the kernel is left to the init process
+        process.wait(_REAP_SECONDS)  # a run stuck in the kernel is left to the reaper
+    children.finish(process)
     if overran:
         raise DelegationFailed(f"fsprobe as uid {uid} did not finish within {timeout:g} s")
     if len(output) > MAX_OUTPUT_BYTES:
