@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -160,6 +161,15 @@ def test_root_acts_on_a_users_manifest_only_as_that_user(local_users, place):
     assert "symbolic link" in messages and "not where" in messages
 
 
+def _count(fallback: str, under: str) -> tuple[int, list[str]]:
+    """What a user's daemon counts as pending under `under`, and what it warned about."""
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("fsprobe").addHandler(handler)
+    return manifest.pending_bytes([fallback], under=under), warnings
+
+
 def test_a_team_fallback_works_for_every_member_and_each_syncs_their_own(local_users, place):
     team = local_users.group()
     alice, bob = local_users.user(team), local_users.user(team)
@@ -172,6 +182,8 @@ def test_a_team_fallback_works_for_every_member_and_each_syncs_their_own(local_u
         assert copy.is_relative_to(area_of(fallback, user))
         assert copy.stat().st_uid == user.uid and copy.read_text() == f"{user.name}'s"
         assert area_of(fallback, user).stat().st_mode & 0o022 == 0  # nobody else writes it
+    counted, warned = alice.run(_count, str(fallback), str(place))
+    assert counted == len(f"{alice.name}'s") and warned == []  # Bob's manifest is his alone
     for user, target in targets.items():
         os.chown(target, user.uid, -1)  # the targets can take the checkpoints back now
 

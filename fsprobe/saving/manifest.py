@@ -433,8 +433,9 @@ class OpenCopy:
 def pending(fallback_dirs: Iterable[str], mine: bool = False) -> list[Entry]:
     """The redirected checkpoints not yet copied back, newest first (only this user's if `mine`).
 
-    Untrusted manifests are skipped with a warning. An entry replaced by a later save to the
-    same fallback file is not pending (its bytes are gone).
+    Untrusted manifests are skipped with a warning (other users' manifests that this user may
+    not read, quietly). An entry replaced by a later save to the same fallback file is not
+    pending (its bytes are gone).
     """
     entries: list[Entry] = []
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
@@ -447,7 +448,14 @@ def pending(fallback_dirs: Iterable[str], mine: bool = False) -> list[Entry]:
             try:
                 entries += latest_per_file(read_manifest(area))[0]
             except OSError as error:
-                log.warning("skipping the redirect manifest in %s: %s", area.path, error)
+                # Another user's manifest is theirs alone to read (0600): nothing to report.
+                private = area.owner != os.geteuid() and type(error) is PermissionError
+                log.log(
+                    logging.DEBUG if private else logging.WARNING,
+                    "skipping the redirect manifest in %s: %s",
+                    area.path,
+                    error,
+                )
     return sorted(entries, key=lambda entry: entry.time, reverse=True)
 
 
