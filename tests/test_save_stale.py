@@ -21,6 +21,7 @@ import pytest
 
 import fsprobe
 from fsprobe.atomic import TempFile, hostname, is_live_here, parse_temp_name, temp_name
+from fsprobe.probing.write import probe_write
 from fsprobe.saving.stale import (
     FOREIGN_STALE_SECONDS,
     MIN_AGE_SECONDS,
@@ -213,6 +214,28 @@ def test_a_save_in_another_namespace_leaves_a_stuck_save_alone(faultfs, unshare_
     [result] = results
     assert result.attempts == 1 and result.errors == ()
     assert sorted(os.listdir(ckpt)) == ["rank0.pt", "rank1.pt"]
+
+
+def test_a_write_probe_held_by_the_filesystem_keeps_its_file(faultfs, unshare_works):
+    """The sidecar's probe files were deleted by a trainer's cleanup, and the target turned
+    unhealthy: a probe's file is locked like a save's."""
+    rule = faultfs.ctl.block("fsync", path="*write-probe*")
+    results: list[object] = []
+    probing = threading.Thread(
+        target=lambda: results.append(probe_write(str(faultfs.mountpoint), size=4096))
+    )
+    probing.start()
+    try:
+        faultfs.ctl.wait_blocked(rule)
+        [name] = [n for n in os.listdir(faultfs.backing) if parse_temp_name(n)]
+        backdate(faultfs.backing / name, 2 * FOREIGN_STALE_SECONDS)
+        assert clean_in_new_pid_namespace(str(faultfs.mountpoint)) == []
+        assert remove_stale_temps(str(faultfs.mountpoint)) == []
+    finally:
+        faultfs.ctl.remove(rule)
+        probing.join(60)
+    [result] = results
+    assert result.ok and os.listdir(faultfs.mountpoint) == []
 
 
 def test_a_save_cleans_its_directory_first_and_only_that(tmp_path):
