@@ -9,8 +9,11 @@ functions that are not tests are the scenarios the rank processes run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from fsprobe.saving.stale import MIN_AGE_SECONDS
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import finish, run_ranks, start_ranks
 
+REPO = Path(__file__).resolve().parents[1]
 HERE = "tests.test_integration_dcp"
 NUMEL = 64 * 1024  # 256 KiB per tensor
 
@@ -171,6 +175,7 @@ def test_a_write_failing_once_on_each_rank_is_retried_per_file_and_commits(fault
 def test_a_checkpoint_whose_shards_fit_but_not_the_whole_lands_whole_in_the_fallback(
     tmpfs, tmp_path
 ):
+    """... is found there by `load`, and `fsprobe sync` brings it back whole once it fits."""
     target_fs = tmpfs(size="1M")  # each rank's 256 KiB shard fits, the four of them do not
     fallback = tmp_path / "fallback"
     fallback.mkdir()
@@ -193,6 +198,22 @@ def test_a_checkpoint_whose_shards_fit_but_not_the_whole_lands_whole_in_the_fall
         result["bytes"],
     )
     assert assert_loads(target, 4, seed=1, fallback_dirs=[fallback]) == str(actual)
+
+    subprocess.run(["mount", "-o", "remount,size=8M", str(target_fs.path)], check=True)
+    synced = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync", "--json", "--fallback-dir", str(fallback)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert synced.returncode == 0, synced.stderr
+    [outcome] = json.loads(synced.stdout)["entries"]
+    assert outcome["action"] == "synced" and outcome["requested"] == str(target)
+    assert os.listdir(target_fs.path) == ["step-10"]  # whole, and nothing else
+    assert sorted(os.listdir(target)) == checkpoint_files(target, 4)
+    assert not actual.exists() and read_manifest(area) == []
+    assert assert_loads(target, 4, seed=1, fallback_dirs=[fallback]) == str(target)
 
 
 def test_every_rank_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_cleans(faultfs):

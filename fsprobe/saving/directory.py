@@ -17,6 +17,7 @@ it gets the mode a plain `mkdir` would have given it when it is published.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -42,6 +43,7 @@ from fsprobe.saving.stale import is_stale, remove_stale_temps, writer_alive
 from fsprobe.saving.swap import (
     exchange,
     parse_retired_name,
+    replace_if_unchanged,
     replace_in_two_steps,
     restore_or_remove_retired,
 )
@@ -116,17 +118,21 @@ class Staging:
         except OSError:
             pass  # no checkpoint there yet (or not a directory, or not ours to read)
 
+    def _open_up(self) -> None:
+        """Give it `mode`, the mode it keeps as the checkpoint (no longer the owner's alone)."""
+        assert self.fd is not None
+        if stat.S_IMODE(os.fstat(self.fd).st_mode) != self.mode:
+            os.fchmod(self.fd, self.mode)
+
     def sync(self, files: bool = True) -> TreeSize:
         """fsync every file (unless `files` is False) and directory in it, itself last."""
         assert self.fd is not None
-        if self.mode & _SHARED_WRITE:  # the mode it will keep, made durable with the rest
-            os.fchmod(self.fd, self.mode)
+        self._open_up()  # before the fsync: the mode is made durable with the rest
         return sync_tree(self.fd, files=files)
 
     def measure(self) -> TreeSize:
         assert self.fd is not None
-        if self.mode & _SHARED_WRITE:
-            os.fchmod(self.fd, self.mode)
+        self._open_up()
         return measure_tree(self.fd)
 
     def swap_in(self) -> str | None:
@@ -151,6 +157,22 @@ class Staging:
         retired = replace_in_two_steps(self.parent_fd, self.staging, self.name)
         self.published = True
         return retired
+
+    def swap_in_if_unchanged(self, expected: os.stat_result | None) -> tuple[bool, str | None]:
+        """`swap_in`, but only over the version `expected` (None: only where nothing is).
+
+        For a copy that must never replace a checkpoint saved while it was being made.
+        Returns (published, where the replaced checkpoint went).
+        """
+        if expected is not None:  # claimed like any checkpoint being replaced (`swap_in`)
+            with contextlib.suppress(FileNotFoundError):
+                self.replaced_fd = open_directory(self.name, self.parent_fd)
+                self.replaced = claim(self.replaced_fd)
+        published, replaced = replace_if_unchanged(
+            self.parent_fd, self.staging, self.name, expected
+        )
+        self.published = published
+        return published, replaced
 
     def sync_parent(self) -> None:
         os.fsync(self.parent_fd)

@@ -11,6 +11,10 @@ that moment leaves the old checkpoint under its retired name: `restore_or_remove
 (run before the next save into the directory) puts it back if nothing took its place, or
 removes it if the new one did.
 
+`fsprobe sync` must never replace a checkpoint that a trainer saved while the copy was being
+made: `replace_if_unchanged` publishes only over the version it was given (or only where
+nothing is, with ``RENAME_NOREPLACE`` where the filesystem has it), and swaps back otherwise.
+
 Retired names look like ``.fsprobe-retired~<host>~<pid>~<token>~<name>``: hidden, carrying the
 writer (to tell a crashed one from a live one) and the full name to restore (so a name longer
 than the room left in NAME_MAX cannot be retired: ENAMETOOLONG).
@@ -31,7 +35,8 @@ from fsprobe.saving.tree import remove_tree
 
 log = logging.getLogger("fsprobe.save")
 
-RENAME_EXCHANGE = 2  # <linux/fs.h>
+RENAME_NOREPLACE = 1  # <linux/fs.h>
+RENAME_EXCHANGE = 2
 #: renameat2's system call number where glibc (< 2.28) has no wrapper for it.
 _SYSCALL_NUMBERS = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
 #: What renameat2 says when this kernel or filesystem cannot exchange.
@@ -55,19 +60,89 @@ def _renameat2() -> Callable[[int, bytes, int, bytes, int], int] | None:
     return lambda *args: syscall(ctypes.c_long(number), *args)
 
 
-_exchange_call = _renameat2()
+_renameat2_call = _renameat2()
 
 
-def exchange(dir_fd: int, first: str, second: str) -> bool:
-    """Swap `first` and `second` in `dir_fd` atomically; False where that is not supported."""
-    if _exchange_call is None:
+def _rename_with(flags: int, dir_fd: int, first: str, second: str) -> bool:
+    """renameat2 in `dir_fd`; False where this kernel or filesystem does not support `flags`."""
+    if _renameat2_call is None:
         return False
-    if _exchange_call(dir_fd, os.fsencode(first), dir_fd, os.fsencode(second), RENAME_EXCHANGE):
+    if _renameat2_call(dir_fd, os.fsencode(first), dir_fd, os.fsencode(second), flags):
         code = ctypes.get_errno()
         if code in _UNSUPPORTED:
             return False
         raise OSError(code, os.strerror(code), second)
     return True
+
+
+def exchange(dir_fd: int, first: str, second: str) -> bool:
+    """Swap `first` and `second` in `dir_fd` atomically; False where that is not supported."""
+    return _rename_with(RENAME_EXCHANGE, dir_fd, first, second)
+
+
+def rename_noreplace(dir_fd: int, source: str, target: str) -> bool:
+    """Rename `source` to `target` unless something is at `target`: then False.
+
+    Atomic with ``RENAME_NOREPLACE``; where that is missing (NFS), a check and then a rename,
+    which a save landing in between could still lose to (a plain rename replaces only an
+    empty directory, and a checkpoint never is one).
+    """
+    try:
+        if _rename_with(RENAME_NOREPLACE, dir_fd, source, target):
+            return True
+    except FileExistsError:
+        return False
+    try:
+        os.stat(target, dir_fd=dir_fd, follow_symlinks=False)
+        return False
+    except FileNotFoundError:
+        pass
+    try:
+        os.rename(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as error:
+        if error.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            return False
+        raise
+    return True
+
+
+def _same(info: os.stat_result, expected: os.stat_result) -> bool:
+    """The same version of a checkpoint: same inode, not changed since."""
+    return (info.st_dev, info.st_ino, info.st_mtime_ns) == (
+        expected.st_dev,
+        expected.st_ino,
+        expected.st_mtime_ns,
+    )
+
+
+def replace_if_unchanged(
+    dir_fd: int, staging: str, name: str, expected: os.stat_result | None
+) -> tuple[bool, str | None]:
+    """Put the directory `staging` at `name` only if `name` is still `expected` (None: absent).
+
+    Returns (published, the name the replaced checkpoint now has, to be removed). Not
+    published: `name` holds a newer checkpoint (left in place) and `staging` is still there.
+    """
+    if expected is None:
+        return rename_noreplace(dir_fd, staging, name), None
+    try:
+        if not _same(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), expected):
+            return False, None
+    except FileNotFoundError:
+        return False, None  # removed meanwhile: whoever did it knew better
+    if exchange(dir_fd, staging, name):
+        if _same(os.stat(staging, dir_fd=dir_fd, follow_symlinks=False), expected):
+            return True, staging  # the old checkpoint, now under the staging name
+        exchange(dir_fd, staging, name)  # a save landed just before: give it its name back
+        return False, None
+    retired = retired_name(name)
+    os.rename(name, retired, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    if not _same(os.stat(retired, dir_fd=dir_fd, follow_symlinks=False), expected):
+        rename_noreplace(dir_fd, retired, name)  # a save landed just before: put it back
+        return False, None
+    if not rename_noreplace(dir_fd, staging, name):
+        return False, retired  # a save landed in between; what was retired is older still
+    return True, retired
 
 
 def retired_name(name: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -34,6 +35,7 @@ from fsprobe.errors import name_of
 from fsprobe.owned import NotTrusted
 from fsprobe.paths import is_under
 from fsprobe.saving import delegate
+from fsprobe.saving.directory import Staging
 from fsprobe.saving.fallback import Area, area_name
 from fsprobe.saving.manifest import (
     READ_CHUNK,
@@ -47,6 +49,7 @@ from fsprobe.saving.manifest import (
     sha256_of_fd,
 )
 from fsprobe.saving.preflight import preflight
+from fsprobe.saving.tree import copy_tree, digest_tree, tree_digest
 from fsprobe.state import default_state_dir
 
 log = logging.getLogger("fsprobe.redirect")
@@ -139,6 +142,31 @@ def _copy_back(copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result
     return "synced"
 
 
+def _copy_directory_back(copy: OpenCopy, seen: os.stat_result | None) -> str:
+    """Steps 5 and 6 for a directory checkpoint (`fsprobe.save_dir`), published whole.
+
+    The copy goes into a staging directory beside the original, every file and directory of
+    it is fsynced and read back: the sha256 of its tree must be the one recorded. Then one
+    rename publishes it, only over the original seen in step 4 (`Staging.swap_in_if_unchanged`).
+    """
+    staging = Staging(copy.entry.requested)
+    try:
+        assert staging.fd is not None
+        staging.mode = stat.S_IMODE(os.fstat(copy.fd).st_mode)  # the checkpoint's own mode
+        copy_tree(copy.fd, staging.fd, copy.entry.area.owner)
+        staging.sync()
+        if tree_digest(digest_tree(staging.fd)) != copy.entry.sha256:
+            return "checksum_mismatch"
+        published, replaced = staging.swap_in_if_unchanged(seen)
+        if published:
+            staging.sync_parent()
+        if replaced is not None:
+            staging.remove(replaced)
+        return "synced" if published else "superseded"
+    finally:
+        staging.close()
+
+
 def _sync_one(entry: Entry, **options: Any) -> SyncOutcome:
     try:
         copy = OpenCopy(entry)
@@ -164,8 +192,6 @@ def _sync_open(
     def outcome(action: str, message: str) -> SyncOutcome:
         return SyncOutcome(entry, action, message)
 
-    if copy.is_directory:
-        return outcome("skipped", f"{entry.actual} is a directory checkpoint: not synced back yet")
     # The target may be the hung mount: ask before touching it.
     if ready is None:
         decision = preflight(
@@ -201,7 +227,10 @@ def _sync_open(
         if dry_run:
             return outcome("would_sync", f"would copy {entry.actual} back to {entry.requested}")
         try:
-            action = _copy_back(copy, target_dir, final, seen)
+            if copy.is_directory:
+                action = _copy_directory_back(copy, seen)
+            else:
+                action = _copy_back(copy, target_dir, final, seen)
         except OSError as error:
             return outcome(
                 "failed",

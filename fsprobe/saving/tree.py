@@ -18,10 +18,13 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from fsprobe.owned import NotTrusted, check_owned, open_file
+
 log = logging.getLogger("fsprobe.save")
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Directories deeper than this are refused: no checkpoint nests that far, a loop might.
 MAX_DEPTH = 64
 READ_CHUNK = 4 * 1024 * 1024
@@ -173,6 +176,47 @@ def tree_digest(files: dict[str, str]) -> str:
 
     listing = "".join(f"{name}\0{digest}\n" for name, digest in sorted(files.items()))
     return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def copy_tree(source_fd: int, target_fd: int, owner: int, depth: int = 0) -> TreeSize:
+    """Copy the tree below `source_fd` into the empty directory `target_fd`, modes kept.
+
+    Every file and directory copied must be `owner`'s (`fsprobe.owned`): anything else, and
+    anything that is neither (a symlink, a FIFO), is refused with `NotTrusted`, and nothing
+    of it is read. New files are created exclusively, never through a symlink. Nothing is
+    fsynced here (`sync_tree` does that once, for the whole copy).
+    """
+    if depth > MAX_DEPTH:
+        raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories")
+    total = TreeSize(0, 0, 1, os.fstat(source_fd).st_mtime)
+    for name, info in _entries(source_fd):
+        mode = stat.S_IMODE(info.st_mode)
+        if stat.S_ISDIR(info.st_mode):
+            with opened(open_directory(name, source_fd)) as source:
+                check_owned(os.fstat(source), owner, name, private=False)
+                os.mkdir(name, stat.S_IRWXU, dir_fd=target_fd)
+                with opened(open_directory(name, target_fd)) as target:
+                    total += copy_tree(source, target, owner, depth + 1)
+                    os.fchmod(target, mode)
+        elif stat.S_ISREG(info.st_mode):
+            with opened(open_file(source_fd, name, os.O_RDONLY, owner, private=False)) as source:
+                new = os.open(name, _NEW_FILE_FLAGS, stat.S_IRUSR | stat.S_IWUSR, dir_fd=target_fd)
+                with opened(new) as target:
+                    _copy_bytes(source, target)
+                    os.fchmod(target, mode)
+            total += TreeSize(info.st_size, 1, 0, info.st_mtime)
+        else:
+            raise NotTrusted(f"{name} is neither a regular file nor a directory; not copying it")
+    return total
+
+
+def _copy_bytes(source: int, target: int) -> None:
+    offset = 0
+    while chunk := os.pread(source, READ_CHUNK, offset):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(target, view) :]
+        offset += len(chunk)
 
 
 def remove_tree(parent_fd: int, name: str) -> bool:
