@@ -21,6 +21,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     scratch = Path(tempfile.mkdtemp(prefix="fsprobe-mutation-"))
+    # SIGTERM (a timeout, a kill of the run) unwinds like Ctrl-C, so the scratch copy goes.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             results = list(pool.map(lambda target: run_target(target, scratch), chosen))
