@@ -160,3 +160,60 @@ def test_a_row_made_from_values_reads_back_as_those_values(data):
     assert_reads_as(parsed.inodes, inodes, 1)
     assert parsed.inaccurate is (blocks["inaccurate"] or inodes["inaccurate"])
     assert output.inaccurate is parsed.inaccurate
+
+
+@st.composite
+def df_tables(draw) -> tuple[str, bool, list[dict]]:
+    """An `lfs df -v` (or `-i -v`) table made from known rows, and those rows."""
+    inodes = draw(st.booleans())
+    rows = []
+    for kind in ("MDT", "OST"):
+        for index in draw(st.sets(st.integers(0, 2000), min_size=1, max_size=4)):
+            total = draw(st.integers(1, 2**50))
+            used = draw(st.integers(0, total))
+            rows.append(
+                dict(
+                    name=f"scratch-{kind}{index:04x}",
+                    kind=kind,
+                    index=index,
+                    total=total,
+                    used=used,
+                    available=total - used,
+                    percent=-(-used * 100 // total),
+                    flags=draw(st.sampled_from(["", "D", "S", "R", "N", "DS"])),
+                )
+            )
+    title = "1K-blocks        Used   Available Use%" if not inodes else "Inodes  IUsed  IFree IUse%"
+    lines = [f"UUID                   {title} Mounted on"]
+    for row in rows:
+        numbers = f"{row['total']} {row['used']} {row['available']} {row['percent']:3d}%"
+        where = f"/lustre/scratch[{row['kind']}:{row['index']}]"
+        lines.append(f"{row['name']}_UUID {numbers} {where} {row['flags']}".rstrip())
+    return "\n".join(lines) + "\n", inodes, rows
+
+
+@settings(max_examples=200)
+@given(df_tables())
+def test_a_df_table_made_from_values_reads_back_as_those_values(table):
+    stdout, inodes, rows = table
+    output = parse_df(stdout, "", 0)
+    assert output.unparsed == ()
+    (block,) = output.filesystems
+    assert block.inodes is inodes
+    unit = 1 if inodes else KIB
+    read = [
+        dict(
+            name=t.name,
+            kind=t.kind,
+            index=t.index,
+            total=t.total.value // unit,
+            used=t.used.value // unit,
+            available=t.available.value // unit,
+            percent=t.percent,
+            flags=t.flags,
+        )
+        for t in block.targets
+    ]
+    assert read == rows
+    assert {t.mountpoint for t in block.targets} == {"/lustre/scratch"}
+    assert [t.line for t in block.targets] == list(range(2, len(rows) + 2))
