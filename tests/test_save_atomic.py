@@ -246,3 +246,18 @@ def test_importing_fsprobe_imports_no_framework():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == ""
+
+
+def test_saves_leave_no_descriptor_open_whether_they_succeed_or_fail(tmp_path):
+    """A trainer saves every few minutes for weeks: one descriptor per save would run out."""
+
+    def fails(stream):
+        stream.write(b"half")
+        raise OSError(errno.EIO, "injected")
+
+    before = set(os.listdir("/proc/self/fd"))
+    for step in range(3):
+        fsprobe.atomic_write(tmp_path / "ckpt", lambda stream, n=step: stream.write(b"x" * n))
+        with pytest.raises(fsprobe.SaveError):
+            fsprobe.atomic_write(tmp_path / "other", fails, attempts=1)
+    assert set(os.listdir("/proc/self/fd")) == before

@@ -112,3 +112,24 @@ def test_a_temp_file_that_vanished_mid_save_is_retried(tmp_path):
     assert result.attempts == 2 and result.errors == ("ENOENT",)
     assert (tmp_path / "model.pt").read_bytes() == b"the checkpoint"
     assert temps(tmp_path) == []
+
+
+def test_a_save_stuck_at_close_is_reported_at_close(faultfs):
+    """NFS and Lustre may hold the close (the deferred write-back happens there): the
+    failure names that step, not the fsync before it."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    rule = faultfs.ctl.block("flush", path="/ckpt/.fsprobe~*")
+    try:
+        with pytest.raises(SaveError) as failure:
+            fsprobe.atomic_write(
+                target / "model.pt",
+                lambda stream: stream.write(b"epoch 2"),
+                save_timeout=DEADLINE,
+                preflight=False,
+            )
+    finally:
+        faultfs.ctl.remove(rule)
+    assert [(a.errno, a.step) for a in failure.value.attempts] == [("TIMEOUT", "close")]
+    wait_until_gone(target)
+    assert not (target / "model.pt").exists()  # the abandoned attempt published nothing

@@ -41,6 +41,7 @@ _QUOTA_TESTS = (
 _SAVE_TESTS = (
     "tests/test_save_atomic.py",
     "tests/test_durability.py",
+    "tests/test_save_deadline.py",
     "tests/test_trust_fallback.py",
     "tests/test_redirect_sync.py",
     "tests/test_save_stale.py",
