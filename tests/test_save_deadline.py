@@ -114,22 +114,32 @@ def test_a_temp_file_that_vanished_mid_save_is_retried(tmp_path):
     assert temps(tmp_path) == []
 
 
-def test_a_save_stuck_at_close_is_reported_at_close(faultfs):
-    """NFS and Lustre may hold the close (the deferred write-back happens there): the
-    failure names that step, not the fsync before it."""
+@pytest.mark.parametrize(
+    ("op", "path", "step"),
+    [
+        ("write", "/ckpt/.fsprobe~*", "write"),
+        ("fsync", "/ckpt/.fsprobe~*", "fsync"),
+        ("flush", "/ckpt/.fsprobe~*", "close"),  # NFS and Lustre may write back at close
+        ("fsyncdir", "/ckpt", "fsync_dir"),
+    ],
+)
+def test_a_save_stuck_at_any_step_names_that_step(faultfs, op, path, step):
+    """The failure says where the filesystem held the save, for the log and the metrics."""
     target = faultfs.mountpoint / "ckpt"
     target.mkdir()
-    rule = faultfs.ctl.block("flush", path="/ckpt/.fsprobe~*")
+    rule = faultfs.ctl.block(op, path=path)
     try:
         with pytest.raises(SaveError) as failure:
             fsprobe.atomic_write(
                 target / "model.pt",
-                lambda stream: stream.write(b"epoch 2"),
+                lambda stream: stream.write(b"x" * (1 << 20)),  # past the buffer: written now
                 save_timeout=DEADLINE,
                 preflight=False,
+                attempts=1,
             )
     finally:
         faultfs.ctl.remove(rule)
-    assert [(a.errno, a.step) for a in failure.value.attempts] == [("TIMEOUT", "close")]
+    assert [(a.errno, a.step) for a in failure.value.attempts] == [("TIMEOUT", step)]
     wait_until_gone(target)
-    assert not (target / "model.pt").exists()  # the abandoned attempt published nothing
+    # Held before the rename, the abandoned attempt publishes nothing when it comes back.
+    assert (target / "model.pt").exists() is (step == "fsync_dir")
