@@ -110,8 +110,8 @@ def _scopes(tree: ast.Module, wanted: frozenset[str]) -> dict[int, str]:
 
 
 def _left_alone(tree: ast.Module) -> set[int]:
-    """Nodes no mistake is made in: docstrings, annotations and decorators (a frozen
-    dataclass made mutable is no behaviour a user meets)."""
+    """Nodes no mistake is made in: docstrings, annotations, decorators (a frozen dataclass
+    made mutable is no behaviour a user meets) and log calls."""
     ids: set[int] = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -128,6 +128,8 @@ def _left_alone(tree: ast.Module) -> set[int]:
             skipped.append(node.annotation)
         if isinstance(node, ast.arg) and node.annotation is not None:
             skipped.append(node.annotation)
+        if isinstance(node, ast.Call) and _is_log_call(node):
+            skipped.append(node)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             skipped += node.decorator_list
             if not isinstance(node, ast.ClassDef) and node.returns is not None:

@@ -1,9 +1,33 @@
 """Mutants that survive on purpose, each with the reason no test can or should kill it.
 
 Keyed as the run prints them: ``<module> <scope>: <mutation> in `<source line>```. A key that
-no longer matches anything is harmless; a survivor without a key fails the run.
+no longer matches anything is harmless; a survivor without a key fails the run. Only
+equivalent mutants belong here (the program does the same thing either way), or mistakes no
+machine could show; a survivor that a test could catch gets the test instead.
 """
 
 from __future__ import annotations
 
-EXPLAINED: dict[str, str] = {}
+EXPLAINED: dict[str, str] = {
+    "fsprobe/policy.py Severity: 2 -> 3 in `UNHEALTHY = 2`": (
+        "equivalent: severities are only compared (worst first, max); the status comes from "
+        "_SEVERITY_STATUS and the JSON from the label, never from the number"
+    ),
+    "fsprobe/policy.py _headroom_reasons: or -> and in `if ratio is None or left is None:`": (
+        "equivalent: ratio and left come from the same binding limit, so they are None "
+        "together or not at all"
+    ),
+    "fsprobe/policy.py Policy: 60.0 -> 61.0 in "
+    "`return self.intervals.get(probe, DEFAULT_INTERVALS.get(probe, 60.0))`": (
+        "unreachable: every probe kind has a default interval, so the last fallback is never read"
+    ),
+    "fsprobe/policy.py _binding_phrase: 1 -> 2 in "
+    "`return f\"under the {limited_by.split(':', 1)[1]} quota\"`": (
+        "equivalent: the source is 'quota:<type>', one colon; maxsplit 1 or 2 splits the same"
+    ),
+    "fsprobe/probing/statvfs.py probe_statvfs: .f_favail -> .f_ffree in "
+    "`files_free=stats.f_favail,`": (
+        "equivalent on Linux: the kernel's statfs has no f_favail and glibc's statvfs() copies "
+        "f_ffree into it (tests/test_headroom_reserved.py)"
+    ),
+}
