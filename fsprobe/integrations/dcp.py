@@ -297,7 +297,7 @@ class FsprobeWriter(FileSystemWriter):
                 failure = failure_of(error, "write")
                 if failure is None:
                     raise
-                kind = classify(failure.errno)
+                kind = classify(failure.errno, failure.step)
                 where = f"rank {self.rank}: {task[0]}"
                 if kind is not ErrorClass.TRANSIENT or attempt == self.options.attempts:
                     message = f"{where}: {failure.message}"

@@ -164,7 +164,7 @@ def deciding(failures: Iterable[FailedAttempt]) -> FailedAttempt | None:
     """Of failures at once (several ranks), the one that decides what comes next: a permanent
     error before a capacity error before a transient one, else the first."""
     order = (ErrorClass.PERMANENT, ErrorClass.CAPACITY, ErrorClass.TRANSIENT)
-    return min(failures, key=lambda f: order.index(classify(f.errno)), default=None)
+    return min(failures, key=lambda f: order.index(classify(f.errno, f.step)), default=None)
 
 
 @dataclass(frozen=True)
