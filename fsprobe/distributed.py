@@ -6,7 +6,8 @@
 
     def write(staging_dir):  # every rank writes its own shard
         path = os.path.join(staging_dir, f"shard-{rank}.pt")
-        torch.save(model.state_dict(), path)
+        with open(path, "wb") as stream:  # a file object: a failed write keeps its errno
+            torch.save(model.state_dict(), stream)
         return [path]  # the files this rank wrote: this rank fsyncs them
 
     fsprobe.distributed.save_dir("/lustre/run7/step-1000", write)  # on every rank
