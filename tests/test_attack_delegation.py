@@ -9,14 +9,18 @@ accounts, a real daemon and real processes.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.daemon_process import DaemonProcess, clean_environment
-from tests.support.users import share
+from tests.support.users import REPO, share
 from tests.test_trust_fallback import make_dir, save_as
 
 
@@ -62,3 +66,129 @@ def test_a_users_sync_back_is_not_killed_by_the_lfs_runs_beside_it(local_users, 
     assert (target / "model.pt").read_text() == "alice's weights"
     assert len(lfs_runs.read_text().splitlines()) > 5  # lfs ran, and ended, during the sync
     assert "could not sync" not in daemon.log()
+
+
+#: Mallory, waiting for root's run of `fsprobe sync` as her: she finds it in /proc (its
+#: command line is public), then does what argv[1] says to it and prints what came of it.
+MEDDLE = r"""
+import ctypes, json, os, signal, sys, time
+PTRACE_ATTACH, PTRACE_DETACH, WALL = 16, 17, 0x40000000
+action = sys.argv[1]
+deadline = time.monotonic() + 90
+found = None
+while found is None and time.monotonic() < deadline:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().split(b"\0")
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        mine = owner == os.getuid() and int(pid) != os.getpid()
+        if mine and b"sync" in argv and b"--json" in argv:
+            found = int(pid)
+            break
+result = {"found": found is not None}
+if found is not None and action == "trace":
+    # Her own process: if it lets her trace it, she can make it write anything to the pipe
+    # root reads as its report, and run anything of hers inside root's service.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long] * 4
+    if libc.ptrace(PTRACE_ATTACH, found, 0, 0) == 0:
+        os.waitpid(found, WALL)
+        libc.ptrace(PTRACE_DETACH, found, 0, 0)
+        result["traced"] = True
+    else:
+        result["traced"] = False
+        result["error"] = os.strerror(ctypes.get_errno())
+    try:
+        with open(f"/proc/{found}/environ", "rb") as environ:
+            result["environ"] = environ.read().decode(errors="replace")
+    except OSError as error:
+        result["environ_error"] = error.strerror
+elif found is not None and action == "stop":
+    os.kill(found, signal.SIGSTOP)  # and never continue it
+    result["stopped"] = True
+print(json.dumps(result))
+"""
+
+
+def _two_pending_users(local_users, place) -> tuple:
+    """Mallory and Bob, each with a checkpoint redirected to one scratch fallback, and their
+    targets ready to take them back. Mallory's uid is the lower: root syncs her first."""
+    mallory, bob = sorted((local_users.user(), local_users.user()), key=lambda user: user.uid)
+    scratch = make_dir(place / "scratch", 0o1777)
+    targets = {}
+    for user in (mallory, bob):
+        targets[user] = make_dir(place / f"{user.name}-ckpt", 0o755)
+        assert save_as(user, targets[user] / "model.pt", f"{user.name}'s", scratch)["redirected"]
+        os.chown(targets[user], user.uid, -1)
+    return mallory, bob, scratch, targets
+
+
+def _meddle_beside_roots_sync(local_users, mallory, scratch: Path, action: str):
+    """Root's `fsprobe sync` of the scratch fallback while Mallory meddles with her run."""
+    meddler = subprocess.Popen(
+        [local_users.python, "-c", MEDDLE, action],
+        stdout=subprocess.PIPE,
+        text=True,
+        **mallory.subprocess_kwargs(),
+    )
+    try:
+        time.sleep(0.5)  # she is watching /proc
+        started = time.monotonic()
+        done = subprocess.run(
+            [local_users.python, "-m", "fsprobe", "sync", "--json", "--fallback-dir", str(scratch)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,  # the run as Mallory may take an hour: killed at its deadline (3600 s)
+            check=False,
+        )
+        took = time.monotonic() - started
+        meddled = json.loads(meddler.communicate(timeout=120)[0])
+    finally:
+        meddler.kill()
+        meddler.wait()
+        for process in psutil.process_iter(["uids"]):  # a run she stopped, left behind
+            if process.info["uids"] and process.info["uids"].real == mallory.uid:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+    return done, took, meddled
+
+
+def test_a_user_can_neither_trace_her_run_nor_read_what_root_gave_it(
+    local_users, place, monkeypatch
+):
+    """The run as Mallory was Mallory's own process (it became her before exec): she could
+    trace it (and so write whatever she liked into the pipe root reads its report from, and
+    run code of hers inside root's service), and read the environment root gave it."""
+    mallory, bob, scratch, targets = _two_pending_users(local_users, place)
+    monkeypatch.setenv("FSPROBE_SECRET_OF_ROOTS", "root-only")  # passed on to the runs
+    done, _took, meddled = _meddle_beside_roots_sync(local_users, mallory, scratch, "trace")
+
+    assert meddled["found"], meddled
+    assert meddled["traced"] is False, meddled
+    assert "environ" not in meddled, meddled
+    assert done.returncode in (0, 2), done.stderr  # Mallory's run may have failed, nothing else
+    report = json.loads(done.stdout)
+    assert [(e["owner"], e["action"]) for e in report["entries"] if e["owner"] == bob.uid] == [
+        (bob.uid, "synced")
+    ]
+    assert (targets[bob] / "model.pt").read_text() == f"{bob.name}'s"
+
+
+def test_a_run_its_user_stops_is_not_waited_for(local_users, place):
+    """A run that Mallory stopped (SIGSTOP, never continued) held root's sync, and with it
+    every other user's, until the run's deadline: an hour."""
+    mallory, bob, scratch, targets = _two_pending_users(local_users, place)
+    done, took, meddled = _meddle_beside_roots_sync(local_users, mallory, scratch, "stop")
+
+    assert meddled == {"found": True, "stopped": True}
+    assert took < 60, took
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [(e["owner"], e["action"]) for e in report["entries"]] == [(bob.uid, "synced")]
+    assert (targets[bob] / "model.pt").read_text() == f"{bob.name}'s"
+    assert not (targets[mallory] / "model.pt").exists()
+    assert "was stopped" in done.stderr

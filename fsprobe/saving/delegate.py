@@ -9,13 +9,23 @@ the user's permissions to everything that run does. Root only reads the run's re
 The run is started like ``su`` should be and ``sudo`` is: no shell, the interpreter isolated
 (``-I``: no current directory, no ``PYTHON*`` variables, no user site-packages), ``/`` as its
 directory, a new session without a terminal (no ``TIOCSTI`` into root's), only the environment
-fsprobe needs, a deadline after which it is killed, and a cap on what root reads from it: the
-user can trace and steer their own process, so its output is data to check, never to act on.
+fsprobe needs, a deadline after which it is killed, and a cap on what root reads from it.
+
+It becomes the user only after it has started (`become`), never before ``exec``: ``exec`` makes
+a process whose IDs all agree its user's own, which that user may trace (``ptrace``), read and
+write the memory of, and so steer into writing anything to the pipe root reads, or running
+anything of theirs inside root's service (its memory and task limits). A process that gives
+up root without ``exec`` stays "not dumpable", and the user it became can do none of that. What
+the user keeps is signalling it: a run they stop (``SIGSTOP``) is killed as soon as it is seen
+stopped, not waited for until the deadline; one they kill reports nothing. Its output is still
+data to check, never to act on: a run may start processes of its own (its probe worker), which
+are the user's own, debuggable ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pwd
@@ -36,6 +46,17 @@ _PASSED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 _NOT_PASSED = ("FSPROBE_STATE_DIR", "FSPROBE_FALLBACK_DIRS")
 #: How long a killed run is waited for (one stuck in the kernel cannot die yet).
 _REAP_SECONDS = 5.0
+#: How often a run is checked for having been stopped while root waits for its report.
+_STOP_CHECK_SECONDS = 0.5
+#: From <linux/prctl.h>.
+_PR_SET_DUMPABLE = 4
+#: What the run executes: as root, it imports fsprobe from root's own installation and becomes
+#: the user (`become`); only then does it run ``fsprobe ARGUMENTS``, as ``python -m`` would.
+_BOOTSTRAP = (
+    "import sys; from fsprobe.saving.delegate import become; "
+    "become(int(sys.argv[1]), int(sys.argv[2]), [int(g) for g in sys.argv[3].split(',') if g]); "
+    "import runpy; sys.argv[:4] = ['fsprobe']; runpy.run_module('fsprobe', run_name='__main__')"
+)
 
 
 class DelegationFailed(Exception):
@@ -52,35 +73,66 @@ def _environment(environ: Mapping[str, str]) -> dict[str, str]:
     return kept
 
 
-def _read_until(fd: int, deadline: float, cap: int) -> tuple[bytes, bool]:
-    """(what `fd` gave until EOF, the deadline or more than `cap` bytes; whether it overran)."""
+def _stopped(process: subprocess.Popen) -> bool:
+    """Whether the run is stopped by a signal (its state is left to be reported again)."""
+    try:
+        flags = os.WSTOPPED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, process.pid, flags) is not None
+    except ChildProcessError:
+        return False
+
+
+def _read_report(process: subprocess.Popen, deadline: float, cap: int) -> bytes:
+    """What the run prints until it closes its stdout; `DelegationFailed` if it overruns the
+    deadline, prints more than `cap` bytes or is found stopped meanwhile."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
     output = bytearray()
-    while len(output) <= cap:
+    while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return bytes(output), True
-        if not select.select([fd], [], [], left)[0]:
+            raise DelegationFailed("did not finish in time")
+        if _stopped(process):
+            raise DelegationFailed("was stopped by a signal (not by fsprobe); not waiting for it")
+        if not select.select([fd], [], [], min(left, _STOP_CHECK_SECONDS))[0]:
             continue
         chunk = os.read(fd, 1 << 16)
         if not chunk:
-            break
+            return bytes(output)
         output += chunk
-    return bytes(output), False
+        if len(output) > cap:
+            raise DelegationFailed(f"printed more than {cap} bytes")
+
+
+def become(uid: int, gid: int, groups: Sequence[int]) -> None:
+    """Give up root for good and become `uid` (run in the started process, see the module).
+
+    Every ID is set, real, effective and saved alike, and checked, so that nothing can ever
+    switch back; the process is then marked not dumpable once more (the kernel did so when
+    the IDs changed, unless ``fs.suid_dumpable`` says otherwise).
+    """
+    os.setgroups(list(groups))
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise PermissionError(f"could not become uid {uid} and gid {gid} for good")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_DUMPABLE): {os.strerror(code)}")
 
 
 def _start(uid: int, gid: int, groups: list[int], arguments: Sequence[str]) -> subprocess.Popen:
     # Started as a known child: the probe worker, where the daemon's sync task runs, kills
     # every child it did not start itself whenever an `lfs` run ends (what lfs left behind).
+    identity = [str(uid), str(gid), ",".join(map(str, groups))]
     return children.start(
-        [sys.executable, "-I", "-m", "fsprobe", *arguments],
+        [sys.executable, "-I", "-c", _BOOTSTRAP, *identity, *arguments],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         cwd="/",
         env=_environment(os.environ),
-        user=uid,
-        group=gid,
-        extra_groups=groups,
         umask=0o022,
         start_new_session=True,
         close_fds=True,
@@ -91,8 +143,9 @@ def run_as(uid: int, arguments: Sequence[str], timeout: float) -> dict[str, Any]
     """``fsprobe ARGUMENTS`` as user `uid`; the JSON object it prints on stdout.
 
     Raises `DelegationFailed` if `uid` has no account (its groups cannot be known), the run
-    overran `timeout` (it is killed, with whatever it started in its session), printed more
-    than `MAX_OUTPUT_BYTES`, or printed something that is not one JSON object.
+    overran `timeout` or was stopped by a signal (it is killed, with whatever it started in
+    its session), printed more than `MAX_OUTPUT_BYTES`, or printed something that is not one
+    JSON object.
     """
     try:
         account = pwd.getpwuid(uid)
@@ -103,24 +156,20 @@ def run_as(uid: int, arguments: Sequence[str], timeout: float) -> dict[str, Any]
         process = _start(uid, account.pw_gid, groups, arguments)
     except OSError as error:
         raise DelegationFailed(f"cannot start fsprobe as uid {uid}: {error}") from None
-    assert process.stdout is not None
-    with process.stdout:
-        output, overran = _read_until(
-            process.stdout.fileno(), time.monotonic() + timeout, MAX_OUTPUT_BYTES
-        )
-    if overran or len(output) > MAX_OUTPUT_BYTES:
+    try:
+        with process.stdout:  # type: ignore[union-attr]
+            output = _read_report(process, time.monotonic() + timeout, MAX_OUTPUT_BYTES)
+    except DelegationFailed as failure:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # its own session's group, nobody else's
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(_REAP_SECONDS)  # a run stuck in the kernel is left to the reaper
-    children.finish(process)
-    if overran:
-        raise DelegationFailed(f"fsprobe as uid {uid} did not finish within {timeout:g} s")
-    if len(output) > MAX_OUTPUT_BYTES:
-        raise DelegationFailed(f"fsprobe as uid {uid} printed more than {MAX_OUTPUT_BYTES} bytes")
+        raise DelegationFailed(f"fsprobe as uid {uid} {failure}") from None
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(_REAP_SECONDS)  # a run stuck in the kernel is left to the reaper
+        children.finish(process)
     try:
         document = json.loads(output)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
         raise DelegationFailed(f"fsprobe as uid {uid} did not print JSON: {error}") from None
     if not isinstance(document, dict):
         raise DelegationFailed(f"fsprobe as uid {uid} printed JSON that is not an object")
