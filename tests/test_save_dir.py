@@ -390,3 +390,29 @@ def test_a_failed_write_of_a_writer_in_rust_is_retried_with_its_errno(faultfs):
     assert (result.attempts, result.errors) == (2, ("EIO",))
     loaded = safetensors_torch.load_file(faultfs.mountpoint / "ckpt" / "model.safetensors")
     assert all(torch.equal(loaded[key], value) for key, value in tensors.items())
+
+
+def test_a_directory_save_stuck_in_fsync_goes_to_the_fallback_at_its_deadline(faultfs, tmp_path):
+    target = faultfs.mountpoint / "ckpt"
+    fsprobe.save_dir(target, checkpoint_writer(1))
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    rule = faultfs.ctl.block("fsync", path="/.fsprobe~*/*")  # every file of a staging dir
+    start = time.monotonic()
+    try:
+        result = fsprobe.save_dir(
+            target, checkpoint_writer(2), fallback_dirs=[fallback], save_timeout=2.0
+        )
+        elapsed = time.monotonic() - start
+    finally:
+        faultfs.ctl.remove(rule)  # the abandoned attempt goes on: it must publish nothing
+    assert result.redirected and result.errors == ("TIMEOUT",) and result.attempts == 2
+    assert elapsed < 2.0 + 20  # the deadline, and a busy machine's slack
+    assert_checkpoint(Path(result.path), 2)
+    deadline = time.monotonic() + 30
+    while leftovers(faultfs.mountpoint):  # until the released attempt has cleaned up
+        assert time.monotonic() < deadline, "the abandoned attempt left its staging directory"
+        time.sleep(0.05)
+    assert_checkpoint(target, 1)
+    with pytest.raises(ValueError, match="save_timeout"):
+        fsprobe.save_dir(target, checkpoint_writer(3), save_timeout=0)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from fsprobe.atomic import claim, hostname, is_live_here, parse_temp_name, temp_name, unclaim
+from fsprobe.saving.deadline import Progress, within
 from fsprobe.saving.manifest import new_entry, record
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
@@ -209,37 +210,42 @@ class Staging:
             self.parent_fd = -1
 
 
-def write_directory_once(final: str, write: Callable[[str], object], fsync: bool) -> int:
+def write_directory_once(
+    final: str, write: Callable[[str], object], fsync: bool, progress: Progress
+) -> int:
     """One attempt: staging dir, write, fsync all, publish, fsync parent. Returns the bytes.
 
     Raises `FailedAttempt` for an I/O failure; anything else `write` raises (a bug) is
-    re-raised as it is. The staging directory is removed on every way out but success.
+    re-raised as it is. The staging directory is removed on every way out but success, and
+    an attempt that its save abandoned at the deadline (`progress`) publishes nothing.
     """
+    progress.at("mkdir")
     try:
         staging = Staging(final)
     except OSError as error:
         raise FailedAttempt.of(error, "mkdir") from error
-    step = "write"
     try:
         try:
+            progress.at("write")
             write(staging.path)
         except Exception as error:
             failure = failure_of(error, "write")
             if failure is None:
                 raise
             raise failure from error
-        step = "fsync"
+        progress.at("fsync")
         size = staging.sync() if fsync else staging.measure()
-        step = "rename"
+        progress.before_publishing()
+        progress.at("rename")
         replaced = staging.swap_in()
         if fsync:
-            step = "fsync_dir"
+            progress.at("fsync_dir")
             staging.sync_parent()
         if replaced is not None:
             staging.remove(replaced)
         return size.bytes
     except OSError as error:
-        raise FailedAttempt.of(error, step) from error
+        raise FailedAttempt.of(error, progress.step) from error
     finally:
         staging.close()
 
@@ -332,15 +338,19 @@ def save_dir(
     on_unhealthy: str = "proceed",
     state_dir: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    save_timeout: float | None = None,
 ) -> SaveResult:
     """Save the directory `path` whole through `write(staging_dir)`, retrying and redirecting.
 
     `write` gets the path of an empty hidden directory beside `path` and fills it (any files,
     any sub-directories); it is called again from scratch, with a fresh directory, on every
     attempt. `need_bytes` defaults to the size of the last directory saved there (times 1.1);
-    the other arguments are those of `fsprobe.atomic_write`. Raises `SaveError` when every
-    attempt failed; `path` is then as it was before.
+    the other arguments are those of `fsprobe.atomic_write` (`save_timeout` bounds each
+    attempt, `write` included). Raises `SaveError` when every attempt failed; `path` is then
+    as it was before.
     """
+    if save_timeout is not None and not save_timeout > 0:
+        raise ValueError("save_timeout must be a positive number of seconds")
     options = SaveOptions.of(
         attempts=attempts,
         backoff=backoff,
@@ -359,7 +369,11 @@ def save_dir(
     return run_attempts(
         tries,
         Attempt(
-            write=lambda destination: write_directory_once(destination, write, fsync),
+            write=lambda destination: within(
+                save_timeout,
+                destination,
+                lambda progress: write_directory_once(destination, write, fsync, progress),
+            ),
             clean=clean_directory,
             record=record_redirect,
         ),
