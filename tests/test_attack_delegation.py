@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -192,3 +193,45 @@ def test_a_run_its_user_stops_is_not_waited_for(local_users, place):
     assert (targets[bob] / "model.pt").read_text() == f"{bob.name}'s"
     assert not (targets[mallory] / "model.pt").exists()
     assert "was stopped" in done.stderr
+
+
+def test_root_acts_for_no_account_because_someone_named_an_area_after_it(local_users, place):
+    """Root's sync ran ``fsprobe sync`` as every uid an area's *name* gave: Mallory made
+    root start processes as any account she liked (here, three of her neighbours and the
+    system's nobody), one after the other, at every sync of the daemon."""
+    mallory = local_users.user()
+    neighbours = [local_users.user() for _ in range(3)]
+    scratch = make_dir(place / "scratch", 0o1777)
+    named = [user.uid for user in neighbours] + [65534]
+    mallory.run(lambda: [(scratch / f"uid-{uid}").mkdir() for uid in named])
+
+    seen: set[int] = set()
+    watching = threading.Event()
+    watching.set()
+
+    def watch() -> None:
+        while watching.is_set():
+            for process in psutil.process_iter(["uids"]):
+                uids = process.info["uids"]
+                if uids is not None and uids.real in named:
+                    seen.add(uids.real)
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        done = subprocess.run(
+            [local_users.python, "-m", "fsprobe", "sync", "--json", "--fallback-dir", str(scratch)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        watching.clear()
+        watcher.join()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["entries"] == []
+    assert seen == set()
+    assert sorted(os.listdir(scratch)) == sorted(f"uid-{uid}" for uid in named)  # untouched

@@ -34,6 +34,7 @@ from fsprobe.paths import is_under
 from fsprobe.saving.fallback import (
     AREA_NAME,
     Area,
+    area_name,
     mirrored,
     own_area,
     remove_area_if_empty,
@@ -167,10 +168,13 @@ def new_entry(fallback: str, requested: str, actual: str, nbytes: int, sha256: s
 
 
 def areas(fallback: str) -> list[Area]:
-    """Every user's area in `fallback`, found by name (opening one proves whose it is).
+    """Every user's area in `fallback`: a directory ``uid-<uid>`` that this uid owns.
 
-    A manifest directly in the fallback directory, as fsprobe wrote them before areas
-    existed, counts as an area of the manifest's owner.
+    Opening an area still proves whose it is; this only keeps root from acting for an
+    account because of a name: anyone who may write a shared fallback can make a directory
+    called ``uid-<any uid>``, and root runs a sync as the user of every area it finds. A
+    manifest directly in the fallback directory, as fsprobe wrote them before areas existed,
+    counts as an area of the manifest's owner.
     """
     fallback = os.path.abspath(fallback)
     found = []
@@ -178,12 +182,22 @@ def areas(fallback: str) -> list[Area]:
         for item in listing:
             match = AREA_NAME.match(item.name)
             if match is not None:
-                found.append(Area(fallback, item.path, int(match["uid"])))
+                uid = int(match["uid"])
+                if item.name == area_name(uid) and _directory_of(item, uid):
+                    found.append(Area(fallback, item.path, uid))
             elif item.name == MANIFEST:
                 with contextlib.suppress(OSError):
                     owner = item.stat(follow_symlinks=False).st_uid
                     found.append(Area(fallback, fallback, owner))
     return sorted(found, key=lambda area: (area.owner, area.legacy))
+
+
+def _directory_of(item: os.DirEntry, owner: int) -> bool:
+    try:
+        info = item.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == owner
 
 
 def own_areas(fallback: str) -> list[Area]:
