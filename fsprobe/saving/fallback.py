@@ -11,7 +11,7 @@ mirrored beneath it::
 Mirroring the whole path (not only the file name) keeps two runs that both save ``last.pt``
 from overwriting each other and tells a person at a glance where a file belongs. The area per
 user (``uid-<uid>``, holding that user's copies and manifest) is what lets a team share one
-fallback directory: nobody writes into another member's directories, and every name in an area
+fallback directory: nobody reads or writes another member's directories, and every name in an area
 provably belongs to its user (`fsprobe.owned`): the area and every directory below it are
 owned by the user and writable by nobody else, and each is opened without following symlinks.
 
@@ -36,6 +36,9 @@ from fsprobe.owned import NotTrusted, components, walk
 FALLBACK_ENV = "FSPROBE_FALLBACK_DIRS"
 #: The name of a user's area: ``uid-<uid>``.
 AREA_NAME = re.compile(r"^uid-(?P<uid>\d+)$")
+#: An area is its user's alone, to read too: a checkpoint redirected from a directory that
+#: only its user may enter must not become readable by everyone who shares the fallback.
+AREA_MODE = 0o700
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -113,10 +116,15 @@ class Area:
                 return os.dup(root)
             if create:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(os.path.basename(self.path), 0o755, dir_fd=root)
-            return walk(root, [os.path.basename(self.path)], self.owner, where=self.fallback)
+                    os.mkdir(os.path.basename(self.path), AREA_MODE, dir_fd=root)
+            area = walk(root, [os.path.basename(self.path)], self.owner, where=self.fallback)
         finally:
             os.close(root)
+        if create:  # the owner saving into it; an area of an earlier version was 0755
+            mode = stat.S_IMODE(os.fstat(area).st_mode)
+            if mode & ~AREA_MODE & 0o777:
+                os.fchmod(area, mode & ~0o077)
+        return area
 
     def names(self, actual: str) -> list[str]:
         """The names leading from the area to `actual`; NotTrusted if it is not beneath it."""
