@@ -10,6 +10,7 @@ The public API (DESIGN §6)::
     fsprobe.distributed.save_dir(path, write, ...) -> SaveResult  # ... written by every rank
     fsprobe.save_async(obj, path, ...) -> Future[SaveResult]      # snapshot now, write later
     fsprobe.wait_saves(timeout=None)                              # the background saves done
+    fsprobe.locate(path) -> str                                   # where to resume from
     fsprobe.SaveError                                             # an OSError, every attempt
 
 Every name is loaded on first use, so `import fsprobe` costs next to nothing (the probe worker
@@ -42,6 +43,7 @@ _API = {
     "SaveResult": "fsprobe.saving.retry",
     "save_async": "fsprobe.saving.background",
     "wait_saves": "fsprobe.saving.background",
+    "locate": "fsprobe.saving.resume",
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads these
@@ -54,6 +56,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from fsprobe.saving.file import save as save
     from fsprobe.saving.preflight import Decision as Decision
     from fsprobe.saving.preflight import preflight as preflight
+    from fsprobe.saving.resume import locate as locate
     from fsprobe.saving.retry import SaveError as SaveError
     from fsprobe.saving.retry import SaveResult as SaveResult
 

@@ -28,7 +28,8 @@ from typing import Any, Callable
 from fsprobe.extras import import_extra, is_missing, missing_extra
 from fsprobe.saving.fallback import all_fallback_dirs
 from fsprobe.saving.file import DEFAULT_ATTEMPTS, SaveResult, atomic_write
-from fsprobe.saving.manifest import forget, newest_copy
+from fsprobe.saving.manifest import forget
+from fsprobe.saving.resume import locate
 
 torch = import_extra("torch", "lightning", __name__)
 try:
@@ -104,7 +105,7 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
     ) -> dict[str, Any]:
         """Load `path`, or its redirected copy when that one is newer (not yet synced back)."""
         if _is_local(path):
-            path = newest_copy(os.fspath(path), all_fallback_dirs(self.fallback_dirs))
+            path = locate(path, fallback_dirs=self.fallback_dirs)
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:

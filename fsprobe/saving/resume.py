@@ -1,0 +1,30 @@
+"""`fsprobe.locate()`: where the newest committed copy of a checkpoint is, for a resume.
+
+A save that could not go to its target went to a fallback directory (`fsprobe.saving.fallback`)
+and is recorded in that fallback's manifest until `fsprobe sync` brings it home. A trainer that
+resumes must load that copy when it is newer than what is at the requested path (which may not
+even exist), and the requested path otherwise. The manifest decides, with its trust rules
+(`fsprobe.saving.manifest.newest_copy`): a copy counts only if it is this user's own and still
+holds the checksum recorded when it was saved; a file checkpoint and a directory checkpoint
+alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from fsprobe.saving.fallback import all_fallback_dirs
+from fsprobe.saving.manifest import newest_copy
+
+
+def locate(
+    path: str | os.PathLike[str], *, fallback_dirs: Iterable[str | os.PathLike[str]] = ()
+) -> str:
+    """The absolute path to load the checkpoint saved as `path` from: itself, or its newer
+    redirected copy in `fallback_dirs` or ``FSPROBE_FALLBACK_DIRS``.
+
+    Nothing is copied or changed; with no newer copy, `path` is returned whether it exists or
+    not (loading it then fails as it would have).
+    """
+    return newest_copy(os.path.abspath(os.fspath(path)), all_fallback_dirs(fallback_dirs))
