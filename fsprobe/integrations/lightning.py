@@ -89,13 +89,17 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.last_result = atomic_write(
-            path,
-            lambda stream: torch.save(checkpoint, stream),
-            attempts=self.attempts,
-            fallback_dirs=self.fallback_dirs,
-            max_wait=self.max_wait,
-            **self.atomic_write_kwargs,
+            path, lambda stream: torch.save(checkpoint, stream), **self.save_options()
         )
+
+    def save_options(self) -> dict[str, Any]:
+        """The keyword arguments of every save made through this plugin."""
+        return {
+            "attempts": self.attempts,
+            "fallback_dirs": self.fallback_dirs,
+            "max_wait": self.max_wait,
+            **self.atomic_write_kwargs,
+        }
 
     def load_checkpoint(
         self,

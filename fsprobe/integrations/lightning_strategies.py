@@ -1,0 +1,177 @@
+"""Lightning strategies whose checkpoints are directories, committed whole by fsprobe.
+
+::
+
+    from lightning import Trainer
+    from fsprobe.integrations.lightning import FsprobeCheckpointIO
+    from fsprobe.integrations.lightning_strategies import FsprobeModelParallelStrategy
+
+    trainer = Trainer(
+        strategy=FsprobeModelParallelStrategy(),
+        plugins=[FsprobeCheckpointIO(fallback_dirs=["/scratch/me/fallback"])],
+    )
+
+Lightning's `ModelParallelStrategy` (``save_distributed_checkpoint=True``, its default) and
+`FSDPStrategy` (``state_dict_type="sharded"``) save a checkpoint as a directory of PyTorch
+Distributed Checkpoint shards plus ``meta.pt``, without their `CheckpointIO`: every rank writes
+its shard straight into the checkpoint's path, so one failed write kills the run and leaves a
+directory that looks like a checkpoint. These subclasses run the strategy's own
+`save_checkpoint` into the staging directory of `fsprobe.distributed.save_dir` instead: the
+checkpoint is published with one rename once every rank wrote its part, retried as a whole
+when a rank's write failed, redirected (every rank together) when the target cannot take it,
+and found again where it landed when Lightning loads it (`fsprobe.locate`, decided on rank 0).
+
+The options (``fallback_dirs``, ``attempts``, ``max_wait``...) are those of the strategy's
+`FsprobeCheckpointIO`, which also saves its single-file checkpoints (a full state dict) and
+removes old ones (top-k, redirected copies included); it is the default `CheckpointIO` here.
+A separate module from `fsprobe.integrations.lightning`, which needs only the light
+``lightning.fabric`` part of Lightning and works with versions that have no model-parallel
+strategy.
+"""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import os
+import sys
+from typing import Any
+
+import torch.distributed as dist
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from torch.distributed.checkpoint.api import CheckpointException
+
+from fsprobe.checking import check
+from fsprobe.errors import errno_code
+from fsprobe.integrations.lightning import FsprobeCheckpointIO
+from fsprobe.saving import distributed as collective
+from fsprobe.saving.directory import save_dir
+from fsprobe.saving.resume import locate
+from fsprobe.saving.retry import SaveResult, failure_of
+
+#: What a `FsprobeCheckpointIO` option means for a directory too (a file's own need, its
+#: per-file deadline and the collective's group are not among them).
+_DIRECTORY_OPTIONS = frozenset(inspect.signature(collective.save_dir).parameters) - {
+    "path",
+    "write",
+    "process_group",
+    "need_bytes",
+    "need_inodes",
+}
+
+
+#: Below this much room, a filesystem counts as full (see `_io_error_of`).
+FULL_BELOW_BYTES = 1024 * 1024
+#: Seconds the look at the room may take.
+ROOM_TIMEOUT = 10.0
+
+
+def _io_error_of(error: CheckpointException, staging: str) -> OSError | None:
+    """DCP's error for a failed save, as the I/O error of the first rank it names.
+
+    DCP gathers every rank's exception into one `CheckpointException`, raised on every rank,
+    and the gathering pickles them: what was a RuntimeError from `torch.save` with the OSError
+    in its `__context__` arrives without it, so the errno is lost (``EUNKNOWN``, retried as
+    transient). A failed write on a filesystem that has no room left now (the staging
+    directory's, still holding the partial shards) is taken for ENOSPC instead, so that the
+    checkpoint is redirected rather than retried into the same full target; a full quota
+    (EDQUOT) cannot be told this way and is retried. Each rank turns the error into the same
+    OSError, so the collective save sees an I/O failure; None when some rank failed for
+    another reason (a bug, to be raised as it is).
+    """
+    first: OSError | None = None
+    for rank, (exception, _trace) in sorted(error.failures.items()):
+        failure = failure_of(exception, "write")
+        if failure is None:
+            return None
+        if first is None:
+            code = errno_code(failure.errno)
+            if code is None and _room(staging) < FULL_BELOW_BYTES:
+                code = errno.ENOSPC
+            first = OSError(code, f"rank {rank}: {failure.message}")
+    return first
+
+
+def _room(directory: str) -> int:
+    """Bytes a new file in `directory` may still take (huge if unknown): a statvfs in the
+    probe worker, bounded by its deadline like every probe, so a mount that hangs now costs
+    the timeout, not the job."""
+    report = check(directory, write_probe=False, quota_provider="none", timeout=ROOM_TIMEOUT)
+    room = report.verdict.headroom.bytes
+    return sys.maxsize if room is None else room
+
+
+class DirectoryCheckpoints:
+    """Mixin for a Lightning strategy that saves directories: see the module docstring.
+
+    A subclass says when its checkpoint is a directory (`writes_directory`). `last_result` is
+    the `SaveResult` of the last directory saved.
+    """
+
+    last_result: SaveResult | None = None
+
+    def writes_directory(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def checkpoint_io(self) -> Any:
+        if self._checkpoint_io is None:
+            self._checkpoint_io = FsprobeCheckpointIO()
+        return super().checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: Any) -> None:
+        self._checkpoint_io = io
+
+    def _options(self) -> dict[str, Any]:
+        io = self.checkpoint_io
+        if not isinstance(io, FsprobeCheckpointIO):
+            return {}
+        return {k: v for k, v in io.save_options().items() if k in _DIRECTORY_OPTIONS}
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None or not self.writes_directory():
+            super().save_checkpoint(checkpoint, filepath, storage_options)  # refused or a file
+            return
+        requested = self.broadcast(os.path.abspath(os.fspath(filepath)))
+        if self.is_global_zero:  # Lightning creates the checkpoint's directory as it saves
+            os.makedirs(os.path.dirname(requested), exist_ok=True)
+        save = super().save_checkpoint
+
+        def write(staging: str) -> None:
+            try:
+                save(dict(checkpoint), staging)  # a copy: Lightning pops what it writes
+            except CheckpointException as error:
+                translated = _io_error_of(error, staging)
+                if translated is None:
+                    raise
+                raise translated from error
+
+        if dist.is_available() and dist.is_initialized():
+            self.last_result = collective.save_dir(requested, write, **self._options())
+        else:
+            self.last_result = save_dir(requested, write, **self._options())
+
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Load `checkpoint_path`, or its newer redirected copy (rank 0 decides for all)."""
+        where = None
+        if self.is_global_zero:
+            fallback_dirs = self._options().get("fallback_dirs", ())
+            where = locate(checkpoint_path, fallback_dirs=fallback_dirs)
+        return super().load_checkpoint(self.broadcast(where), *args, **kwargs)
+
+
+class FsprobeModelParallelStrategy(DirectoryCheckpoints, ModelParallelStrategy):
+    """`ModelParallelStrategy` whose distributed checkpoints are fsprobe directory saves."""
+
+    def writes_directory(self) -> bool:
+        return self._save_distributed_checkpoint
+
+
+class FsprobeFSDPStrategy(DirectoryCheckpoints, FSDPStrategy):
+    """`FSDPStrategy` whose sharded checkpoints are fsprobe directory saves."""
+
+    def writes_directory(self) -> bool:
+        return self._state_dict_type == "sharded"
