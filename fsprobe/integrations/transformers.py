@@ -65,6 +65,7 @@ CHECKPOINT_PREFIX = PREFIX_CHECKPOINT_DIR
 #: The Trainer's methods that write a checkpoint's files, each given the directory first.
 WRITERS = ("save_model", "_save_optimizer_and_scheduler", "_save_scaler", "_save_rng_state")
 _SAVE_DIR_PARAMETERS = inspect.signature(save_dir).parameters
+_COLLECTIVE_PARAMETERS = inspect.signature(collective.save_dir).parameters
 _NOT_OPTIONS = ("path", "write")  # what protect() gives save_dir itself
 #: The protected trainers; weakly held, so that a trainer is freed as if never protected.
 _PROTECTED: weakref.WeakKeyDictionary[Trainer, _ProtectedCheckpoints] = weakref.WeakKeyDictionary()
@@ -204,6 +205,10 @@ def protect(trainer: Trainer, **save_dir_kwargs: Any) -> Trainer:
     unknown = [k for k in save_dir_kwargs if k not in _SAVE_DIR_PARAMETERS or k in _NOT_OPTIONS]
     if unknown:
         raise TypeError(f"protect() got unexpected keyword arguments: {', '.join(unknown)}")
+    if trainer.args.world_size > 1:
+        alone = [k for k in save_dir_kwargs if k not in _COLLECTIVE_PARAMETERS]
+        if alone:
+            raise TypeError(f"a save by many ranks takes no {', '.join(alone)}")
     if trainer in _PROTECTED:
         raise ValueError("this trainer's checkpoints are protected already")
     _PROTECTED[trainer] = _ProtectedCheckpoints(trainer, save_dir_kwargs)
