@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as torch_dcp
 
+import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.integrations import dcp
 from fsprobe.saving.fallback import own_area
@@ -198,6 +199,7 @@ def test_a_checkpoint_whose_shards_fit_but_not_the_whole_lands_whole_in_the_fall
         result["bytes"],
     )
     assert assert_loads(target, 4, seed=1, fallback_dirs=[fallback]) == str(actual)
+    assert fsprobe.locate(target, fallback_dirs=[fallback]) == str(actual)
 
     subprocess.run(["mount", "-o", "remount,size=8M", str(target_fs.path)], check=True)
     synced = subprocess.run(
@@ -214,6 +216,7 @@ def test_a_checkpoint_whose_shards_fit_but_not_the_whole_lands_whole_in_the_fall
     assert sorted(os.listdir(target)) == checkpoint_files(target, 4)
     assert not actual.exists() and read_manifest(area) == []
     assert assert_loads(target, 4, seed=1, fallback_dirs=[fallback]) == str(target)
+    assert fsprobe.locate(target, fallback_dirs=[fallback]) == str(target)
 
 
 def test_every_rank_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_cleans(faultfs):

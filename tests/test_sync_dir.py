@@ -76,7 +76,7 @@ class Redirected:
         return [o.action for o in sync.sync([str(self.fallback)], state_dir=str(self.state))]
 
     def located(self) -> str:
-        return manifest.newest_copy(str(self.requested), [str(self.fallback)])
+        return fsprobe.locate(self.requested, fallback_dirs=[self.fallback])
 
 
 def test_a_redirected_directory_goes_back_whole_verified_and_durably(faultfs, tmp_path):

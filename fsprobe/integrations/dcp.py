@@ -64,8 +64,8 @@ from fsprobe.errors import ErrorClass, classify
 from fsprobe.saving.directory import Staging, clean_directory, record_redirect
 from fsprobe.saving.distributed import collective_failure
 from fsprobe.saving.fallback import prepare_directory, remove_mirrored_dirs
-from fsprobe.saving.manifest import newest_copy
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT, NEED_MARGIN
+from fsprobe.saving.resume import locate
 from fsprobe.saving.retry import (
     DEFAULT_ATTEMPTS,
     Attempts,
@@ -461,17 +461,11 @@ def load(
 ) -> str:
     """`torch.distributed.checkpoint.load` from where the checkpoint `path` landed.
 
-    The newest committed copy: `path` itself, or its redirected copy in one of `fallback_dirs`
-    (plus ``FSPROBE_FALLBACK_DIRS``) if that is newer. The coordinator decides, every rank
-    loads the same one. Returns the directory loaded.
+    The newest committed copy (`fsprobe.locate`): `path` itself, or its redirected copy in one
+    of `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``) if that is newer. The coordinator
+    decides, every rank loads the same one. Returns the directory loaded.
     """
-    requested = os.path.abspath(os.fspath(path))
-    where = None
-    if _is_coordinator(process_group):
-        options = SaveOptions.of(
-            attempts=1, backoff=None, fallback_dirs=fallback_dirs, redirect=True
-        )
-        where = newest_copy(requested, options.fallback_dirs)
+    where = locate(path, fallback_dirs=fallback_dirs) if _is_coordinator(process_group) else None
     where = _broadcast(where, process_group)
     torch_dcp.load(
         state_dict,
