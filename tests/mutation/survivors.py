@@ -30,4 +30,14 @@ EXPLAINED: dict[str, str] = {
         "equivalent on Linux: the kernel's statfs has no f_favail and glibc's statvfs() copies "
         "f_ffree into it (tests/test_headroom_reserved.py)"
     ),
+    "fsprobe/saving/file.py _io_failure: or -> and in "
+    '`return FailedAttempt.of(stream.first_error, stream.first_error_step or "write")`': (
+        "unreachable: AtomicFile records the step together with the first error, so the step "
+        "is never missing when the error is there"
+    ),
+    "fsprobe/saving/file.py _write_once: or -> and in "
+    "`stream.first_error, stream.first_error_step or progress.step`": (
+        "unreachable: AtomicFile records the step together with the first error, so the step "
+        "is never missing when the error is there"
+    ),
 }

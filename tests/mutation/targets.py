@@ -100,7 +100,13 @@ TARGETS = (
         "Attempts.follow run_attempts",
         *_SAVE_TESTS,
     ),
-    target("save-atomic", "fsprobe/atomic.py", "fsync_directory open_exclusive", *_SAVE_TESTS),
+    target(
+        "save-atomic",
+        "fsprobe/atomic.py",
+        "fsync_directory TempFile.__init__ TempFile.rename TempFile.replace_if_unchanged "
+        "TempFile.discard TempFile.release _same_version",
+        *_SAVE_TESTS,
+    ),
     target("save-redirect", "fsprobe/saving/fallback.py", "*", *_SAVE_TESTS),
     target("save-sync", "fsprobe/saving/sync.py", "_copy_back _sync_open", *_SAVE_TESTS),
     target(
