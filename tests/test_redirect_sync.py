@@ -497,3 +497,18 @@ def test_a_save_that_lands_during_any_fsync_of_the_copy_back_is_never_overwritte
         assert (setup.target / "model.pt").read_bytes() == b"epoch 9, saved during the sync"
         assert [n for n in os.listdir(setup.target) if parse_temp_name(n)] == []
         assert len(manifest.pending([str(setup.fallback)])) == 1  # the copy waits, untouched
+
+
+def test_the_checkpoint_synced_back_keeps_its_mode_and_sync_leaks_no_descriptor(setup):
+    """A group-readable checkpoint stays group-readable at home (the team's resume reads it),
+    and a daemon that syncs every minute for weeks keeps its descriptors."""
+    saved = [setup.save_redirected(model_state(seed), name=f"m{seed}.pt") for seed in range(3)]
+    for index, result in enumerate(saved):
+        os.chmod(result.path, 0o640 if index % 2 else 0o604)
+    before = set(os.listdir("/proc/self/fd"))
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert [o.action for o in outcomes] == ["synced"] * 3
+    assert set(os.listdir("/proc/self/fd")) == before
+    for index, result in enumerate(saved):
+        mode = os.stat(result.requested_path).st_mode & 0o777
+        assert oct(mode) == oct(0o640 if index % 2 else 0o604)

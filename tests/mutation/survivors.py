@@ -40,4 +40,9 @@ EXPLAINED: dict[str, str] = {
         "unreachable: AtomicFile records the step together with the first error, so the step "
         "is never missing when the error is there"
     ),
+    "fsprobe/saving/sync.py _copy_back: 384 -> 385 in "
+    "`with TempFile(target_dir, temp_name(final), 0o600, readable=True) as temp:`": (
+        "no effect a reader can meet: the next statement sets the copy's own mode with fchmod "
+        "before a byte is written, and the extra other-execute bit grants no read meanwhile"
+    ),
 }
