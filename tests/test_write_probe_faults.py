@@ -54,3 +54,30 @@ def test_a_failure_at_each_step_is_named_cleaned_up_and_leaks_nothing(faultfs, s
     assert 0 <= result.latency_seconds["total"] <= wall
     assert open_descriptors() == before
     assert os.listdir(faultfs.mountpoint) == []
+
+
+def test_a_probe_file_that_cannot_be_removed_is_reported_and_still_closed(faultfs):
+    faultfs.ctl.fail("unlink", "EIO", path="/.fsprobe~*", times=2)  # the step and the cleanup
+    before = open_descriptors()
+    with pytest.raises(ProbeFailure) as raised:
+        probe_write(str(faultfs.mountpoint), size=4096)
+    result = raised.value.value
+    assert (result.step, result.errno) == ("unlink", "EIO")
+    assert "removing the probe file" in result.message and "failed too" in result.message
+    assert open_descriptors() == before
+    faultfs.ctl.clear()
+    for leftover in os.listdir(faultfs.mountpoint):  # ours, and nothing else
+        assert leftover.startswith(".fsprobe~")
+        os.unlink(faultfs.mountpoint / leftover)
+
+
+def test_a_target_that_cannot_be_resolved_fails_at_create_within_its_time(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    start = time.monotonic()
+    with pytest.raises(ProbeFailure) as raised:
+        probe_write(str(loop / "ckpt"), size=4096)
+    wall = time.monotonic() - start
+    result = raised.value.value
+    assert (result.step, result.errno, result.ok) == ("create", "ELOOP", False)
+    assert 0 <= result.latency_seconds["total"] <= wall
