@@ -17,7 +17,7 @@ import torch
 import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.probing.write import probe_write
-from fsprobe.saving import sync
+from fsprobe.saving import manifest, sync
 from fsprobe.saving.retry import Backoff
 from tests.support.durability import (
     NotDurable,
@@ -158,3 +158,23 @@ def test_the_write_probe_fsyncs_its_file_before_the_rename_and_the_directory_aft
     directory_syncs = [c for c in calls if c.op == "fsyncdir" and c.ok]
     assert directory_syncs and rename.index < directory_syncs[0].index < unlink.index
     assert directory_syncs[0].paths == (inside(faultfs, faultfs.mountpoint),)
+
+
+def test_the_redirect_manifest_line_is_fsynced_after_it_is_written(faultfs_factory):
+    """`fsprobe sync` and `fsprobe.locate` find a redirected checkpoint only through its
+    manifest line: a crash must not lose it while the checkpoint survives."""
+    target_fs, fallback_fs = faultfs_factory(), faultfs_factory()
+    target_fs.ctl.fail("create", "EROFS", path="*.tmp", times=None)
+    fallback_fs.ctl.clear_journal()
+    result = fsprobe.save(
+        model_state(),
+        target_fs.mountpoint / "model.pt",
+        fallback_dirs=[fallback_fs.mountpoint],
+        backoff=no_sleep(),
+    )
+    assert result.redirected
+    calls = read_journal(fallback_fs)
+    manifest_calls = [c for c in calls if c.paths and c.paths[0].endswith(manifest.MANIFEST)]
+    writes = [c.index for c in manifest_calls if c.op == "write" and c.ok]
+    syncs = [c.index for c in manifest_calls if c.op == "fsync" and c.ok]
+    assert writes and syncs and max(syncs) > max(writes), "\n".join(map(str, manifest_calls))

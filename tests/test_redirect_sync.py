@@ -133,7 +133,7 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
 
     code, report = sync_cli("--fallback-dir", str(fallback))  # quota still enforced
     assert code == 2 and report["entries"][0]["action"] == "failed"
-    assert "EDQUOT" in report["entries"][0]["message"]
+    assert "failed: Disk quota exceeded (EDQUOT)" in report["entries"][0]["message"]
     assert_same_state(torch.load(target), previous)
 
     faultfs.ctl.lift_quota()
@@ -512,3 +512,41 @@ def test_the_checkpoint_synced_back_keeps_its_mode_and_sync_leaks_no_descriptor(
     for index, result in enumerate(saved):
         mode = os.stat(result.requested_path).st_mode & 0o777
         assert oct(mode) == oct(0o640 if index % 2 else 0o604)
+
+
+def test_a_sync_never_copies_into_an_unhealthy_target_even_with_fallbacks_in_the_environment(
+    setup, tmp_path, monkeypatch
+):
+    """The way home asks whether the target can take the checkpoint, never where else it
+    could go: FSPROBE_FALLBACK_DIRS must not turn "not ready" into "redirect somewhere"."""
+    result = setup.save_redirected(model_state())
+    setup.mark_target(readonly=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("FSPROBE_FALLBACK_DIRS", str(elsewhere))
+    [outcome] = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert outcome.action == "waiting", outcome
+    assert not os.path.exists(result.requested_path) and os.path.exists(result.path)
+
+
+def test_redirected_saves_leave_no_descriptor_open(setup):
+    setup.save_redirected(model_state(0), name="warm-up.pt")  # imports and caches settle
+    before = set(os.listdir("/proc/self/fd"))
+    for seed in range(3):
+        setup.save_redirected(model_state(seed), name=f"m{seed}.pt")
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize(("extra", "readable"), [(0, True), (1, False)])
+def test_a_manifest_up_to_its_size_limit_is_read_and_one_byte_more_is_not(setup, extra, readable):
+    result = setup.save_redirected(model_state())
+    [area] = manifest.areas(str(setup.fallback))
+    path = Path(area.path) / manifest.MANIFEST
+    line = path.read_bytes()
+    path.write_bytes(line + b" " * (manifest.MAX_MANIFEST_BYTES - len(line) + extra))
+    if readable:
+        [entry] = manifest.read_manifest(area)
+        assert entry.actual == result.path
+    else:
+        with pytest.raises(manifest.NotTrusted, match="larger than"):
+            manifest.read_manifest(area)

