@@ -550,3 +550,14 @@ def test_a_manifest_up_to_its_size_limit_is_read_and_one_byte_more_is_not(setup,
     else:
         with pytest.raises(manifest.NotTrusted, match="larger than"):
             manifest.read_manifest(area)
+
+
+def test_a_torn_manifest_line_is_skipped_and_named_by_its_line_number(setup, caplog):
+    result = setup.save_redirected(model_state())
+    [area] = manifest.areas(str(setup.fallback))
+    with open(Path(area.path) / manifest.MANIFEST, "ab") as stream:
+        stream.write(b'{"requested": "/torn\n')
+    with caplog.at_level(logging.WARNING, logger="fsprobe"):
+        [entry] = manifest.read_manifest(area)
+    assert entry.actual == result.path
+    assert "line 2 is not a redirect entry" in caplog.text

@@ -17,6 +17,7 @@ from fsprobe.saving import manifest, sync
 from fsprobe.saving.swap import replace_if_unchanged
 from fsprobe.saving.tree import opened
 from tests.daemon_process import clean_environment, run_fsprobe
+from tests.support.capability import need_root
 from tests.support.durability import assert_directory_saved
 from tests.support.state import daemon_view, publish
 
@@ -213,3 +214,16 @@ def test_the_daemon_counts_a_directory_and_syncs_it_back(tmp_path, tmpfs):
     assert f"{pending} 0.0" in once("--sync-redirected")
     assert os.listdir(target) == ["checkpoint-100"]
     assert contents(target / "checkpoint-100") == saved
+
+
+def test_a_directory_copy_handed_to_another_user_is_not_brought_back(tmp_path):
+    """Only the user's own copy goes home: a redirected directory that now belongs to someone
+    else (who could have put anything in it) is refused, and nothing is published."""
+    need_root("giving a redirected directory to another user")
+    setup = Redirected(tmp_path, tmp_path)
+    result = setup.save("epoch 2")
+    os.chown(result.path, 65534, 65534)
+    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert [o.action for o in outcomes] == ["skipped"], outcomes
+    assert "belongs to uid 65534" in outcomes[0].message
+    assert not setup.requested.exists() and leftovers(setup.target) == []

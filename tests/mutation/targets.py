@@ -44,6 +44,7 @@ _SAVE_TESTS = (
     "tests/test_save_deadline.py",
     "tests/test_trust_fallback.py",
     "tests/test_redirect_sync.py",
+    "tests/test_sync_dir.py",
     "tests/test_save_stale.py",
     "tests/test_save_faults.py",
 )
