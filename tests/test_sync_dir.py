@@ -223,7 +223,9 @@ def test_a_directory_copy_handed_to_another_user_is_not_brought_back(tmp_path):
     setup = Redirected(tmp_path, tmp_path)
     result = setup.save("epoch 2")
     os.chown(result.path, 65534, 65534)
+    before = set(os.listdir("/proc/self/fd"))
     outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    assert set(os.listdir("/proc/self/fd")) == before  # the refused copy was closed too
     assert [o.action for o in outcomes] == ["skipped"], outcomes
     assert "belongs to uid 65534" in outcomes[0].message
     assert not setup.requested.exists() and leftovers(setup.target) == []

@@ -54,4 +54,9 @@ EXPLAINED: dict[str, str] = {
         "no meaning at the boundary: a checkpoint written at the very nanosecond its "
         "redirected copy was recorded cannot be told older or newer, and no test can make one"
     ),
+    "fsprobe/saving/manifest.py OpenCopy.remove: False -> True in `return False`": (
+        "only reachable in a race inside forget(): the fallback copy replaced between its open "
+        "and its removal; forget() would then list a file it left in place (nothing is lost), "
+        "and no test can time that window"
+    ),
 }
