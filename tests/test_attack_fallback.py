@@ -7,12 +7,18 @@ by a real second user (`local_users`) on what fsprobe keeps or does there.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.users import share
+from fsprobe.saving import manifest
+from fsprobe.saving.fallback import own_area, prepare_directory, redirect_path
+from tests.support.users import REPO, share
 from tests.test_trust_fallback import make_dir, save_as
 
 
@@ -58,3 +64,97 @@ def test_an_area_an_earlier_version_left_open_is_closed_at_the_next_save(local_u
     target = make_dir(place / "ckpt", 0o755)  # root's: redirected
     assert save_as(alice, target / "model.pt", "weights", scratch)["redirected"]
     assert area.stat().st_mode & 0o777 == 0o700
+
+
+#: Root's count of the bytes waiting in a fallback (the daemon's task, every minute), in a
+#: process of its own: (bytes counted, how much its peak memory grew in MiB).
+COUNT = """
+import resource, sys
+from fsprobe.saving.manifest import pending_bytes
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+counted = pending_bytes([sys.argv[1]], under=sys.argv[2])
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(counted, grown // 1024)
+"""
+
+
+def _plant_manifest(area: str, target: str, size: int) -> None:
+    """Mallory's own manifest of `size` bytes of sound lines, each for a copy of her own."""
+    os.mkdir(area, 0o700)
+    written = 0
+    with open(os.path.join(area, manifest.MANIFEST), "w") as stream:
+        for number in itertools.count():
+            requested = f"{target}/epoch-{number}.pt"
+            line = json.dumps(
+                {"requested": requested, "actual": area + requested, "bytes": 1 << 30,
+                 "sha256": "0" * 64, "time": 1.0, "host": "node", "pid": 1}
+            ) + "\n"  # fmt: skip
+            if written + len(line) > size:
+                return
+            stream.write(line)
+            written += len(line)
+
+
+@pytest.mark.parametrize("planted_mib", [60, "just under the cap"])
+def test_a_huge_manifest_costs_roots_count_little_memory(local_users, place, planted_mib):
+    """Mallory's own manifest, 60 MiB of sound lines, was under the cap (64 MiB): root's count
+    parsed it all, every minute, in the daemon's worker: 400 MiB at its peak, above the
+    memory limits the systemd unit and the DaemonSet ship (256M, 128Mi), and 35 s of CPU."""
+    bob, mallory = local_users.user(), local_users.user()
+    scratch = make_dir(place / "scratch", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)  # root's: Bob's save is redirected
+    assert save_as(bob, target / "model.pt", "bob's", scratch)["redirected"]
+    size = planted_mib << 20 if isinstance(planted_mib, int) else manifest.MAX_MANIFEST_BYTES - 4096
+    mallory.run(_plant_manifest, str(scratch / f"uid-{mallory.uid}"), str(target), size)
+
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT, str(scratch), str(target)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    counted, grown_mib = map(int, done.stdout.split())
+    assert counted == len("bob's")  # Mallory's claims are not counted: no copy is there
+    assert grown_mib < 48, grown_mib
+
+
+def test_hostile_lines_in_a_manifest_cost_roots_count_one_warning_each_kind(local_users, place):
+    """A line of 100,000 nested brackets raised RecursionError out of root's count: the
+    daemon's pending-bytes task failed for the whole target, Bob's bytes went unreported."""
+    bob, mallory = local_users.user(), local_users.user()
+    scratch = make_dir(place / "scratch", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)  # root's: Bob's save is redirected
+    assert save_as(bob, target / "model.pt", "bob's", scratch)["redirected"]
+
+    def plant(area: str) -> None:
+        os.mkdir(area, 0o700)
+        with open(os.path.join(area, manifest.MANIFEST), "w") as stream:
+            stream.write("[" * 100_000 + "\n" + "not json\n" * 100_000)
+
+    mallory.run(plant, str(scratch / f"uid-{mallory.uid}"))
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT, str(scratch), str(target)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[0]) == len("bob's")
+    assert len(done.stderr.splitlines()) < 10, done.stderr[:2000]
+
+
+def test_a_file_saved_again_and_again_keeps_its_manifest_small(tmpfs):
+    """With the cap on what is read, a legitimate manifest must stay far below it: each
+    redirected save of ``last.pt`` adds a line, and a long outage adds thousands."""
+    fallback = tmpfs(size="64M").path
+    requested = "/lustre/proj/run7/last.pt"
+    actual = redirect_path(str(fallback), requested)
+    prepare_directory(str(fallback), actual)
+    Path(actual).write_bytes(b"weights")
+    entries = []
+    for saved in range(4 * manifest.COMPACT_BYTES // 300):  # about 4 times the threshold
+        entries.append(manifest.new_entry(str(fallback), requested, actual, 7, f"{saved:064x}"))
+        manifest.record(entries[-1])
+    area = own_area(str(fallback))
+    size = os.stat(os.path.join(area.path, manifest.MANIFEST)).st_size
+    assert size <= manifest.COMPACT_BYTES + len(entries[-1].to_line())
+    kept = manifest.read_manifest(area)
+    assert kept[-1] == entries[-1] and kept == entries[-len(kept) :]  # the newest, in order
+    assert manifest.pending([str(fallback)]) == [entries[-1]]

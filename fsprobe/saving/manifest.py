@@ -46,8 +46,14 @@ log = logging.getLogger("fsprobe.redirect")
 
 MANIFEST = ".fsprobe-redirects.jsonl"
 READ_CHUNK = 4 * 1024 * 1024
-#: A line is a few hundred bytes: this is some 200,000 redirected saves, never a real manifest.
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+#: A line is about 300 bytes: this is some 14,000 redirected saves waiting to go back. Root's
+#: daemon reads every user's manifest every minute, in a worker that shares a memory limit of
+#: 128-256 MiB with it (deploy/); parsed, a manifest takes about 6 times its size.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+#: A save that appends to a manifest larger than this drops the lines of copies that a later
+#: save to the same file replaced: a trainer saving ``last.pt`` every few minutes through a long
+#: outage adds a line each time, and would otherwise reach the cap.
+COMPACT_BYTES = MAX_MANIFEST_BYTES // 4
 #: Readable by its user only: nobody else can hold its lock (and so block a save).
 _MANIFEST_MODE = 0o600
 #: Opening a directory checkpoint's copy: never through a symlink.
@@ -277,7 +283,10 @@ def _locked_manifest(area_fd: int, area: Area, create: bool) -> Iterator[int | N
 
 
 def record(entry: Entry) -> None:
-    """Append `entry` to its area's manifest: one write of one line, then fsync."""
+    """Append `entry` to its area's manifest: one write of one line, then fsync.
+
+    A manifest grown past `COMPACT_BYTES` is then compacted (best effort: the line is in).
+    """
     line = entry.to_line()
     area_fd = entry.area.open(create=True)
     try:
@@ -288,8 +297,16 @@ def record(entry: Entry) -> None:
             if written != len(line):
                 raise OSError(errno.EIO, f"short append to the manifest in {entry.area.path}")
             os.fsync(fd)
+            size = os.fstat(fd).st_size
     finally:
         os.close(area_fd)
+    if size > COMPACT_BYTES:
+        try:
+            replaced = latest_per_file(read_manifest(entry.area))[1]
+            if replaced:
+                rewrite(entry.area, set(replaced))
+        except OSError as error:
+            log.warning("could not compact the manifest in %s: %s", entry.area.path, error)
 
 
 def _read(area_fd: int, area: Area) -> list[Entry]:
@@ -298,18 +315,33 @@ def _read(area_fd: int, area: Area) -> list[Entry]:
         fd = _open_manifest(area_fd, area, os.O_RDONLY)
     except FileNotFoundError:
         return []
+    entries: list[Entry] = []
+    unread: list[tuple[int, BaseException]] = []
+    left = MAX_MANIFEST_BYTES
     with os.fdopen(fd, "rb") as stream:
-        data = stream.read(MAX_MANIFEST_BYTES + 1)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise NotTrusted(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; not reading it")
-    entries = []
-    for number, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entries.append(Entry.from_line(area, line))
-        except (ValueError, KeyError, TypeError) as error:
-            log.warning("%s line %d is not a redirect entry (%s); ignored", path, number, error)
+        if os.fstat(fd).st_size > left:  # refused unread; the loop below bounds one that grows
+            raise NotTrusted(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; not read")
+        number = 0
+        while line := stream.readline(left + 1):  # never more than the cap, even in one line
+            number += 1
+            left -= len(line)
+            if left < 0:
+                raise NotTrusted(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes; not read")
+            if not line.strip():
+                continue
+            try:
+                entries.append(Entry.from_line(area, line))
+            except (ValueError, KeyError, TypeError, RecursionError) as error:  # nested too deep
+                unread.append((number, error))
+    if unread:  # one warning, however many lines: the manifest may be anyone's
+        first, error = unread[0]
+        log.warning(
+            "%s: %d lines are not redirect entries (line %d: %s); ignored",
+            path,
+            len(unread),
+            first,
+            error,
+        )
     return entries
 
 
