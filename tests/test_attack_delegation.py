@@ -21,7 +21,9 @@ import psutil
 import pytest
 
 from tests.daemon_process import DaemonProcess, clean_environment
+from tests.support.capability import need_command
 from tests.support.users import REPO, share
+from tests.test_deploy_systemd import UNIT, _directives
 from tests.test_trust_fallback import make_dir, save_as
 
 
@@ -197,12 +199,12 @@ def test_a_run_its_user_stops_is_not_waited_for(local_users, place):
 
 def test_root_acts_for_no_account_because_someone_named_an_area_after_it(local_users, place):
     """Root's sync ran ``fsprobe sync`` as every uid an area's *name* gave: Mallory made
-    root start processes as any account she liked (here, three of her neighbours and the
-    system's nobody), one after the other, at every sync of the daemon."""
+    root start processes as any account she liked (here, three of her neighbours; nobody's
+    too, before), one after the other, at every sync of the daemon."""
     mallory = local_users.user()
     neighbours = [local_users.user() for _ in range(3)]
     scratch = make_dir(place / "scratch", 0o1777)
-    named = [user.uid for user in neighbours] + [65534]
+    named = [user.uid for user in neighbours]  # (not nobody's: other tests run as nobody)
     mallory.run(lambda: [(scratch / f"uid-{uid}").mkdir() for uid in named])
 
     seen: set[int] = set()
@@ -235,3 +237,32 @@ def test_root_acts_for_no_account_because_someone_named_an_area_after_it(local_u
     assert json.loads(done.stdout)["entries"] == []
     assert seen == set()
     assert sorted(os.listdir(scratch)) == sorted(f"uid-{uid}" for uid in named)  # untouched
+
+
+def test_the_shipped_unit_lets_root_sync_each_users_checkpoints_as_that_user(local_users, place):
+    """The unit's capability bounding set had no CAP_SETUID, CAP_SETGID or CAP_KILL: the root
+    daemon with sync_redirected could not become a user (EPERM), nor kill a run at its
+    deadline; nobody's redirected checkpoint ever went back."""
+    setpriv = need_command("setpriv", "util-linux")
+    service = _directives(UNIT.read_text())["Service"]
+    capabilities = " ".join(service["CapabilityBoundingSet"]).split()
+    bounding = ",".join(["-all", *(f"+{name.lower()[4:]}" for name in capabilities)])
+    alice = local_users.user()
+    fallback = make_dir(place / "fallback", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)  # root's: Alice's save is refused and redirected
+    assert save_as(alice, target / "model.pt", "alice's weights", fallback)["redirected"]
+    os.chown(target, alice.uid, -1)
+
+    sync = [local_users.python, "-m", "fsprobe", "sync", "--json", "--fallback-dir", str(fallback)]
+    done = subprocess.run(
+        [setpriv, "--bounding-set", bounding, "--no-new-privs", *sync],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    entries = json.loads(done.stdout)["entries"]
+    assert [(e["owner"], e["action"]) for e in entries] == [(alice.uid, "synced")], done.stderr
+    assert (target / "model.pt").read_text() == "alice's weights"
