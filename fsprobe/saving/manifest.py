@@ -316,7 +316,8 @@ def _read(area_fd: int, area: Area) -> list[Entry]:
     except FileNotFoundError:
         return []
     entries: list[Entry] = []
-    unread: list[tuple[int, BaseException]] = []
+    unread = 0
+    first_unread: tuple[int, BaseException] | None = None
     left = MAX_MANIFEST_BYTES
     with os.fdopen(fd, "rb") as stream:
         if os.fstat(fd).st_size > left:  # refused unread; the loop below bounds one that grows
@@ -332,16 +333,12 @@ def _read(area_fd: int, area: Area) -> list[Entry]:
             try:
                 entries.append(Entry.from_line(area, line))
             except (ValueError, KeyError, TypeError, RecursionError) as error:  # nested too deep
-                unread.append((number, error))
-    if unread:  # one warning, however many lines: the manifest may be anyone's
-        first, error = unread[0]
-        log.warning(
-            "%s: %d lines are not redirect entries (line %d: %s); ignored",
-            path,
-            len(unread),
-            first,
-            error,
-        )
+                unread += 1
+                first_unread = first_unread or (number, error)
+    if first_unread is not None:  # one warning, however many lines: the manifest may be anyone's
+        number, error = first_unread
+        more = f", and {unread - 1} more lines like it" if unread > 1 else ""
+        log.warning("%s line %d is not a redirect entry (%s); ignored%s", path, number, error, more)
     return entries
 
 
