@@ -36,6 +36,28 @@ class BasicAuth:
     def required(self) -> bool:
         return bool(self._users)
 
+    def remembered(self, header: str | None) -> bool:
+        """Whether the request may pass without a bcrypt check: no users are configured, or
+        these credentials passed one before.
+
+        Microseconds, so the server asks this on its event loop and sends only the rest to
+        the bcrypt threads: a flood of wrong passwords then queues nobody who knows the
+        right one (Prometheus scraping, after its first scrape).
+        """
+        if not self._users:
+            return True
+        credentials = _parse(header)
+        return credentials is not None and self._remembered(*credentials)
+
+    def _digest(self, user: str, password: bytes) -> bytes:
+        hashed = self._users.get(user) or b""
+        return hashlib.sha256(b"\0".join((user.encode(), password, hashed))).digest()
+
+    def _remembered(self, user: str, password: bytes) -> bool:
+        with self._lock:
+            known = self._verified.get(user)
+        return known is not None and hmac.compare_digest(known, self._digest(user, password))
+
     def check(self, header: str | None) -> bool:
         """Whether the request may pass: always when no users are configured."""
         if not self._users:
@@ -44,19 +66,16 @@ class BasicAuth:
         if credentials is None:
             return False
         user, password = credentials
-        hashed = self._users.get(user)
-        digest = hashlib.sha256(b"\0".join((user.encode(), password, hashed or b""))).digest()
-        with self._lock:
-            known = self._verified.get(user)
-        if hashed is not None and known is not None and hmac.compare_digest(known, digest):
+        if self._remembered(user, password):
             return True
+        hashed = self._users.get(user)
         try:
             valid = self._bcrypt.checkpw(password, hashed or self._dummy) and hashed is not None
         except ValueError:  # a password longer than bcrypt's 72 bytes
             return False
         if valid:
             with self._lock:
-                self._verified[user] = digest
+                self._verified[user] = self._digest(user, password)
         return valid
 
 

@@ -5,7 +5,9 @@ hostile client can exhaust. A thread per connection (prometheus_client's server)
 connections that never finish their headers hold 1,500 threads. Here:
 
 - one thread runs an asyncio loop that serves every connection; the bcrypt check of basic
-  auth, the only slow step, runs in a pool of `AUTH_THREADS`;
+  auth, the only slow step, runs in a pool of `AUTH_THREADS`, and only for credentials that
+  have not passed before (those are answered on the loop: a flood of wrong passwords queues
+  no scraper that knows the right one);
 - at most `MAX_CONNECTIONS` are open at once; when full, the oldest connection that has not
   sent its whole request head within `MIN_HEAD_AGE` gives way to a new one (a real scraper
   sends its head at once, a slow-header client never does); with no such connection, new
@@ -223,12 +225,12 @@ class _Connection(asyncio.Protocol):
         try:
             method, path, headers = _parse_head(head)
             security = self.server.security
-            if security.auth.required:
+            credentials = headers.get("authorization")
+            allowed = security.auth.remembered(credentials)  # no users, or a known scraper
+            if not allowed:
                 allowed = await self.loop.run_in_executor(
-                    self.server.auth_pool, security.auth.check, headers.get("authorization")
+                    self.server.auth_pool, security.auth.check, credentials
                 )
-            else:
-                allowed = True
         except _ClientFailed as failure:
             await self.answer_error(failure)
             return
