@@ -416,3 +416,28 @@ def test_a_directory_save_stuck_in_fsync_goes_to_the_fallback_at_its_deadline(fa
     assert_checkpoint(target, 1)
     with pytest.raises(ValueError, match="save_timeout"):
         fsprobe.save_dir(target, checkpoint_writer(3), save_timeout=0)
+
+
+def test_torch_writing_to_a_path_on_a_full_target_is_redirected_as_enospc(tmpfs, tmp_path):
+    """torch.save given a path writes through C++: a failure has no errno at all. On a target
+    with no room left that is ENOSPC, and the whole directory goes to the fallback."""
+    target = tmpfs(size="128k").path / "ckpt"
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+
+    def write(staging: str) -> None:
+        torch.save(model_state(1), os.path.join(staging, "model.pt"))  # about 260 KiB
+
+    result = fsprobe.save_dir(target, write, fallback_dirs=[fallback], backoff=quick())
+    assert result.redirected and result.errors == ("ENOSPC",)
+    assert os.listdir(target.parent) == []
+
+
+def test_torch_writing_to_a_path_failing_with_room_left_is_retried_as_unknown(faultfs):
+    faultfs.ctl.fail("write", "EIO", path="/.fsprobe~*ckpt.tmp/*", sticky=True)
+
+    def write(staging: str) -> None:
+        torch.save(model_state(1), os.path.join(staging, "model.pt"))
+
+    result = fsprobe.save_dir(faultfs.mountpoint / "ckpt", write, backoff=quick())
+    assert (result.attempts, result.errors) == (2, ("EUNKNOWN",))

@@ -29,7 +29,11 @@ from transformers import (  # noqa: E402
 )
 
 from fsprobe.atomic import parse_temp_name  # noqa: E402
-from fsprobe.integrations.transformers import protect, protected_results  # noqa: E402
+from fsprobe.integrations.transformers import (  # noqa: E402
+    last_checkpoint,
+    protect,
+    protected_results,
+)
 from fsprobe.saving.retry import Backoff  # noqa: E402
 from tests.support.durability import assert_directory_saved  # noqa: E402
 from tests.support.trainer_job import RESULT  # noqa: E402
@@ -300,3 +304,33 @@ def test_torchrun_two_ranks_one_failing_write_on_rank_1_and_every_checkpoint_is_
             assert "cpu" in torch.load(checkpoint / f"rng_state_{rank}.pth", weights_only=False)
         assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
     assert leftovers(output) == []
+
+
+def test_checkpoints_that_do_not_fit_are_redirected_whole_and_a_resume_finds_them(tmpfs, tmp_path):
+    output = tmpfs(size="160k").path / "run"  # room for the first checkpoint only
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    trainer = protect(trainer_for(output), fallback_dirs=[fallback], backoff=quick())
+    trainer.train()
+    results = protected_results(trainer)
+    assert [r.redirected for r in results] == [False, True, True]
+    assert checkpoints(output) == ["checkpoint-1"]  # nothing of the others at the target
+    for result in results[1:]:
+        assert result.path.startswith(str(fallback))
+        assert_complete_and_loads(Path(result.path), int(result.path.rsplit("-", 1)[1]))
+
+    found = last_checkpoint(output, fallback_dirs=[fallback])
+    assert found == results[-1].path  # checkpoint-3, in the fallback
+    resumed = protect(trainer_for(output, max_steps=4), fallback_dirs=[fallback])
+    resumed.train(resume_from_checkpoint=found)
+    assert resumed.state.global_step == 4
+    assert protected_results(resumed)[-1].redirected
+    assert last_checkpoint(output, fallback_dirs=[fallback]).endswith("checkpoint-4")
+
+
+def test_last_checkpoint_is_the_newest_at_the_output_dir_without_redirects(tmp_path):
+    assert last_checkpoint(tmp_path / "nothing-yet") is None
+    trainer = protect(trainer_for(tmp_path / "run", max_steps=2))
+    trainer.train()
+    (tmp_path / "run" / "checkpoint-x").mkdir()  # not a checkpoint name
+    assert last_checkpoint(tmp_path / "run") == str(tmp_path / "run" / "checkpoint-2")

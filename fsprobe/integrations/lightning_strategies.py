@@ -31,17 +31,14 @@ strategy.
 
 from __future__ import annotations
 
-import errno
 import inspect
 import os
-import sys
 from typing import Any
 
 import torch.distributed as dist
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
-from fsprobe.checking import check
 from fsprobe.errors import errno_code
 from fsprobe.integrations.lightning import FsprobeCheckpointIO
 from fsprobe.saving import distributed as collective
@@ -60,45 +57,24 @@ _DIRECTORY_OPTIONS = frozenset(inspect.signature(collective.save_dir).parameters
 }
 
 
-#: Below this much room, a filesystem counts as full (see `_io_error_of`).
-FULL_BELOW_BYTES = 1024 * 1024
-#: Seconds the look at the room may take.
-ROOM_TIMEOUT = 10.0
-
-
 def _io_error_of(error: CheckpointException, staging: str) -> OSError | None:
     """DCP's error for a failed save, as the I/O error of the first rank it names.
 
-    DCP gathers every rank's exception into one `CheckpointException`, raised on every rank,
-    and the gathering pickles them: what was a RuntimeError from `torch.save` with the OSError
-    in its `__context__` arrives without it, so the errno is lost (``EUNKNOWN``, retried as
-    transient). A failed write on a filesystem that has no room left now (the staging
-    directory's, still holding the partial shards) is taken for ENOSPC instead, so that the
-    checkpoint is redirected rather than retried into the same full target; a full quota
-    (EDQUOT) cannot be told this way and is retried. Each rank turns the error into the same
-    OSError, so the collective save sees an I/O failure; None when some rank failed for
-    another reason (a bug, to be raised as it is).
+    DCP gathers every rank's exception into one `CheckpointException`, raised on every rank;
+    the gathering pickles them, which drops the OSError that torch had chained, so the errno
+    is read the way `failure_of` reads it without one (a full target is still ENOSPC). Each
+    rank turns the error into the same OSError, so that the collective save sees an I/O
+    failure to retry or redirect; None when some rank failed for another reason (a bug, to be
+    raised as it is).
     """
     first: OSError | None = None
     for rank, (exception, _trace) in sorted(error.failures.items()):
-        failure = failure_of(exception, "write")
+        failure = failure_of(exception, "write", where=staging)
         if failure is None:
             return None
         if first is None:
-            code = errno_code(failure.errno)
-            if code is None and _room(staging) < FULL_BELOW_BYTES:
-                code = errno.ENOSPC
-            first = OSError(code, f"rank {rank}: {failure.message}")
+            first = OSError(errno_code(failure.errno), f"rank {rank}: {failure.message}")
     return first
-
-
-def _room(directory: str) -> int:
-    """Bytes a new file in `directory` may still take (huge if unknown): a statvfs in the
-    probe worker, bounded by its deadline like every probe, so a mount that hangs now costs
-    the timeout, not the job."""
-    report = check(directory, write_probe=False, quota_provider="none", timeout=ROOM_TIMEOUT)
-    room = report.verdict.headroom.bytes
-    return sys.maxsize if room is None else room
 
 
 class DirectoryCheckpoints:

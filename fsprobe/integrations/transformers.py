@@ -44,6 +44,7 @@ import inspect
 import logging
 import math
 import os
+import re
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -55,7 +56,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from fsprobe.saving import distributed as collective
 from fsprobe.saving.directory import save_dir
+from fsprobe.saving.fallback import all_fallback_dirs
+from fsprobe.saving.manifest import pending
 from fsprobe.saving.preflight import NEED_MARGIN, Decision, preflight
+from fsprobe.saving.resume import locate
 from fsprobe.saving.retry import SaveResult
 
 log = logging.getLogger("fsprobe.transformers")
@@ -66,6 +70,7 @@ CHECKPOINT_PREFIX = PREFIX_CHECKPOINT_DIR
 WRITERS = ("save_model", "_save_optimizer_and_scheduler", "_save_scaler", "_save_rng_state")
 _SAVE_DIR_PARAMETERS = inspect.signature(save_dir).parameters
 _COLLECTIVE_PARAMETERS = inspect.signature(collective.save_dir).parameters
+_CHECKPOINT_NAME = re.compile(rf"^{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)$")
 _NOT_OPTIONS = ("path", "write")  # what protect() gives save_dir itself
 #: The protected trainers; weakly held, so that a trainer is freed as if never protected.
 _PROTECTED: weakref.WeakKeyDictionary[Trainer, _ProtectedCheckpoints] = weakref.WeakKeyDictionary()
@@ -213,6 +218,42 @@ def protect(trainer: Trainer, **save_dir_kwargs: Any) -> Trainer:
         raise ValueError("this trainer's checkpoints are protected already")
     _PROTECTED[trainer] = _ProtectedCheckpoints(trainer, save_dir_kwargs)
     return trainer
+
+
+def last_checkpoint(
+    output_dir: str | os.PathLike[str], fallback_dirs: Iterable[str | os.PathLike[str]] = ()
+) -> str | None:
+    """The checkpoint a resume should load: the newest ``checkpoint-N`` of `output_dir`,
+    wherever it landed — in `output_dir`, or redirected to one of `fallback_dirs` (and
+    ``FSPROBE_FALLBACK_DIRS``) and not synced back yet. None when there is none.
+
+    What ``trainer.train(resume_from_checkpoint=True)`` does, except that it looks only in
+    `output_dir`; pass this instead: ``resume_from_checkpoint=last_checkpoint(out, [fb])``.
+    A redirected copy counts only if `fsprobe.locate` trusts it (this user's, checksum intact).
+    """
+    output_dir = os.path.abspath(os.fspath(output_dir))
+    fallbacks = all_fallback_dirs(fallback_dirs)
+    steps = set()
+    if os.path.isdir(output_dir):
+        steps.update(_step_of(name) for name in os.listdir(output_dir))
+    steps.update(
+        _step_of(os.path.basename(entry.requested))
+        for entry in pending(fallbacks, mine=True)
+        if os.path.dirname(entry.requested) == output_dir
+    )
+    for step in sorted(steps - {None}, reverse=True):
+        found = locate(
+            os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"), fallback_dirs=fallbacks
+        )
+        if os.path.isdir(found):
+            return found
+    return None
+
+
+def _step_of(name: str) -> int | None:
+    """N of a ``checkpoint-N`` directory name, None for any other name."""
+    match = _CHECKPOINT_NAME.match(name)
+    return int(match[1]) if match else None
 
 
 def protected_results(trainer: Trainer) -> list[SaveResult]:

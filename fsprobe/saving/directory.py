@@ -229,7 +229,7 @@ def write_directory_once(
             progress.at("write")
             write(staging.path)
         except Exception as error:
-            failure = failure_of(error, "write")
+            failure = failure_of(error, "write", where=staging.path)
             if failure is None:
                 raise
             raise failure from error

@@ -142,7 +142,7 @@ def _write_part(
         if fsync:
             _sync_written(staging, written)
     except Exception as error:
-        failure = failure_of(error, "write")
+        failure = failure_of(error, "write", where=staging)
         if failure is None:
             return _Outcome(rank, bug=f"rank {rank}: {error!r}"), error
         bare = FailedAttempt(failure.errno, failure.step, f"rank {rank}: {failure.message}")

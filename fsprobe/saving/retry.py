@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from fsprobe.checking import check
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.saving.fallback import (
     all_fallback_dirs,
@@ -124,6 +125,10 @@ _TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "PytorchStreamWr
 #: How Rust's `std::io::Error` ends its message, the only trace of the errno that writers in
 #: Rust leave: safetensors raises ``SafetensorError("Error while serializing: I/O error:
 #: Input/output error (os error 5)")``, and Hugging Face writes every model with it.
+#: A filesystem with less room than this counts as full (see `failure_of`), and the seconds
+#: that looking may take.
+FULL_BELOW_BYTES = 1024 * 1024
+FULL_TIMEOUT = 10.0
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
@@ -142,22 +147,37 @@ def first_os_error(error: BaseException) -> OSError | None:
     return None
 
 
-def failure_of(error: BaseException, step: str) -> FailedAttempt | None:
+def failure_of(error: BaseException, step: str, where: str | None = None) -> FailedAttempt | None:
     """What a writer raising `error` at `step` means for the save; None if not an I/O failure.
 
     The first OSError in the chain counts, not what surfaced: torch turns a failed write into
     a RuntimeError ("unexpected pos ...") with the OSError only in its `__context__`, or into
-    "file write failed" without any errno (then ``EUNKNOWN``, treated as transient).
+    "file write failed" without any errno (then ``EUNKNOWN``, treated as transient). The errno
+    is lost entirely when torch writes to a path itself (the Hugging Face Trainer, Lightning's
+    strategies), or when DCP gathers the ranks' exceptions (pickling drops `__context__`); so
+    with `where` (the directory written into, its partial files still there), a failure
+    without errno on a filesystem that has no room left now counts as ENOSPC: redirected, not
+    retried into the same full target. A full quota cannot be told this way.
     """
     os_error = first_os_error(error)
     if os_error is not None:
         return FailedAttempt.of(os_error, step)
     if isinstance(error, RuntimeError) and any(s in str(error) for s in _TORCH_WRITE_FAILURES):
+        if where is not None and _is_full(where):
+            return FailedAttempt("ENOSPC", step, f"{error} (no errno; no room left in {where})")
         return FailedAttempt("EUNKNOWN", step, str(error))
     rust = _RUST_OS_ERROR.search(str(error))
     if rust is not None:
         return FailedAttempt(errno_name(int(rust[1])), step, str(error))
     return None
+
+
+def _is_full(directory: str) -> bool:
+    """Whether a new file in `directory` has less than `FULL_BELOW_BYTES` of room: a statvfs
+    in the probe worker, bounded like every probe (a mount that hangs now costs the timeout)."""
+    report = check(directory, write_probe=False, quota_provider="none", timeout=FULL_TIMEOUT)
+    room = report.verdict.headroom.bytes
+    return room is not None and room < FULL_BELOW_BYTES
 
 
 def deciding(failures: Iterable[FailedAttempt]) -> FailedAttempt | None:
