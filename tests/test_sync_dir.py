@@ -229,3 +229,12 @@ def test_a_directory_copy_handed_to_another_user_is_not_brought_back(tmp_path):
     assert [o.action for o in outcomes] == ["skipped"], outcomes
     assert "belongs to uid 65534" in outcomes[0].message
     assert not setup.requested.exists() and leftovers(setup.target) == []
+
+
+def test_forgetting_a_redirected_directory_removes_it_and_says_so(tmp_path):
+    """A trainer that deletes an old directory checkpoint deletes its redirected copy too."""
+    setup = Redirected(tmp_path, tmp_path)
+    result = setup.save("epoch 2")
+    assert manifest.forget(str(setup.requested), [str(setup.fallback)]) == [result.path]
+    assert not Path(result.path).exists()
+    assert setup.sync() == []  # nothing left to bring back
