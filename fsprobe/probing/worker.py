@@ -21,6 +21,9 @@ from `/`, and finds fsprobe where the parent found it: the directory of this ver
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import io
 import itertools
 import logging
 import os
@@ -33,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 from fsprobe.lustre import children
 from fsprobe.model import ProbeResult
@@ -41,6 +45,9 @@ from fsprobe.probing.runner import ProbeRunner, timed_call
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!I")
+#: Larger than any answer of a real probe or task (a sync of thousands of checkpoints is a few
+#: MiB); a message that says it is longer is not one of ours.
+MAX_MESSAGE = 64 * 1024 * 1024
 
 #: Where the parent imported fsprobe from; the isolated worker imports the same code, from there.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,17 +65,46 @@ def worker_command(channel_fd: int) -> list[str]:
     return [sys.executable, "-I", "-c", _BOOTSTRAP, _PACKAGE_ROOT, str(channel_fd)]
 
 
+class NotAResult(pickle.UnpicklingError):
+    """The worker sent something that no probe of ours returns."""
+
+
+class ResultUnpickler(pickle.Unpickler):
+    """Rebuilds a worker's answer from fsprobe's own values (data classes, enums) and plain
+    data; a message that names anything else, a function above all, is refused unread.
+
+    A worker runs as the user of the process it serves, and is usually no less trusted. Except
+    in one case: a run of ``fsprobe sync`` that root starts as a user gives up root itself, so
+    that the user cannot trace it (`fsprobe.saving.delegate`), while its worker, started with
+    ``exec``, is the user's own process. A pickle naming ``os.system`` would run it in the run.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Only what is already imported: naming a module must not import (and so run) it.
+        loaded = sys.modules.get(module) if module.startswith("fsprobe.") else None
+        found = getattr(loaded, name, None)
+        if isinstance(found, type) and (
+            dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)
+        ):
+            return found
+        raise NotAResult(f"the probe worker sent {module}.{name}, which no probe returns")
+
+
 class Channel:
     """Pickled messages over a socket pair, each preceded by its length.
 
     `multiprocessing.connection` would do the same, but it imports `hmac`, which loads
     OpenSSL: several MiB in every worker beside every training job, for a pipe between two of
-    our own processes.
+    our own processes. The worker unpickles what its parent sends (functions to run); the
+    parent only what `unpickler` lets through.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(
+        self, sock: socket.socket, unpickler: type[pickle.Unpickler] = pickle.Unpickler
+    ) -> None:
         self.sock = sock
         self._reader = sock.makefile("rb")
+        self._unpickler = unpickler
 
     def send(self, message: object) -> None:
         payload = pickle.dumps(message)
@@ -79,10 +115,12 @@ class Channel:
         if len(header) < _LENGTH.size:
             raise EOFError("the other end closed the channel")
         (length,) = _LENGTH.unpack(header)
+        if length > MAX_MESSAGE:
+            raise NotAResult(f"a message of {length} bytes is longer than any of ours")
         payload = self._reader.read(length)
         if len(payload) < length:
             raise EOFError("the channel closed in the middle of a message")
-        return pickle.loads(payload)
+        return self._unpickler(io.BytesIO(payload)).load()
 
     def close(self) -> None:
         self._reader.close()
@@ -115,7 +153,7 @@ class ProcessExecutor:
         if self._connection is not None:
             return self._connection
         parent_end, theirs = socket.socketpair()
-        ours = Channel(parent_end)
+        ours = Channel(parent_end, ResultUnpickler)
         try:
             self._process = subprocess.Popen(
                 worker_command(theirs.fileno()),
@@ -138,18 +176,25 @@ class ProcessExecutor:
         return ours
 
     def _read_results(self, connection: Channel, process: subprocess.Popen) -> None:
+        refused = None
         while True:
             try:
                 job, result = connection.recv()
             except (EOFError, OSError):
                 break
+            except Exception as error:  # a message that does not unpickle: not our worker's
+                refused = f"the probe worker sent what no probe returns ({error}); killed it"
+                process.kill()
+                break
             with self._lock:
                 entry = self._pending.pop(job, None)
             if entry is not None:
                 entry[1].set_result(result)
-        self._worker_lost(connection, process)
+        self._worker_lost(connection, process, refused)
 
-    def _worker_lost(self, connection: Channel, process: subprocess.Popen) -> None:
+    def _worker_lost(
+        self, connection: Channel, process: subprocess.Popen, refused: str | None = None
+    ) -> None:
         """Fail what the dead worker still owed; the next submission starts a new one."""
         status = process.poll()
         with self._lock:
@@ -158,15 +203,11 @@ class ProcessExecutor:
                 self._connection, self._process = None, None
             owed, self._pending = self._pending, {}
         connection.close()
+        why = refused or f"the probe worker exited unexpectedly ({status})"
         if unexpected:
-            log.warning(
-                "probe worker %d exited (status %s); %d probes lost",
-                process.pid,
-                status,
-                len(owed),
-            )
+            log.warning("probe worker %d: %s; %d probes lost", process.pid, why, len(owed))
         for probe, future in owed.values():
-            future.set_result(_lost(probe, f"the probe worker exited unexpectedly ({status})"))
+            future.set_result(_lost(probe, why))
 
     def close(self) -> None:
         """Let the worker go: it exits as soon as no probe of it is blocked any more."""
