@@ -143,3 +143,37 @@ def test_a_save_stuck_at_any_step_names_that_step(faultfs, op, path, step):
     wait_until_gone(target)
     # Held before the rename, the abandoned attempt publishes nothing when it comes back.
     assert (target / "model.pt").exists() is (step == "fsync_dir")
+
+
+def write_a_shard(staging: str) -> None:
+    with open(os.path.join(staging, "shard.bin"), "wb") as shard:
+        shard.write(b"x" * (1 << 20))  # past the buffer: written now
+
+
+@pytest.mark.parametrize(
+    ("op", "path", "step"),
+    [
+        ("mkdir", "/ckpt/.fsprobe~*", "mkdir"),
+        ("write", "/ckpt/.fsprobe~*/shard.bin", "write"),
+        ("fsync", "/ckpt/.fsprobe~*/shard.bin", "fsync"),
+        ("fsyncdir", "/ckpt", "fsync_dir"),
+    ],
+)
+def test_a_directory_save_stuck_at_any_step_names_that_step(faultfs, op, path, step):
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    rule = faultfs.ctl.block(op, path=path)
+    try:
+        with pytest.raises(SaveError) as failure:
+            fsprobe.save_dir(
+                target / "step-10",
+                write_a_shard,
+                save_timeout=DEADLINE,
+                preflight=False,
+                attempts=1,
+            )
+    finally:
+        faultfs.ctl.remove(rule)
+    assert [(a.errno, a.step) for a in failure.value.attempts] == [("TIMEOUT", step)]
+    wait_until_gone(target)
+    assert (target / "step-10").exists() is (step == "fsync_dir")

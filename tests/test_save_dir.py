@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import pickle
 import signal
@@ -441,3 +442,16 @@ def test_torch_writing_to_a_path_failing_with_room_left_is_retried_as_unknown(fa
 
     result = fsprobe.save_dir(faultfs.mountpoint / "ckpt", write, backoff=quick())
     assert (result.attempts, result.errors) == (2, ("EUNKNOWN",))
+
+
+@pytest.mark.parametrize("where", ["tmpfs", "faultfs"])  # exchange, and two renames
+def test_clean_directory_saves_have_nothing_to_warn_about(where, tmpfs, faultfs, caplog):
+    """A first save and a replacement, each on the exchange and the two-rename path: the
+    save log stays quiet (a warning there is what an operator is told to look at)."""
+    root = tmpfs(size="16M").path if where == "tmpfs" else faultfs.mountpoint
+    with caplog.at_level(logging.WARNING, logger="fsprobe"):
+        fsprobe.save_dir(root / "ckpt", checkpoint_writer(1))
+        fsprobe.save_dir(root / "ckpt", checkpoint_writer(2))
+    assert caplog.records == []
+    assert_checkpoint(root / "ckpt", 2)
+    assert os.listdir(root) == ["ckpt"]
