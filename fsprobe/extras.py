@@ -8,7 +8,9 @@ bare ``No module named 'torch'`` from deep inside fsprobe.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from types import ModuleType
 
 
@@ -42,3 +44,17 @@ def import_extra(module: str, extra: str, needed_by: str) -> ModuleType:
         if not is_missing(error, module):
             raise  # installed, but broken: its own error says more than ours would
         raise missing_extra(module, extra, needed_by) from error
+
+
+@contextlib.contextmanager
+def extra_imports(extra: str, needed_by: str, *modules: str) -> Iterator[None]:
+    """Wrap a module's imports of `modules` (top-level names): a missing one becomes
+    `MissingExtra` naming ``fsprobe[extra]``, so that the import of an integration says what to
+    install instead of failing deep inside it."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        missing = next((module for module in modules if is_missing(error, module)), None)
+        if missing is None:
+            raise  # something else is missing: its own error says more than ours would
+        raise missing_extra(missing, extra, needed_by) from None

@@ -110,3 +110,20 @@ def test_without_torch_the_lightning_integration_names_its_extra(tmp_path):
         "fsprobe.extras.MissingExtra: fsprobe.integrations.lightning needs torch, which is not "
         "installed: pip install 'fsprobe[lightning]'"
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "needed_by", "extra"),
+    [
+        ("fsprobe.distributed", "fsprobe.distributed", "torch"),
+        ("fsprobe.integrations.dcp", "fsprobe.integrations.dcp", "torch"),
+        ("fsprobe.integrations.transformers", "fsprobe.integrations.transformers", "transformers"),
+    ],
+)
+def test_without_torch_each_integration_names_its_extra(module, needed_by, extra, tmp_path):
+    done = without_torch(f"import {module}", tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fsprobe.extras.MissingExtra: {needed_by} needs torch, which is not installed: "
+        f"pip install 'fsprobe[{extra}]'"
+    )

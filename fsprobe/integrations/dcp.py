@@ -44,21 +44,24 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-import torch.distributed.checkpoint as torch_dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import (
-    FileSystem,
-    FileSystemReader,
-    FileSystemWriter,
-    _item_size,
-    _StoragePrefix,
-    _write_files_from_queue,
-)
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.futures import Future
+from fsprobe.extras import extra_imports
+
+with extra_imports("torch", __name__, "torch"):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as torch_dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.filesystem import (
+        FileSystem,
+        FileSystemReader,
+        FileSystemWriter,
+        _item_size,
+        _StoragePrefix,
+        _write_files_from_queue,
+    )
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+    from torch.distributed.checkpoint.stateful import Stateful
+    from torch.futures import Future
 
 from fsprobe.errors import ErrorClass, classify
 from fsprobe.saving.directory import Staging, clean_directory, record_redirect

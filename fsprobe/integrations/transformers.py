@@ -49,10 +49,13 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch.distributed as dist
-import transformers
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from fsprobe.extras import extra_imports
+
+with extra_imports("transformers", __name__, "torch", "transformers", "accelerate"):
+    import torch.distributed as dist
+    import transformers
+    from transformers import Trainer, TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from fsprobe.saving import distributed as collective
 from fsprobe.saving.directory import save_dir

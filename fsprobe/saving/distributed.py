@@ -33,7 +33,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
+from fsprobe.extras import extra_imports
+
+with extra_imports("torch", "fsprobe.distributed", "torch"):
+    import torch.distributed as dist
 
 from fsprobe.saving.directory import Staging, clean_directory
 from fsprobe.saving.directory import record_redirect as record_directory_redirect
