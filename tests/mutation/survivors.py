@@ -59,8 +59,4 @@ EXPLAINED: dict[str, str] = {
         "and its removal; forget() would then list a file it left in place (nothing is lost), "
         "and no test can time that window"
     ),
-    "fsprobe/saving/manifest.py _read: 1 -> 2 in `data = stream.read(MAX_MANIFEST_BYTES + 1)`": (
-        "equivalent: any read bound above the limit tells an oversized manifest; one byte more "
-        "is refused either way (tests/test_redirect_sync.py tries the exact limit)"
-    ),
 }
