@@ -64,9 +64,10 @@ with extra_imports("torch", __name__, "torch"):
     from torch.futures import Future
 
 from fsprobe.errors import ErrorClass, classify
-from fsprobe.saving.directory import Staging, clean_directory, record_redirect
+from fsprobe.saving.directory import Staging, clean_directory
 from fsprobe.saving.distributed import collective_failure
 from fsprobe.saving.fallback import prepare_directory, remove_mirrored_dirs
+from fsprobe.saving.manifest import sha256_of_directory
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT, NEED_MARGIN
 from fsprobe.saving.resume import locate
 from fsprobe.saving.retry import (
@@ -341,10 +342,7 @@ class FsprobeWriter(FileSystemWriter):
             raise FailedAttempt.of(error, step) from error
         finally:
             self.drop_staging()
-        fallback = self._attempts.fallback
-        if fallback is not None:
-            record_redirect(fallback, self._attempts, size.bytes)
-        self.last_result = self._attempts.succeeded(size.bytes)
+        self.last_result = self._attempts.succeeded(size.bytes, sha256_of_directory)
 
 
 # -- save, async_save, load -------------------------------------------------------------------

@@ -13,6 +13,7 @@ late rename must not replace what the save did since.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -47,22 +48,29 @@ class Progress:
             raise FailedAttempt(TIMEOUT, self.step, "abandoned at the save's deadline")
 
 
-def within(timeout: float | None, destination: str, attempt: Callable[[Progress], int]) -> int:
-    """`attempt(progress)` with at most `timeout` seconds for it; inline when None.
+def bounded(timeout: float | None, attempt: Callable[[str, Progress], int]) -> Callable[[str], int]:
+    """`attempt(destination, progress)` as one attempt of a save (`fsprobe.saving.retry.Attempt`)
+    with at most `timeout` seconds for it; inline when None.
 
-    Raises `FailedAttempt` (``TIMEOUT``, at the step it is stuck in) past the deadline, and
-    whatever the attempt raised otherwise.
+    The attempt raises `FailedAttempt` (``TIMEOUT``, at the step it is stuck in) past the
+    deadline, and whatever `attempt` raised otherwise.
     """
+    return functools.partial(_within, timeout, attempt)
+
+
+def _within(
+    timeout: float | None, attempt: Callable[[str, Progress], int], destination: str
+) -> int:
     progress = Progress()
     if timeout is None:
-        return attempt(progress)
+        return attempt(destination, progress)
     written: list[int] = []
     raised: list[BaseException] = []
     finished = threading.Event()
 
     def run() -> None:
         try:
-            written.append(attempt(progress))
+            written.append(attempt(destination, progress))
         except BaseException as error:  # handed to the waiting save, not lost in the thread
             raised.append(error)
         finally:

@@ -26,13 +26,12 @@ import time
 from collections.abc import Callable, Iterable
 
 from fsprobe.atomic import claim, hostname, is_live_here, parse_temp_name, temp_name, unclaim
-from fsprobe.saving.deadline import Progress, within
-from fsprobe.saving.manifest import new_entry, record
+from fsprobe.saving.deadline import Progress, bounded
+from fsprobe.saving.manifest import sha256_of_directory
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
     DEFAULT_ATTEMPTS,
     Attempt,
-    Attempts,
     Backoff,
     FailedAttempt,
     SaveOptions,
@@ -50,14 +49,12 @@ from fsprobe.saving.swap import (
 )
 from fsprobe.saving.tree import (
     TreeSize,
-    digest_tree,
     drop_cached_pages,
     measure_tree,
     open_directory,
     opened,
     remove_tree,
     sync_tree,
-    tree_digest,
 )
 
 log = logging.getLogger("fsprobe.save")
@@ -304,24 +301,6 @@ def clean_directory(directory: str) -> None:
     remove_stale_staging(directory)
 
 
-def record_redirect(fallback: str, attempts: Attempts, size: int) -> None:
-    """Add the redirected directory to the fallback's manifest (see `file._record_redirect`)."""
-    requested, actual = attempts.requested, attempts.destination
-    try:
-        with opened(open_directory(actual)) as fd:
-            digest = tree_digest(digest_tree(fd))
-        record(new_entry(fallback, requested, actual, size, digest))
-    except OSError as error:
-        log.error(
-            "save %s: written to %s, but the redirect manifest in %s could not be updated "
-            "(%s): copy it back by hand",
-            requested,
-            actual,
-            fallback,
-            error,
-        )
-
-
 def save_dir(
     path: str | os.PathLike[str],
     write: Callable[[str], object],
@@ -349,8 +328,6 @@ def save_dir(
     attempt, `write` included). Raises `SaveError` when every attempt failed; `path` is then
     as it was before.
     """
-    if save_timeout is not None and not save_timeout > 0:
-        raise ValueError("save_timeout must be a positive number of seconds")
     options = SaveOptions.of(
         attempts=attempts,
         backoff=backoff,
@@ -363,18 +340,19 @@ def save_dir(
         on_unhealthy=on_unhealthy,
         state_dir=state_dir,
         timeout=timeout,
+        save_timeout=save_timeout,
     )
-    tries = Attempts(os.path.abspath(os.fspath(path)), options)
-    tries.preflight()
     return run_attempts(
-        tries,
+        path,
+        options,
         Attempt(
-            write=lambda destination: within(
-                save_timeout,
-                destination,
-                lambda progress: write_directory_once(destination, write, fsync, progress),
+            write=bounded(
+                options.save_timeout,
+                lambda destination, progress: write_directory_once(
+                    destination, write, fsync, progress
+                ),
             ),
             clean=clean_directory,
-            record=record_redirect,
+            digest=sha256_of_directory,
         ),
     )

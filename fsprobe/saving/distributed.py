@@ -39,8 +39,8 @@ with extra_imports("torch", "fsprobe.distributed", "torch"):
     import torch.distributed as dist
 
 from fsprobe.saving.directory import Staging, clean_directory
-from fsprobe.saving.directory import record_redirect as record_directory_redirect
 from fsprobe.saving.fallback import prepare_directory, remove_mirrored_dirs
+from fsprobe.saving.manifest import sha256_of_directory
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
     DEFAULT_ATTEMPTS,
@@ -207,9 +207,7 @@ def _coordinate(
             finally:
                 staging.close()
         if failure is None:
-            if fallback is not None:
-                record_directory_redirect(fallback, tries, nbytes)
-            result = tries.succeeded(nbytes)
+            result = tries.succeeded(nbytes, sha256_of_directory)
             group.broadcast(_Order(result=result))
             return result
         if fallback is not None:

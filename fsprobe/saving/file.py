@@ -25,13 +25,12 @@ from typing import Any, BinaryIO
 
 from fsprobe.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.extras import import_extra
-from fsprobe.saving.deadline import Progress, within
-from fsprobe.saving.manifest import new_entry, record, sha256_of
+from fsprobe.saving.deadline import Progress, bounded
+from fsprobe.saving.manifest import sha256_of
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
     DEFAULT_ATTEMPTS,
     Attempt,
-    Attempts,
     Backoff,
     FailedAttempt,
     SaveOptions,
@@ -225,8 +224,6 @@ def atomic_write(
     with ``TIMEOUT``. Raises `SaveError` when every attempt failed, or at once for a permanent
     error with nowhere to redirect; the file at `path` is then as it was before.
     """
-    if save_timeout is not None and not save_timeout > 0:
-        raise ValueError("save_timeout must be a positive number of seconds")
     options = SaveOptions.of(
         attempts=attempts,
         backoff=backoff,
@@ -238,41 +235,20 @@ def atomic_write(
         on_unhealthy=on_unhealthy,
         state_dir=state_dir,
         timeout=timeout,
+        save_timeout=save_timeout,
     )
-    tries = Attempts(os.path.abspath(os.fspath(path)), options)
-    tries.preflight()
     return run_attempts(
-        tries,
+        path,
+        options,
         Attempt(
-            write=lambda destination: within(
-                save_timeout,
-                destination,
-                lambda progress: _write_once(destination, write, fsync, progress),
+            write=bounded(
+                options.save_timeout,
+                lambda destination, progress: _write_once(destination, write, fsync, progress),
             ),
             clean=remove_stale_temps,
-            record=_record_redirect,
+            digest=sha256_of,
         ),
     )
-
-
-def _record_redirect(fallback: str, attempts: Attempts, size: int) -> None:
-    """Add the redirected save to the fallback's manifest, so that `fsprobe sync` finds it.
-
-    The checkpoint itself is safe at this point; a manifest that cannot be written is logged
-    loudly, not raised: failing the save now would throw away a good checkpoint.
-    """
-    requested, actual = attempts.requested, attempts.destination
-    try:
-        record(new_entry(fallback, requested, actual, size, sha256_of(actual)))
-    except OSError as error:
-        log.error(
-            "save %s: written to %s, but the redirect manifest in %s could not be updated "
-            "(%s): copy it back by hand",
-            requested,
-            actual,
-            fallback,
-            error,
-        )
 
 
 def save(

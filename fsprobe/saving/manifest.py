@@ -40,7 +40,14 @@ from fsprobe.saving.fallback import (
     remove_area_if_empty,
     remove_empty_parents,
 )
-from fsprobe.saving.tree import digest_tree, measure_tree, remove_tree, tree_digest
+from fsprobe.saving.tree import (
+    digest_tree,
+    measure_tree,
+    open_directory,
+    opened,
+    remove_tree,
+    tree_digest,
+)
 
 log = logging.getLogger("fsprobe.redirect")
 
@@ -86,6 +93,12 @@ def sha256_of(path: str) -> str:
         return sha256_of_fd(fd)
     finally:
         os.close(fd)
+
+
+def sha256_of_directory(path: str) -> str:
+    """The sha256 of the directory at `path` as a manifest records it: of its whole tree."""
+    with opened(open_directory(path)) as fd:
+        return tree_digest(digest_tree(fd))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ after the last attempt, with every attempt's errno.
 
 `Attempts` holds those decisions for one save, apart from the attempt itself, so that a
 collective save can take them once on its coordinator and send them to every rank;
-`run_attempts` is the loop for a save made by one process.
+`run_attempts` is the loop for a save made by one process. A save that lands in a fallback is
+entered in that fallback's manifest when it succeeds (`Attempts.succeeded`), whatever kind of
+save it is, so that `fsprobe sync` finds it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from fsprobe.saving.fallback import (
     redirect_path,
     remove_mirrored_dirs,
 )
+from fsprobe.saving.manifest import new_entry, record
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
 from fsprobe.saving.preflight import preflight as run_preflight
 from fsprobe.units import format_bytes, format_seconds
@@ -189,7 +192,11 @@ def deciding(failures: Iterable[FailedAttempt]) -> FailedAttempt | None:
 
 @dataclass(frozen=True)
 class SaveOptions:
-    """What the caller of any save chooses, apart from what to write (see `atomic_write`)."""
+    """What the caller of any save chooses, apart from what to write (see `atomic_write`).
+
+    `save_timeout` bounds each attempt of a save made by one process; the attempt applies it
+    (`fsprobe.saving.deadline`, which builds on this module). Collective saves do not take it.
+    """
 
     attempts: int = DEFAULT_ATTEMPTS
     backoff: Backoff = Backoff()
@@ -202,6 +209,7 @@ class SaveOptions:
     on_unhealthy: str = "proceed"
     state_dir: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    save_timeout: float | None = None
 
     @classmethod
     def of(
@@ -211,9 +219,12 @@ class SaveOptions:
         backoff: Backoff | None,
         fallback_dirs: Iterable[str | os.PathLike[str]],
         redirect: bool,
+        save_timeout: float | None = None,
         **others: Any,
     ) -> SaveOptions:
         """Checked, with the defaults filled in and ``FSPROBE_FALLBACK_DIRS`` added."""
+        if save_timeout is not None and not save_timeout > 0:
+            raise ValueError("save_timeout must be a positive number of seconds")
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         return cls(
@@ -221,6 +232,7 @@ class SaveOptions:
             backoff=backoff or Backoff(),
             fallback_dirs=all_fallback_dirs(fallback_dirs) if redirect else (),
             redirect=redirect,
+            save_timeout=save_timeout,
             **others,
         )
 
@@ -340,8 +352,13 @@ class Attempts:
             f"saving {self.requested} failed after {len(self.failures)} attempt(s): {summary}",
         )
 
-    def succeeded(self, nbytes: int) -> SaveResult:
-        """The current attempt succeeded with `nbytes` written: remember the size, log, result."""
+    def succeeded(self, nbytes: int, digest_of: Callable[[str], str]) -> SaveResult:
+        """The current attempt succeeded with `nbytes` written: enter a redirect in the
+        fallback's manifest (`digest_of(destination)` is its sha256), remember the size, log,
+        result."""
+        fallback = self.fallback
+        if fallback is not None:
+            self._record_redirect(fallback, nbytes, digest_of)
         remember_save(self.requested, nbytes)
         result = SaveResult(
             path=self.destination,
@@ -371,6 +388,25 @@ class Attempts:
             )
         return result
 
+    def _record_redirect(self, fallback: str, nbytes: int, digest_of: Callable[[str], str]) -> None:
+        """Add the redirected save to the fallback's manifest, so that `fsprobe sync` finds it.
+
+        The checkpoint itself is safe at this point; a manifest that cannot be written is
+        logged loudly, not raised: failing the save now would throw away a good checkpoint.
+        """
+        requested, actual = self.requested, self.destination
+        try:
+            record(new_entry(fallback, requested, actual, nbytes, digest_of(actual)))
+        except OSError as error:
+            log.error(
+                "save %s: written to %s, but the redirect manifest in %s could not be updated "
+                "(%s): copy it back by hand",
+                requested,
+                actual,
+                fallback,
+                error,
+            )
+
     def _log(self, failure: FailedAttempt, kind: ErrorClass, plan: str) -> None:
         where = "" if self.destination == self.requested else f" (redirected to {self.destination})"
         log.warning(
@@ -393,17 +429,22 @@ class Attempt(NamedTuple):
     `write(destination)` makes one attempt and returns the bytes written, raising
     `FailedAttempt` for an I/O failure (anything else it raises ends the save as it is);
     `clean(directory)` removes the leftovers of crashed saves there, once per directory before
-    the first attempt into it; `record(fallback, attempts, nbytes)` enters a redirected save
-    in the fallback's manifest.
+    the first attempt into it; `digest(destination)` is the sha256 that the fallback's
+    manifest records for a redirected save.
     """
 
     write: Callable[[str], int]
     clean: Callable[[str], object]
-    record: Callable[[str, Attempts, int], None]
+    digest: Callable[[str], str]
 
 
-def run_attempts(attempts: Attempts, attempt: Attempt) -> SaveResult:
-    """Attempt until one succeeds or `attempts` gives up (`SaveError`)."""
+def run_attempts(
+    path: str | os.PathLike[str], options: SaveOptions, attempt: Attempt
+) -> SaveResult:
+    """Save `path`: preflight, then attempt until one succeeds or the attempts give up
+    (`SaveError`, also when the preflight says ``fail``)."""
+    attempts = Attempts(os.path.abspath(os.fspath(path)), options)
+    attempts.preflight()
     cleaned: set[str] = set()
     while True:
         fallback = attempts.fallback
@@ -426,6 +467,4 @@ def run_attempts(attempts: Attempts, attempt: Attempt) -> SaveResult:
                 raise attempts.error() from None
             attempts.follow(plan)
             continue
-        if fallback is not None:
-            attempt.record(fallback, attempts, nbytes)
-        return attempts.succeeded(nbytes)
+        return attempts.succeeded(nbytes, attempt.digest)
