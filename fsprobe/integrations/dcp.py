@@ -64,9 +64,9 @@ with extra_imports("torch", __name__, "torch"):
     from torch.futures import Future
 
 from fsprobe.errors import ErrorClass, classify
+from fsprobe.saving.deadline import Progress
 from fsprobe.saving.directory import Staging, clean_directory
 from fsprobe.saving.distributed import collective_failure
-from fsprobe.saving.fallback import prepare_directory, remove_mirrored_dirs
 from fsprobe.saving.manifest import sha256_of_directory
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT, NEED_MARGIN
 from fsprobe.saving.resume import locate
@@ -186,9 +186,6 @@ class FsprobeWriter(FileSystemWriter):
         """On the coordinator, after a failed attempt: what next (None: give up)."""
         self.drop_staging()
         assert self._attempts is not None and failure is not None
-        fallback = self._attempts.fallback
-        if fallback is not None:
-            remove_mirrored_dirs(fallback, self._attempts.destination)
         return self._attempts.failed(failure)
 
     def follow(self, plan: Plan | None) -> None:
@@ -236,14 +233,8 @@ class FsprobeWriter(FileSystemWriter):
             self._attempts = attempts
         self._continuing = False
         destination = self._attempts.destination
-        fallback = self._attempts.fallback
         try:
-            if fallback is not None:
-                prepare_directory(fallback, destination)
-            directory = os.path.dirname(destination)
-            if directory not in self._cleaned:
-                self._cleaned.add(directory)
-                clean_directory(directory)
+            self._attempts.prepare(clean_directory, self._cleaned)
             self._staging = Staging(destination)
         except OSError as error:
             raise FailedAttempt.of(error, "mkdir") from error
@@ -323,23 +314,18 @@ class FsprobeWriter(FileSystemWriter):
         assert self._staging is not None and self._attempts is not None
         self.fs.staging = Path(self._staging.path)
         super().finish(metadata, results)
-        step = "fsync"
+        progress = Progress()
+        progress.at("fsync")
         try:
             if self.sync_files:
                 # torch 2.13 fsyncs the .metadata before Python's buffer is flushed into it
                 # (pickle.dump, then os.fsync, then close): the data itself is synced here.
                 sync_file_at(self._staging.fd, _METADATA)
-                step = "fsync_dir"
+                progress.at("fsync_dir")
             size = self._staging.sync(files=False) if self.sync_files else self._staging.measure()
-            step = "rename"
-            replaced = self._staging.swap_in()
-            if self.sync_files:
-                step = "fsync_dir"
-                self._staging.sync_parent()
-            if replaced is not None:
-                self._staging.remove(replaced)
+            self._staging.publish(self.sync_files, progress.at)
         except OSError as error:
-            raise FailedAttempt.of(error, step) from error
+            raise FailedAttempt.of(error, progress.step) from error
         finally:
             self.drop_staging()
         self.last_result = self._attempts.succeeded(size.bytes, sha256_of_directory)

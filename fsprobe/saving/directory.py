@@ -175,6 +175,18 @@ class Staging:
     def sync_parent(self) -> None:
         os.fsync(self.parent_fd)
 
+    def publish(self, fsync: bool, at: Callable[[str], object]) -> None:
+        """Make it the checkpoint: rename it into place (`swap_in`), fsync the parent (with
+        `fsync`), remove the checkpoint it replaced. `at(step)` hears each step as it starts,
+        so that a failure or a hang is reported at the step it happened in."""
+        at("rename")
+        replaced = self.swap_in()
+        if fsync:
+            at("fsync_dir")
+            self.sync_parent()
+        if replaced is not None:
+            self.remove(replaced)
+
     def remove(self, name: str) -> None:
         """Remove `name` (the staging dir, or the replaced checkpoint) beside the destination.
 
@@ -233,13 +245,7 @@ def write_directory_once(
         progress.at("fsync")
         size = staging.sync() if fsync else staging.measure()
         progress.before_publishing()
-        progress.at("rename")
-        replaced = staging.swap_in()
-        if fsync:
-            progress.at("fsync_dir")
-            staging.sync_parent()
-        if replaced is not None:
-            staging.remove(replaced)
+        staging.publish(fsync, progress.at)
         return size.bytes
     except OSError as error:
         raise FailedAttempt.of(error, progress.step) from error

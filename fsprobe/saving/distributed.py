@@ -38,8 +38,8 @@ from fsprobe.extras import extra_imports
 with extra_imports("torch", "fsprobe.distributed", "torch"):
     import torch.distributed as dist
 
+from fsprobe.saving.deadline import Progress
 from fsprobe.saving.directory import Staging, clean_directory
-from fsprobe.saving.fallback import prepare_directory, remove_mirrored_dirs
 from fsprobe.saving.manifest import sha256_of_directory
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
@@ -155,19 +155,14 @@ def _write_part(
 
 def _commit(staging: Staging, fsync: bool) -> tuple[int, FailedAttempt | None]:
     """Sync the directories, publish, sync the parent: (bytes, None) or (0, the failure)."""
-    step = "fsync_dir"
+    progress = Progress()
+    progress.at("fsync_dir")
     try:
         size = staging.sync(files=False) if fsync else staging.measure()
-        step = "rename"
-        replaced = staging.swap_in()
-        if fsync:
-            step = "fsync_dir"
-            staging.sync_parent()
-        if replaced is not None:
-            staging.remove(replaced)
+        staging.publish(fsync, progress.at)
         return size.bytes, None
     except OSError as error:
-        return 0, FailedAttempt.of(error, step)
+        return 0, FailedAttempt.of(error, progress.step)
 
 
 def _coordinate(
@@ -179,16 +174,10 @@ def _coordinate(
     """The coordinator's side of the protocol (see the module docstring)."""
     cleaned: set[str] = set()
     while True:
-        fallback = tries.fallback
         failure: FailedAttempt | None = None
         nbytes = 0
         try:
-            if fallback is not None:
-                prepare_directory(fallback, tries.destination)
-            directory = os.path.dirname(tries.destination)
-            if directory not in cleaned:
-                cleaned.add(directory)
-                clean_directory(directory)
+            tries.prepare(clean_directory, cleaned)
             staging = Staging(tries.destination)
         except OSError as error:
             failure = FailedAttempt.of(error, "mkdir")
@@ -210,8 +199,6 @@ def _coordinate(
             result = tries.succeeded(nbytes, sha256_of_directory)
             group.broadcast(_Order(result=result))
             return result
-        if fallback is not None:
-            remove_mirrored_dirs(fallback, tries.destination)
         plan = tries.failed(failure)
         if plan is None:
             error = tries.error()

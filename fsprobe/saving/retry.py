@@ -303,11 +303,25 @@ class Attempts:
             None,
         )
 
+    def prepare(self, clean: Callable[[str], object], cleaned: set[str]) -> None:
+        """Before an attempt: make the destination's mirrored directories in its fallback, and
+        `clean` its directory of crashed saves' leftovers once (the directories in `cleaned`
+        are done). OSError if the fallback's directories cannot be made."""
+        fallback = self.fallback
+        if fallback is not None:
+            prepare_directory(fallback, self.destination)
+        directory = os.path.dirname(self.destination)
+        if directory not in cleaned:
+            cleaned.add(directory)
+            clean(directory)
+
     def failed(self, failure: FailedAttempt) -> Plan | None:
         """Record a failed attempt and decide the next one; None means give up."""
+        fallback = self.fallback
+        if fallback is not None:  # leave no empty mirrored directories in a fallback
+            remove_mirrored_dirs(fallback, self.destination)
         self.failures.append(failure.bare())
         kind = classify(failure.errno, failure.step)
-        fallback = self.fallback
         if self.number == self.options.attempts:
             self._log(failure, kind, "giving up")
             return None
@@ -447,21 +461,13 @@ def run_attempts(
     attempts.preflight()
     cleaned: set[str] = set()
     while True:
-        fallback = attempts.fallback
         try:
-            if fallback is not None:
-                try:
-                    prepare_directory(fallback, attempts.destination)
-                except OSError as error:
-                    raise FailedAttempt.of(error, "mkdir") from error
-            directory = os.path.dirname(attempts.destination)
-            if directory not in cleaned:
-                cleaned.add(directory)
-                attempt.clean(directory)
+            try:
+                attempts.prepare(attempt.clean, cleaned)
+            except OSError as error:
+                raise FailedAttempt.of(error, "mkdir") from error
             nbytes = attempt.write(attempts.destination)
         except FailedAttempt as failure:
-            if fallback is not None:  # leave no empty mirrored directories in a fallback
-                remove_mirrored_dirs(fallback, attempts.destination)
             plan = attempts.failed(failure)
             if plan is None:
                 raise attempts.error() from None

@@ -98,7 +98,7 @@ TARGETS = (
         "save-retry",
         "fsprobe/saving/retry.py",
         "Backoff.delay first_os_error failure_of deciding Attempts.fallback Attempts.failed "
-        "Attempts.follow run_attempts",
+        "Attempts.follow Attempts.prepare run_attempts",
         *_SAVE_TESTS,
     ),
     target(
@@ -119,7 +119,7 @@ TARGETS = (
     target(
         "save-dir",
         "fsprobe/saving/directory.py",
-        "Staging.sync Staging.swap_in Staging.sync_parent write_directory_once",
+        "Staging.sync Staging.swap_in Staging.sync_parent Staging.publish write_directory_once",
         "tests/test_save_dir.py",
         "tests/test_durability.py",
     ),
