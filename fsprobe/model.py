@@ -21,25 +21,33 @@ PROBE_KINDS = ("statvfs", "quota", "lfs_df", "write", "tmpdir")
 TIMEOUT = "TIMEOUT"
 
 
-class Status(enum.IntEnum):
-    """Health of a target; the values are the exit codes of `fsprobe check` (monitoring plugins)."""
+L = TypeVar("L", bound="Level")
 
-    OK = 0
-    DEGRADED = 1
-    UNHEALTHY = 2
-    UNKNOWN = 3
+
+class Level(enum.IntEnum):
+    """An ordered scale whose members are written as lowercase labels (``"degraded"``) in the
+    JSON, the metrics and the terminal: `Status` here, the policy's `Severity`."""
 
     @property
     def label(self) -> str:
         return self.name.lower()
 
     @classmethod
-    def from_label(cls, label: str) -> Status:
+    def from_label(cls: type[L], label: str) -> L:
         """``"degraded"`` -> `Status.DEGRADED`; ValueError for anything else."""
         member = cls.__members__.get(label.upper()) if isinstance(label, str) else None
         if member is None or member.label != label:
             raise ValueError(f"{label!r} is not one of {', '.join(s.label for s in cls)}")
         return member
+
+
+class Status(Level):
+    """Health of a target; the values are the exit codes of `fsprobe check` (monitoring plugins)."""
+
+    OK = 0
+    DEGRADED = 1
+    UNHEALTHY = 2
+    UNKNOWN = 3
 
 
 @dataclass(frozen=True)

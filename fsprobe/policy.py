@@ -15,7 +15,6 @@ of them binds, because 5 GiB left is plenty on a 10 GiB quota and nothing on a 1
 
 from __future__ import annotations
 
-import enum
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from fsprobe.errors import ErrorClass, classify
 from fsprobe.model import (
     TIMEOUT,
     FilesystemInfo,
+    Level,
     LustreTarget,
     ProbeResult,
     QuotaEntry,
@@ -85,7 +85,7 @@ class Policy:
         return self.stale_after_intervals * self.interval(probe)
 
 
-class Severity(enum.IntEnum):
+class Severity(Level):
     """How much one reason weighs. A notice is worth knowing but leaves the status as it is."""
 
     NOTICE = 0
@@ -93,21 +93,9 @@ class Severity(enum.IntEnum):
     UNHEALTHY = 2
 
     @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    @property
     def status(self) -> Status:
         """The status this reason alone gives a target."""
         return _SEVERITY_STATUS[self]
-
-    @classmethod
-    def from_label(cls, label: str) -> Severity:
-        """``"notice"`` -> `Severity.NOTICE`; ValueError for anything else."""
-        member = cls.__members__.get(label.upper()) if isinstance(label, str) else None
-        if member is None or member.label != label:
-            raise ValueError(f"{label!r} is not one of {', '.join(s.label for s in cls)}")
-        return member
 
 
 _SEVERITY_STATUS = {

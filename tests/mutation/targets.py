@@ -51,6 +51,7 @@ _SAVE_TESTS = (
 
 TARGETS = (
     target("policy", "fsprobe/policy.py", "*", *_POLICY_TESTS),
+    target("levels", "fsprobe/model.py", "Level", *_POLICY_TESTS),
     target(
         "quota-state",
         "fsprobe/model.py",
