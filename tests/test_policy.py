@@ -6,38 +6,25 @@ import pytest
 
 from fsprobe.model import (
     TIMEOUT,
-    FilesystemInfo,
     LustreTarget,
     ProbeResult,
     QuotaEntry,
     QuotaReport,
     QuotaState,
     QuotaUsage,
-    Snapshot,
     Status,
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Policy, Severity, evaluate, judge_need
+from fsprobe.policy import Policy, Severity, judge_need
+from tests.support.policy import NOW, filesystem_info, judge
 
-NOW = 1_800_000_000.0
 GiB = 1024**3
 TiB = 1024**4
 
 
 def fs(avail=500 * GiB, size=1000 * GiB, files=1_000_000, files_free=900_000, readonly=False):
-    return FilesystemInfo(
-        probed_path="/ckpt",
-        mountpoint="/lustre",
-        fstype="lustre",
-        device="mgs@tcp:/proj",
-        size_bytes=size,
-        avail_bytes=avail,
-        files=files,
-        files_free=files_free,
-        readonly=readonly,
-        st_dev=42,
-    )
+    return filesystem_info(avail, size, files, files_free, readonly=readonly, mountpoint="/lustre")
 
 
 def result(probe, value=None, error=None, age=1.0, stuck=False, message=""):
@@ -56,10 +43,6 @@ def write_failed(errno, step="write"):
     )
 
 
-def snapshot(*results, recent=()):
-    return Snapshot("/ckpt", {r.probe: r for r in results}, tuple(recent))
-
-
 def quota(*entries, inaccurate=False, errors=()):
     return QuotaReport("lfs", tuple(entries), inaccurate, tuple(errors))
 
@@ -70,10 +53,6 @@ def entry(kind="project", bytes_=None, inodes=None, ident=1234):
 
 def codes(verdict):
     return {(reason.code, reason.severity.label) for reason in verdict.reasons}
-
-
-def judge(*results, recent=(), policy=None, **need):
-    return evaluate(snapshot(*results, recent=recent), policy or Policy(), NOW, **need)
 
 
 def test_healthy_filesystem_is_ok_with_headroom_from_statvfs():

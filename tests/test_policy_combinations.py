@@ -20,43 +20,21 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     QuotaUsage,
-    Snapshot,
     Status,
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Policy, Severity, evaluate
-
-NOW = 1_800_000_000.0
+from fsprobe.policy import Policy, Severity
+from tests.support.policy import NOW, filesystem_info, judge, probe
 
 
 def filesystem(avail=500, size=1000, files=1000, files_free=900) -> FilesystemInfo:
-    return FilesystemInfo(
-        probed_path="/ckpt",
-        mountpoint="/ckpt",
-        fstype="lustre",
-        device="mgs@tcp:/proj",
-        size_bytes=size,
-        avail_bytes=avail,
-        files=files,
-        files_free=files_free,
-        readonly=False,
-        st_dev=1,
-    )
-
-
-def probe(kind: str, value, finished_at: float = NOW - 1) -> ProbeResult:
-    return ProbeResult(kind, finished_at, 0.0, value, None, "", False)
+    return filesystem_info(avail, size, files, files_free)
 
 
 def project(bytes_=None, inodes=None) -> QuotaReport:
     entry = QuotaEntry("project", 7, None, bytes_ or QuotaUsage(0), inodes or QuotaUsage(0))
     return QuotaReport("lfs", (entry,))
-
-
-def judge(*results: ProbeResult, policy: Policy | None = None):
-    snapshot = Snapshot("/ckpt", {r.probe: r for r in results}, ())
-    return evaluate(snapshot, policy or Policy(), NOW)
 
 
 def message(verdict, code: str) -> str:
@@ -217,7 +195,7 @@ def test_a_quota_message_names_the_owner_and_the_limit_that_was_crossed(usage, w
 
 
 def test_a_failed_probe_without_a_message_is_described_by_its_errno():
-    failed = ProbeResult("write", NOW - 1, 0.0, None, "EIO", "", False)
+    failed = probe("write", error="EIO")
     said = ProbeResult("write", NOW - 1, 0.0, None, "EIO", "test write failed at fsync", False)
     assert message(judge(probe("statvfs", filesystem()), failed), "write_failed") == (
         "test write failed with EIO"
@@ -225,7 +203,7 @@ def test_a_failed_probe_without_a_message_is_described_by_its_errno():
     assert message(judge(probe("statvfs", filesystem()), said), "write_failed") == (
         "test write failed at fsync"
     )
-    quiet_statvfs = ProbeResult("statvfs", NOW - 1, 0.0, None, "EACCES", "", False)
+    quiet_statvfs = probe("statvfs", error="EACCES")
     assert message(judge(quiet_statvfs), "probe_failed") == (
         "the statvfs probe failed: EACCES (EACCES)"
     )

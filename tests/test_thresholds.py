@@ -24,14 +24,12 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     QuotaUsage,
-    Snapshot,
     Status,
     WriteProbeResult,
 )
-from fsprobe.policy import Policy, evaluate
 from fsprobe.quota.lustre import usage_from_cells
+from tests.support.policy import NOW, filesystem_info, judge, probe
 
-NOW = 1_800_000_000.0
 CAPACITY = 100_000  # bytes and inodes: 3 % is exactly 3000, 10 % exactly 10000
 DAY = 86_400.0
 
@@ -45,32 +43,12 @@ def below(value: float) -> float:
 
 
 def filesystem(avail: int = CAPACITY // 2, files_free: int = CAPACITY // 2) -> FilesystemInfo:
-    return FilesystemInfo(
-        probed_path="/ckpt",
-        mountpoint="/ckpt",
-        fstype="ext4",
-        device="/dev/sda1",
-        size_bytes=CAPACITY,
-        avail_bytes=avail,
-        files=CAPACITY,
-        files_free=files_free,
-        readonly=False,
-        st_dev=1,
-    )
-
-
-def probe(kind: str, value=None, error=None, finished_at: float = NOW - 1) -> ProbeResult:
-    return ProbeResult(kind, finished_at, 0.0, value, error, "", False)
+    return filesystem_info(avail, CAPACITY, CAPACITY, files_free)
 
 
 def write_took(seconds: float) -> ProbeResult:
     steps = {"create": 0.0, "write": 0.0, "fsync": seconds, "total": seconds}
     return probe("write", WriteProbeResult(True, 1 << 20, steps))
-
-
-def verdict(*results: ProbeResult, recent=(), need_bytes=None, need_inodes=None):
-    snapshot = Snapshot("/ckpt", {r.probe: r for r in results}, tuple(recent))
-    return evaluate(snapshot, Policy(), NOW, need_bytes=need_bytes, need_inodes=need_inodes)
 
 
 def severity_of(code: str, judged) -> Status | None:
@@ -93,7 +71,7 @@ def severity_of(code: str, judged) -> Status | None:
 @pytest.mark.parametrize("resource", ["space", "inode"])
 def test_headroom_at_3_and_10_percent(resource, left, expected):
     fs = filesystem(avail=left) if resource == "space" else filesystem(files_free=left)
-    judged = verdict(probe("statvfs", fs))
+    judged = judge(probe("statvfs", fs))
     assert severity_of(f"{resource}_headroom_low", judged) is expected
     assert judged.status is (expected or Status.OK)
 
@@ -102,7 +80,7 @@ def test_headroom_at_3_and_10_percent(resource, left, expected):
 @pytest.mark.parametrize("resource", ["bytes", "inodes"])
 def test_a_checkpoint_exactly_as_big_as_the_headroom_fits(resource, need, fits):
     fs = filesystem(avail=40_000, files_free=40_000)
-    judged = verdict(probe("statvfs", fs), **{f"need_{resource}": need})
+    judged = judge(probe("statvfs", fs), **{f"need_{resource}": need})
     assert judged.fits is fits
     assert (judged.status is Status.UNHEALTHY) is not fits
 
@@ -120,7 +98,7 @@ def test_a_checkpoint_exactly_as_big_as_the_headroom_fits(resource, need, fits):
     ],
 )
 def test_write_slow_at_5_and_30_seconds(seconds, expected):
-    judged = verdict(probe("statvfs", filesystem()), write_took(seconds))
+    judged = judge(probe("statvfs", filesystem()), write_took(seconds))
     assert severity_of("write_slow", judged) is expected
 
 
@@ -128,7 +106,7 @@ def test_write_slow_at_5_and_30_seconds(seconds, expected):
 def test_a_transient_write_error_counts_for_the_last_3_probes(errors, expected):
     """The window is the last 3 write probes; the error is `errors` probes ago."""
     recent = ["EIO"] + [None] * (errors - 1)
-    judged = verdict(probe("statvfs", filesystem()), write_took(0.01), recent=recent)
+    judged = judge(probe("statvfs", filesystem()), write_took(0.01), recent=recent)
     assert severity_of("write_failed", judged) is expected
 
 
@@ -138,7 +116,7 @@ def test_a_transient_write_error_counts_for_the_last_3_probes(errors, expected):
 @pytest.mark.parametrize(("avail", "expected"), [(4_999, Status.DEGRADED), (5_000, None)])
 def test_one_lustre_target_under_5_percent_free(avail, expected):
     ost = LustreTarget("proj-OST0003", "OST", 3, CAPACITY, avail, 100, 50)
-    judged = verdict(probe("statvfs", filesystem()), probe("lfs_df", (ost,)))
+    judged = judge(probe("statvfs", filesystem()), probe("lfs_df", (ost,)))
     assert severity_of("lustre_target_full", judged) is expected
 
 
@@ -149,7 +127,7 @@ def test_one_lustre_target_under_5_percent_free(avail, expected):
     ("finished_at", "stale"), [(NOW - 45, False), (below(NOW - 45), True)], ids=["45s", "older"]
 )
 def test_a_statvfs_result_is_stale_after_3_intervals_of_15_seconds(finished_at, stale):
-    judged = verdict(probe("statvfs", filesystem(), finished_at=finished_at))
+    judged = judge(probe("statvfs", filesystem(), finished_at=finished_at))
     assert (severity_of("probe_stale", judged) is Status.DEGRADED) is stale
     assert (judged.status is Status.UNKNOWN) is stale
 
@@ -160,7 +138,7 @@ def test_a_statvfs_result_is_stale_after_3_intervals_of_15_seconds(finished_at, 
 def quota_verdict(usage: QuotaUsage):
     entry = QuotaEntry("project", 7, None, usage, QuotaUsage(0))
     report = QuotaReport("lfs", (entry,))
-    return verdict(probe("statvfs", filesystem()), probe("quota", report))
+    return judge(probe("statvfs", filesystem()), probe("quota", report))
 
 
 @pytest.mark.parametrize(
