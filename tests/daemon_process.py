@@ -25,6 +25,25 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+#: A daemon that probes often and never runs ``lfs quota``: its state file comes within a second.
+FAST_DEFAULTS = """
+[defaults]
+statvfs_interval = 0.2
+write_interval = 0.5
+tmpdir_interval = 0.5
+write_bytes = "4K"
+quota_probe = "never"
+"""
+
+
+def fast_config(path: Path, *targets: Path, top: str = "") -> Path:
+    """Write the config file `path`: `top` (top-level keys), `FAST_DEFAULTS`, the targets."""
+    path.write_text(
+        top + FAST_DEFAULTS + "".join(f'\n[[targets]]\npath = "{target}"\n' for target in targets)
+    )
+    return path
+
+
 def free_port() -> int:
     """A port that was free a moment ago (for servers that cannot report theirs, Prometheus)."""
     with socket.socket() as sock:

@@ -12,24 +12,8 @@ import pytest
 
 from fsprobe.model import Status
 from fsprobe.state import StateReader
-from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+from tests.daemon_process import DaemonProcess, clean_environment, fast_config, run_fsprobe
 from tests.support.capability import ipv6_problem, require
-
-FAST = """
-[defaults]
-statvfs_interval = 0.2
-write_interval = 0.5
-tmpdir_interval = 0.5
-write_bytes = "4K"
-quota_probe = "never"
-"""
-
-
-def fast_config(tmp_path: Path, *targets: Path, top: str = "") -> Path:
-    config = tmp_path / "fsprobe.toml"
-    text = top + FAST + "".join(f'\n[[targets]]\npath = "{target}"\n' for target in targets)
-    config.write_text(text)
-    return config
 
 
 def target_dir(tmp_path: Path, name: str) -> Path:
@@ -46,7 +30,7 @@ def env_with_tmpdir(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stop_signal_ends_the_daemon_within_a_second_with_a_valid_state_file(tmp_path, number):
     ckpt = target_dir(tmp_path, "ckpt")
-    config = fast_config(tmp_path, ckpt)
+    config = fast_config(tmp_path / "fsprobe.toml", ckpt)
     daemon = DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path))
     with daemon:
         daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(ckpt))
@@ -67,7 +51,7 @@ def test_stop_signal_ends_the_daemon_within_a_second_with_a_valid_state_file(tmp
 
 def test_state_file_is_rewritten_after_probes_with_the_documented_shape(tmp_path):
     ckpt = target_dir(tmp_path, "ckpt")
-    config = fast_config(tmp_path, ckpt)
+    config = fast_config(tmp_path / "fsprobe.toml", ckpt)
     with DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path)) as daemon:
         daemon.wait_for_value("fsprobe_probe_success", 1.0, path=str(ckpt), probe="write")
         reader = StateReader(str(daemon.state_dir))
@@ -91,10 +75,10 @@ def test_state_file_is_rewritten_after_probes_with_the_documented_shape(tmp_path
 
 def test_sighup_with_a_good_config_adds_and_removes_targets(tmp_path):
     first, second = target_dir(tmp_path, "a"), target_dir(tmp_path, "b")
-    config = fast_config(tmp_path, first)
+    config = fast_config(tmp_path / "fsprobe.toml", first)
     with DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path)) as daemon:
         daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(first))
-        fast_config(tmp_path, second, top='log_level = "debug"\n')
+        fast_config(tmp_path / "fsprobe.toml", second, top='log_level = "debug"\n')
         daemon.send(signal.SIGHUP)
         daemon.wait_for_log("event=reloaded")
         daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(second))
@@ -106,7 +90,7 @@ def test_sighup_with_a_good_config_adds_and_removes_targets(tmp_path):
 
 def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
     ckpt = target_dir(tmp_path, "ckpt")
-    config = fast_config(tmp_path, ckpt)
+    config = fast_config(tmp_path / "fsprobe.toml", ckpt)
     with DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path)) as daemon:
         daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(ckpt))
         config.write_text(config.read_text() + "write_intervall = 3\n")
@@ -124,7 +108,7 @@ def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
             time.sleep(0.05)
         assert daemon.proc.poll() is None
         # And a fixed config is taken on the next SIGHUP.
-        fast_config(tmp_path, ckpt)
+        fast_config(tmp_path / "fsprobe.toml", ckpt)
         daemon.send(signal.SIGHUP)
         daemon.wait_for_log("event=reloaded")
 
@@ -221,7 +205,7 @@ def test_listens_on_ipv6_loopback(tmp_path):
 
 def test_logs_are_one_event_per_line(tmp_path):
     ckpt = target_dir(tmp_path, "ckpt")
-    config = fast_config(tmp_path, ckpt)
+    config = fast_config(tmp_path / "fsprobe.toml", ckpt)
     with DaemonProcess(
         tmp_path, "--config", str(config), "-v", env=env_with_tmpdir(tmp_path)
     ) as daemon:

@@ -17,26 +17,16 @@ from pathlib import Path
 import pytest
 
 from fsprobe.state import LOCK_FILE, StateDirBusy, StateReader, WriterLock, writer_running
-from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+from tests.daemon_process import DaemonProcess, clean_environment, fast_config, run_fsprobe
 from tests.support.capability import require
 
 NOBODY = 65534
-
-FAST = """
-[defaults]
-statvfs_interval = 0.2
-write_interval = 0.5
-tmpdir_interval = 0.5
-write_bytes = "4K"
-quota_probe = "never"
-"""
 
 
 def start_daemon(tmp_path: Path, name: str = "ckpt") -> tuple[DaemonProcess, Path]:
     target = tmp_path / name
     target.mkdir()
-    config = tmp_path / f"{name}.toml"
-    config.write_text(FAST + f'\n[[targets]]\npath = "{target}"\n')
+    config = fast_config(tmp_path / f"{name}.toml", target)
     daemon = DaemonProcess(
         tmp_path, "--config", str(config), env=clean_environment(TMPDIR=str(tmp_path))
     ).start()
@@ -188,7 +178,7 @@ def test_a_reload_moves_the_lock_to_the_new_state_dir_or_keeps_the_old_one(tmp_p
     config = tmp_path / "fsprobe.toml"
 
     def configure(state_dir: Path) -> None:
-        config.write_text(f'state_dir = "{state_dir}"\n{FAST}\n[[targets]]\npath = "{target}"\n')
+        fast_config(config, target, top=f'state_dir = "{state_dir}"\n')
 
     first, taken, free = tmp_path / "first", other.state_dir, tmp_path / "free"
     configure(first)
