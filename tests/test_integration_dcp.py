@@ -28,7 +28,13 @@ from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
 from fsprobe.saving.stale import MIN_AGE_SECONDS
 from tests.support.durability import assert_directory_saved
-from tests.support.ranks import finish, run_ranks, start_ranks
+from tests.support.ranks import (
+    DIED,
+    assert_a_dead_rank_fails_the_save,
+    finish,
+    run_ranks,
+    start_ranks,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = "tests.test_integration_dcp"
@@ -80,7 +86,7 @@ class _DyingWriter(dcp.FsprobeWriter):
 
     def write_data(self, plan, planner):
         if self.die:
-            os._exit(3)
+            os._exit(DIED)
         return super().write_data(plan, planner)
 
 
@@ -252,22 +258,7 @@ def test_every_rank_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_
 
 def test_a_rank_dying_before_the_decision_fails_the_others_within_the_timeout(tmp_path):
     target = tmp_path / "last"
-    started = time.monotonic()
-    ranks = start_ranks(
-        f"{HERE}:save_state",
-        2,
-        tmp_path,
-        collective_timeout=20,
-        target=str(target),
-        die_in_write=True,
-    )
-    rank0, rank1 = finish(ranks, timeout=60)
-    elapsed = time.monotonic() - started
-    assert rank1.returncode == 3
-    assert rank0.returncode == 1 and rank0.raised["type"] == "SaveError"
-    assert rank0.raised["attempts"][0][:2] == ["ECONNABORTED", "collective"]
-    assert "another rank died or hung" in rank0.raised["message"]
-    assert elapsed < 20 + 30  # the collective timeout, plus the start of two processes
+    assert_a_dead_rank_fails_the_save(f"{HERE}:save_state", tmp_path, target=str(target))
     assert not target.exists() and leftovers(tmp_path) == []
 
 

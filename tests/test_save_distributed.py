@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -19,7 +18,13 @@ from fsprobe.saving.fallback import own_area
 from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
 from tests.support.durability import assert_directory_saved
-from tests.support.ranks import finish, run_ranks, start_ranks
+from tests.support.ranks import (
+    DIED,
+    assert_a_dead_rank_fails_the_save,
+    finish,
+    run_ranks,
+    start_ranks,
+)
 
 HERE = "tests.test_save_distributed"
 #: A shard of 64 Ki floats: 256 KiB of tensor data, a little more on disk.
@@ -46,7 +51,7 @@ def save_shards(
 
     def write(staging: str) -> list[str]:
         if die_in_write and rank == 1:
-            os._exit(3)  # a rank lost before the collective decision (OOM, node failure)
+            os._exit(DIED)  # a rank lost before the collective decision (OOM, node failure)
         if bug_in_write and rank == 1:
             raise ValueError("a bug on rank 1")
         path = os.path.join(staging, f"shard-{rank}.pt")
@@ -170,23 +175,7 @@ def test_a_rank_dying_before_the_decision_fails_the_others_clearly_and_publishes
 ):
     target = tmp_path / "last"
     previous_checkpoint(target, 2, seed=1)
-    started = time.monotonic()
-    ranks = start_ranks(
-        f"{HERE}:save_shards",
-        2,
-        tmp_path,
-        collective_timeout=20,
-        target=str(target),
-        seed=2,
-        die_in_write=True,
-    )
-    rank0, rank1 = finish(ranks, timeout=60)
-    elapsed = time.monotonic() - started
-    assert rank1.returncode == 3
-    assert rank0.returncode == 1 and rank0.raised["type"] == "SaveError"
-    assert rank0.raised["attempts"][0][:2] == ["ECONNABORTED", "collective"]
-    assert "another rank died or hung" in rank0.raised["message"]
-    assert elapsed < 20 + 30  # the collective timeout, plus the start of two processes
+    assert_a_dead_rank_fails_the_save(f"{HERE}:save_shards", tmp_path, target=str(target), seed=2)
     assert_shards(target, 2, seed=1)
     assert leftovers(tmp_path) == []  # the coordinator removed its staging directory
 

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 _RESULT = "RANK-RESULT "
+#: The exit status of a rank that a scenario kills before the collective decision (``os._exit``,
+#: as an OOM kill or a lost node would end it: no exception, no goodbye to the others).
+DIED = 3
 
 
 @dataclass
@@ -93,6 +97,25 @@ def finish(ranks: list[subprocess.Popen], timeout: float = 90.0) -> list[RankRes
             )
         )
     return results
+
+
+def assert_a_dead_rank_fails_the_save(
+    scenario: str, workdir: Path, *, collective_timeout: float = 20.0, **args: Any
+) -> None:
+    """Run `scenario` on two ranks with ``die_in_write=True``: rank 1 dies (`DIED`) while
+    writing, and rank 0 must raise the collective's `SaveError` (``ECONNABORTED``, saying that
+    another rank died or hung) within the collective timeout plus the start of two processes."""
+    started = time.monotonic()
+    ranks = start_ranks(
+        scenario, 2, workdir, collective_timeout=collective_timeout, die_in_write=True, **args
+    )
+    rank0, rank1 = finish(ranks, timeout=60)
+    elapsed = time.monotonic() - started
+    assert rank1.returncode == DIED
+    assert rank0.returncode == 1 and rank0.raised["type"] == "SaveError"
+    assert rank0.raised["attempts"][0][:2] == ["ECONNABORTED", "collective"]
+    assert "another rank died or hung" in rank0.raised["message"]
+    assert elapsed < collective_timeout + 30
 
 
 def run_ranks(scenario: str, world_size: int, workdir: Path, **args: Any) -> list[RankResult]:
