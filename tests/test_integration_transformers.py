@@ -7,24 +7,18 @@ import logging
 import os
 
 import pytest
-import torch
 
 from tests.support.capability import need_module
 
 transformers = need_module("transformers")
 need_module("accelerate")
 
-from transformers import (  # noqa: E402
-    GPT2Config,
-    GPT2LMHeadModel,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
+from transformers import Trainer, TrainerCallback  # noqa: E402
 
 from fsprobe.integrations.transformers import FsprobeCallback  # noqa: E402
 from fsprobe.model import QuotaState  # noqa: E402
 from tests.support.state import daemon_view, publish, quota_entry  # noqa: E402
+from tests.support.trainer_job import tiny_trainer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -45,25 +39,8 @@ class Logs(TrainerCallback):
 
 
 def run(output_dir, callback: FsprobeCallback) -> tuple[Trainer, Logs]:
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    model = GPT2LMHeadModel(config)
-    samples = [
-        {"input_ids": ids, "labels": ids}
-        for ids in torch.randint(0, config.vocab_size, (8, 16)).unbind()
-    ]
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=2,
-        save_steps=1,
-        logging_steps=1,
-        per_device_train_batch_size=2,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
     logs = Logs()
-    trainer = Trainer(model=model, args=args, train_dataset=samples, callbacks=[callback, logs])
+    trainer = tiny_trainer(output_dir, max_steps=2, callbacks=[callback, logs])
     trainer.train()
     return trainer, logs
 

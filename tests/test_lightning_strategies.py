@@ -5,10 +5,7 @@ it, top-k removal of a redirected copy."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -25,41 +22,16 @@ from fsprobe.integrations.lightning_strategies import (  # noqa: E402
 )
 from fsprobe.saving.manifest import pending  # noqa: E402
 from tests.support.lightning_job import RESULT  # noqa: E402
+from tests.support.torchrun import torchrun_job  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 #: What Lightning's ModelParallelStrategy writes: every rank's shard, DCP's index, Lightning's.
 CHECKPOINT_FILES = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
 
 
 def job(output: Path, epochs: int, resume: str | None = None, **environment: str) -> list[dict]:
     """Run tests.support.lightning_job under torchrun; each rank's report, by rank."""
-    finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",  # a free port of its own
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "tests.support.lightning_job",
-            str(output),
-            str(epochs),
-            *([resume] if resume else []),
-        ],
-        cwd=REPO,
-        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO), **environment},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert finished.returncode == 0, finished.stderr[-4000:]
-    reports = [
-        json.loads(line[len(RESULT) :])
-        for line in finished.stdout.splitlines()
-        if line.startswith(RESULT)
-    ]
-    return sorted(reports, key=lambda report: report["rank"])
+    args = [str(output), str(epochs), *([resume] if resume else [])]
+    return torchrun_job("tests.support.lightning_job", RESULT, *args, environment=environment)
 
 
 def weight_sum(checkpoint: Path, scratch: Path) -> float:

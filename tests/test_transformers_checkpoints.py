@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,12 +19,7 @@ from tests.support.capability import need_module
 need_module("transformers")
 need_module("accelerate")
 
-from transformers import (  # noqa: E402
-    GPT2Config,
-    GPT2LMHeadModel,
-    Trainer,
-    TrainingArguments,
-)
+from transformers import GPT2LMHeadModel, Trainer  # noqa: E402
 
 from fsprobe.atomic import parse_temp_name  # noqa: E402
 from fsprobe.integrations.transformers import (  # noqa: E402
@@ -36,9 +29,8 @@ from fsprobe.integrations.transformers import (  # noqa: E402
 )
 from fsprobe.saving.retry import Backoff  # noqa: E402
 from tests.support.durability import assert_directory_saved  # noqa: E402
-from tests.support.trainer_job import RESULT  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.torchrun import torchrun_job  # noqa: E402
+from tests.support.trainer_job import RESULT, tiny_trainer  # noqa: E402
 
 #: What the installed Trainer writes into every checkpoint of this model (no scaler on CPU).
 CHECKPOINT_FILES = [
@@ -58,30 +50,6 @@ def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setenv("WANDB_DISABLED", "true")
-
-
-def trainer_for(output_dir: Path, max_steps: int = 3, **arguments) -> Trainer:
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    samples = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (8, 16)).unbind()]
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
-        save_steps=1,
-        logging_steps=1,
-        per_device_train_batch_size=2,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        **arguments,
-    )
-    evaluating = arguments.get("eval_strategy", "no") != "no"
-    return Trainer(
-        model=GPT2LMHeadModel(config),
-        args=args,
-        train_dataset=samples,
-        eval_dataset=samples[:2] if evaluating else None,
-    )
 
 
 def quick() -> Backoff:
@@ -126,7 +94,7 @@ def test_a_write_failing_inside_a_checkpoint_is_retried_and_every_checkpoint_is_
     faultfs, caplog, victim, errno_name
 ):
     output = faultfs.mountpoint / "run"
-    trainer = protect(trainer_for(output), backoff=quick())
+    trainer = protect(tiny_trainer(output), backoff=quick())
     # The first write of this file in checkpoint-2's staging directory fails, handle broken.
     rule = faultfs.ctl.fail(
         "write", "EIO", path=f"/run/.fsprobe~*checkpoint-2.tmp/{victim}", sticky=True
@@ -168,9 +136,9 @@ def test_a_write_failing_inside_a_checkpoint_is_retried_and_every_checkpoint_is_
 )
 def test_the_checkpoints_are_what_the_unprotected_trainer_writes(tmp_path, arguments):
     """Same files, same rotation (save_total_limit), same best checkpoint, same state."""
-    plain = trainer_for(tmp_path / "plain", **arguments)
+    plain = tiny_trainer(tmp_path / "plain", **arguments)
     plain.train()
-    protected = protect(trainer_for(tmp_path / "protected", **arguments))
+    protected = protect(tiny_trainer(tmp_path / "protected", **arguments))
     protected.train()
 
     assert checkpoints(tmp_path / "protected") == checkpoints(tmp_path / "plain")
@@ -193,9 +161,9 @@ def test_the_checkpoints_are_what_the_unprotected_trainer_writes(tmp_path, argum
 
 
 def test_a_resume_loads_the_protected_checkpoint(tmp_path):
-    first = protect(trainer_for(tmp_path / "run", max_steps=2))
+    first = protect(tiny_trainer(tmp_path / "run", max_steps=2))
     first.train()
-    resumed = protect(trainer_for(tmp_path / "run", max_steps=3))
+    resumed = protect(tiny_trainer(tmp_path / "run", max_steps=3))
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 3
     assert checkpoints(tmp_path / "run") == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
@@ -213,7 +181,7 @@ def test_a_writer_fsprobe_does_not_know_is_refused_instead_of_left_unprotected(t
             os.makedirs(checkpoint, exist_ok=True)
             Path(checkpoint, "sidecar.json").write_text("{}")
 
-    plain = trainer_for(tmp_path / "run", max_steps=1)
+    plain = tiny_trainer(tmp_path / "run", max_steps=1)
     trainer = protect(
         Sidecar(model=plain.model, args=plain.args, train_dataset=plain.train_dataset)
     )
@@ -223,7 +191,7 @@ def test_a_writer_fsprobe_does_not_know_is_refused_instead_of_left_unprotected(t
 
 
 def test_protect_checks_its_arguments_and_protects_once(tmp_path):
-    trainer = trainer_for(tmp_path / "run")
+    trainer = tiny_trainer(tmp_path / "run")
     with pytest.raises(TypeError, match="atempts"):
         protect(trainer, atempts=3)
     with pytest.raises(TypeError, match="write"):
@@ -232,12 +200,12 @@ def test_protect_checks_its_arguments_and_protects_once(tmp_path):
     with pytest.raises(ValueError, match="protected already"):
         protect(trainer)
     with pytest.raises(ValueError, match="not protected"):
-        protected_results(trainer_for(tmp_path / "other"))
+        protected_results(tiny_trainer(tmp_path / "other"))
 
 
 def test_no_staging_directory_is_left_when_the_save_fails_for_good(faultfs):
     output = faultfs.mountpoint / "run"
-    trainer = protect(trainer_for(output, max_steps=1), attempts=2, backoff=quick())
+    trainer = protect(tiny_trainer(output, max_steps=1), attempts=2, backoff=quick())
     faultfs.ctl.fail("write", "EIO", path="/run/.fsprobe~*/optimizer.pt", times=None, sticky=True)
     with pytest.raises(OSError) as raised:
         trainer.train()
@@ -253,34 +221,7 @@ def test_torchrun_two_ranks_one_failing_write_on_rank_1_and_every_checkpoint_is_
     rule = faultfs.ctl.fail(
         "write", "EIO", path="/run/.fsprobe~*checkpoint-2.tmp/rng_state_1.pth", sticky=True
     )
-    job = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",  # a free port of its own
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "tests.support.trainer_job",
-            str(output),
-            "3",
-        ],
-        cwd=REPO,
-        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert job.returncode == 0, job.stderr[-4000:]
-    reports = sorted(
-        (
-            json.loads(line[len(RESULT) :])
-            for line in job.stdout.splitlines()
-            if line.startswith(RESULT)
-        ),
-        key=lambda report: report["rank"],
-    )
+    reports = torchrun_job("tests.support.trainer_job", RESULT, str(output), "3")
     assert [(r["rank"], r["world_size"], r["global_step"]) for r in reports] == [
         (0, 2, 3),
         (1, 2, 3),
@@ -310,7 +251,7 @@ def test_checkpoints_that_do_not_fit_are_redirected_whole_and_a_resume_finds_the
     output = tmpfs(size="160k").path / "run"  # room for the first checkpoint only
     fallback = tmp_path / "fallback"
     fallback.mkdir(mode=0o700)
-    trainer = protect(trainer_for(output), fallback_dirs=[fallback], backoff=quick())
+    trainer = protect(tiny_trainer(output), fallback_dirs=[fallback], backoff=quick())
     trainer.train()
     results = protected_results(trainer)
     assert [r.redirected for r in results] == [False, True, True]
@@ -321,7 +262,7 @@ def test_checkpoints_that_do_not_fit_are_redirected_whole_and_a_resume_finds_the
 
     found = last_checkpoint(output, fallback_dirs=[fallback])
     assert found == results[-1].path  # checkpoint-3, in the fallback
-    resumed = protect(trainer_for(output, max_steps=4), fallback_dirs=[fallback])
+    resumed = protect(tiny_trainer(output, max_steps=4), fallback_dirs=[fallback])
     resumed.train(resume_from_checkpoint=found)
     assert resumed.state.global_step == 4
     assert protected_results(resumed)[-1].redirected
@@ -330,7 +271,7 @@ def test_checkpoints_that_do_not_fit_are_redirected_whole_and_a_resume_finds_the
 
 def test_last_checkpoint_is_the_newest_at_the_output_dir_without_redirects(tmp_path):
     assert last_checkpoint(tmp_path / "nothing-yet") is None
-    trainer = protect(trainer_for(tmp_path / "run", max_steps=2))
+    trainer = protect(tiny_trainer(tmp_path / "run", max_steps=2))
     trainer.train()
     (tmp_path / "run" / "checkpoint-x").mkdir()  # not a checkpoint name
     assert last_checkpoint(tmp_path / "run") == str(tmp_path / "run" / "checkpoint-2")

@@ -5,6 +5,7 @@ trained on CPU by every rank (gloo), its checkpoints protected by fsprobe.
 
 Each rank prints, as its last line, ``TRAINER-JOB {json}``: its rank, the global step reached
 and the `SaveResult` of every checkpoint (`protected_results`). The backoff does not sleep.
+`tiny_trainer` is the Trainer that every Hugging Face test trains, in a job or in-process.
 """
 
 from __future__ import annotations
@@ -13,12 +14,19 @@ import dataclasses
 import json
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from fsprobe.integrations.transformers import protect, protected_results
 from fsprobe.saving.retry import Backoff
@@ -26,22 +34,44 @@ from fsprobe.saving.retry import Backoff
 RESULT = "TRAINER-JOB "
 
 
-def main(output_dir: str, steps: int) -> None:
+def tiny_trainer(
+    output_dir: str | os.PathLike[str],
+    max_steps: int = 3,
+    samples: int = 8,
+    callbacks: list[TrainerCallback] | None = None,
+    **arguments: Any,
+) -> Trainer:
+    """A Trainer of a tiny GPT-2 on `samples` random sequences, on CPU, with a checkpoint
+    every step; `arguments` go to `TrainingArguments` (an eval strategy gets an eval set)."""
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    samples = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (16, 16)).unbind()]
+    data = [
+        {"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (samples, 16)).unbind()
+    ]
     args = TrainingArguments(
-        output_dir=output_dir,
-        max_steps=steps,
+        output_dir=str(output_dir),
+        max_steps=max_steps,
         save_steps=1,
         logging_steps=1,
         per_device_train_batch_size=2,
         report_to=[],
         use_cpu=True,
-        ddp_backend="gloo",
         disable_tqdm=True,
+        **arguments,
     )
-    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=samples)
+    evaluating = arguments.get("eval_strategy", "no") != "no"
+    return Trainer(
+        model=GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=data,
+        eval_dataset=data[:2] if evaluating else None,
+        callbacks=callbacks,
+    )
+
+
+def main(output_dir: str, steps: int) -> None:
+    trainer = tiny_trainer(output_dir, steps, samples=16, ddp_backend="gloo")
+    args = trainer.args
     protect(trainer, backoff=Backoff(sleep=lambda seconds: None))
     trainer.train()
     report = {
