@@ -22,7 +22,8 @@ def parse_size(text: str) -> int:
 
 
 def format_bytes(value: float) -> str:
-    """Bytes for a person: ``1536`` → ``"1.50 KiB"``, three significant digits."""
+    """Bytes for a person: ``1536`` → ``"1.50 KiB"``, three significant digits; a whole number
+    without decimals (``"64 MiB"``, not ``"64.0 MiB"``)."""
     if value < 0:
         return "-" + format_bytes(-value)
     if value < 1024:
@@ -33,7 +34,9 @@ def format_bytes(value: float) -> str:
     if scaled >= 1023.5 and exponent < len(_UNITS) - 1:  # not "1024 MiB" but "1 GiB"
         exponent, scaled = exponent + 1, scaled / 1024
     digits = 0 if round(scaled, 1) >= 100 else 1 if round(scaled, 2) >= 10 else 2
-    return f"{scaled:.{digits}f} {_UNITS[exponent]}".replace(".00 ", " ")
+    number = f"{scaled:.{digits}f}"
+    whole, _, decimals = number.partition(".")
+    return f"{whole if not decimals.strip('0') else number} {_UNITS[exponent]}"
 
 
 def format_count(value: float) -> str:

@@ -64,7 +64,7 @@ def test_table_names_the_closest_limit(tmp_path: Path, fake_lfs: FakeLfs):
     assert lines[2].split() == ["QUOTA", "USED", "SOFT", "HARD", "USE", "STATE"]
     project = [line for line in lines if line.startswith("project 4242 ")]
     assert len(project) == 1 and project[0].split()[2:] == [
-        "space", "79.0", "GiB", "90.0", "GiB", "100", "GiB", "79", "%", "ok",
+        "space", "79", "GiB", "90", "GiB", "100", "GiB", "79", "%", "ok",
     ]  # fmt: skip
     assert lines[-1] == "Closest limit: project 4242 files, 70k left (93 % of the hard limit used)."
     assert result.stderr == ""
@@ -78,7 +78,7 @@ def test_grace_and_hard_limits_are_said_in_words(tmp_path: Path, fake_lfs: FakeL
     assert "over soft limit, grace expires in 4 days" in result.stdout
     assert result.stdout.splitlines()[-1].startswith(
         "Writes fail when the grace period ends: project 4242 space is over its soft limit "
-        "(90.0 GiB); grace expires in 4 days"
+        "(90 GiB); grace expires in 4 days"
     )
     QUOTA_CACHE.clear()
     full = state(tmp_path, inodes={"used": 1_000_000, "grace_start": NOW - 60})

@@ -34,7 +34,16 @@ def test_parse_size_rejects_with_the_text(text):
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.50 KiB"), (50 * 1024**3, "50.0 GiB")],
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (1536, "1.50 KiB"),
+        (64 * 1024**2, "64 MiB"),
+        (int(10.5 * 1024**2), "10.5 MiB"),
+        (50 * 1024**3, "50 GiB"),
+        (1023.6 * 1024**2, "1 GiB"),
+    ],
 )
 def test_format_bytes(value, expected):
     assert format_bytes(value) == expected
