@@ -197,6 +197,36 @@ def test_a_failure_in_the_background_surfaces_on_the_future_and_in_the_log(fault
     assert torch.equal(torch.load(target)["step"], torch.zeros(8))  # the previous one
 
 
+def test_a_background_loop_survives_a_transient_error_and_a_full_target_and_resumes(
+    faultfs, tmpfs, tmp_path
+):
+    """Issue 9's "done when" for a plain loop that saves in the background: a write failing
+    once is retried, a target with no room sends the checkpoint whole to the fallback, and
+    `fsprobe.locate` then finds the newest checkpoint, which loads as it was saved."""
+    model, optimizer = trained()
+    flaky = faultfs.mountpoint / "last.pt"
+    rule = faultfs.ctl.fail("write", "EIO", path="*.tmp", sticky=True)  # once
+    first = checkpoint(model, optimizer)
+    result = fsprobe.save_async(first, flaky, backoff=Backoff(sleep=lambda _: None)).result(60)
+    assert (result.attempts, result.errors, result.redirected) == (2, ("EIO",), False)
+    assert faultfs.ctl.rule(rule)["hits"] == 1
+    assert_same(torch.load(flaky, weights_only=False), first)
+
+    full = tmpfs(size="128k").path / "last.pt"
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    small = {"step": 1, "weights": torch.zeros(4096)}  # 16 KiB
+    fsprobe.save_async(small, full, fallback_dirs=[fallback]).result(60)
+    big = {"step": 2, "weights": torch.ones(64 * 1024)}  # 256 KiB: no room left for it
+    result = fsprobe.save_async(big, full, fallback_dirs=[fallback]).result(60)
+    # Judged by the last save's size, the preflight lets it try; the write meets ENOSPC.
+    assert (result.redirected, result.errors) == (True, ("ENOSPC",))
+    assert torch.load(full)["step"] == 1  # the older checkpoint stays where it was
+    newest = fsprobe.locate(full, fallback_dirs=[fallback])
+    assert newest == result.path and newest.startswith(str(fallback))
+    assert_same(torch.load(newest), big)
+
+
 def test_an_error_that_is_not_io_surfaces_on_the_future_with_its_traceback(tmp_path, caplog):
     def local_function():  # copied by reference in the snapshot; pickle refuses it
         return None
