@@ -20,6 +20,7 @@ import fcntl
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 
 #: Flags for creating a file that is ours alone: never an existing file, never through a symlink.
@@ -97,6 +98,24 @@ def claim(fd: int) -> tuple[int, int]:
             _live.discard(identity)
             raise
     return identity
+
+
+def lock_within(fd: int, seconds: float, poll: float) -> bool:
+    """Take the exclusive ``flock`` of `fd`, trying again every `poll` seconds for `seconds`;
+    False if another holder kept it all that time.
+
+    Never a blocking ``flock``: nothing could bound its wait. Any other OSError (a filesystem
+    without locks) is the caller's to judge.
+    """
+    give_up = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(poll)
 
 
 def unclaim(identity: tuple[int, int]) -> None:

@@ -16,12 +16,11 @@ import fcntl
 import json
 import os
 import stat
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsprobe.atomic import publish_file
+from fsprobe.atomic import lock_within, publish_file
 from fsprobe.paths import is_under
 from fsprobe.report import Report, ReportFormatError
 from fsprobe.version import __version__
@@ -122,22 +121,14 @@ class WriterLock:
         fd = _open_in_state_dir(
             self.state_dir, LOCK_FILE, "lock file", os.O_RDWR | os.O_CREAT, mode=0o600
         )
-        give_up = time.monotonic() + LOCK_PATIENCE_SECONDS
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < give_up:
-                    time.sleep(0.02)
-                    continue
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-                os.close(fd)
-                raise StateDirBusy(
-                    f"{self.state_dir} is the state dir of another running fsprobe "
-                    f"(pid {holder or 'unknown'}), which writes its {STATE_FILE}: stop that "
-                    "one first, or give this one a state dir of its own (--state-dir)"
-                ) from None
+        if not lock_within(fd, LOCK_PATIENCE_SECONDS, 0.02):
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise StateDirBusy(
+                f"{self.state_dir} is the state dir of another running fsprobe "
+                f"(pid {holder or 'unknown'}), which writes its {STATE_FILE}: stop that "
+                "one first, or give this one a state dir of its own (--state-dir)"
+            )
         os.fchmod(fd, 0o600)  # also one left behind by an earlier, laxer writer
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

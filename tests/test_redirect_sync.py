@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -550,6 +551,35 @@ def test_a_manifest_up_to_its_size_limit_is_read_and_one_byte_more_is_not(setup,
     else:
         with pytest.raises(manifest.NotTrusted, match="larger than"):
             manifest.read_manifest(area)
+
+
+def test_a_manifest_locked_past_its_timeout_costs_the_record_never_the_checkpoint(
+    tmpfs, tmp_path, monkeypatch, caplog
+):
+    """Another saver or sync of this user holds the manifest's lock too long: the save waits
+    `LOCK_TIMEOUT`, keeps its redirected checkpoint and says how to bring it back."""
+    target = tmpfs(size="64k").path / "model.pt"  # too small: every save is redirected
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+
+    def save() -> fsprobe.SaveResult:
+        return fsprobe.atomic_write(
+            target, lambda f: f.write(bytes(1 << 20)), fallback_dirs=[fallback], backoff=no_sleep()
+        )
+
+    first = save()
+    assert first.redirected and len(manifest_lines(fallback)) == 1
+    monkeypatch.setattr(manifest, "LOCK_TIMEOUT", 0.3)
+    with open(area(fallback) / manifest.MANIFEST, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a save of another process holds it, but for long
+        with caplog.at_level(logging.ERROR, logger="fsprobe.save"):
+            second = save()
+    assert second.redirected and os.path.getsize(second.path) == 1 << 20
+    assert "the manifest stayed locked for 0.3 s" in caplog.text
+    assert "copy it back by hand" in caplog.text
+    assert len(manifest_lines(fallback)) == 1  # not recorded: nothing waited past the timeout
+    save()
+    assert len(manifest_lines(fallback)) == 2  # the lock released, the next save is recorded
 
 
 def test_a_torn_manifest_line_is_skipped_and_named_by_its_line_number(setup, caplog):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fsprobe.atomic import TempFile, hostname, temp_name
+from fsprobe.atomic import TempFile, hostname, lock_within, temp_name
 from fsprobe.owned import NotTrusted, check_owned, components, open_file, walk
 from fsprobe.paths import is_under
 from fsprobe.saving.fallback import (
@@ -240,26 +239,17 @@ def _lock(fd: int, path: str, timeout: float) -> None:
     Filesystems without `flock` (Lustre mounted with ``noflock``) go on unlocked, with a
     warning once: concurrent rewrites are then not serialised, appends still are by O_APPEND.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise OSError(
-                    errno.ETIMEDOUT, f"the manifest stayed locked for {timeout:g} s", path
-                ) from None
-            time.sleep(_LOCK_POLL)
-        except OSError as error:
-            if error.errno not in _LOCK_UNSUPPORTED:
-                raise
-            if path not in _warned_unlocked:
-                _warned_unlocked.add(path)
-                log.warning(
-                    "cannot lock %s (%s): concurrent updates are not serialised", path, error
-                )
-            return
+    try:
+        locked = lock_within(fd, timeout, _LOCK_POLL)
+    except OSError as error:
+        if error.errno not in _LOCK_UNSUPPORTED:
+            raise
+        if path not in _warned_unlocked:
+            _warned_unlocked.add(path)
+            log.warning("cannot lock %s (%s): concurrent updates are not serialised", path, error)
+        return
+    if not locked:
+        raise OSError(errno.ETIMEDOUT, f"the manifest stayed locked for {timeout:g} s", path)
 
 
 _LOCK_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
