@@ -26,7 +26,7 @@ from fsprobe.integrations import dcp
 from fsprobe.saving.fallback import own_area
 from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
-from fsprobe.saving.stale import MIN_AGE_SECONDS
+from tests.support.crash import a_while_ago
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import (
     DIED,
@@ -248,8 +248,7 @@ def test_every_rank_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_
     assert [r.returncode for r in results] == [-signal.SIGKILL] * 2
     [staging] = leftovers(faultfs.mountpoint)  # the killed save's staging directory
     assert_loads(target, 2, seed=1)
-    a_while_ago = time.time() - 2 * MIN_AGE_SECONDS  # as the next save finds it, not at once
-    os.utime(faultfs.mountpoint / staging, (a_while_ago, a_while_ago))
+    a_while_ago(faultfs.mountpoint / staging)  # as the next save finds it, not at once
 
     run_ranks(f"{HERE}:save_state", 2, faultfs.mountpoint, target=str(target), seed=3)
     assert leftovers(faultfs.mountpoint) == []

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import pickle
-import signal
 import stat
 import subprocess
 import sys
@@ -24,10 +23,10 @@ from fsprobe.atomic import parse_temp_name, temp_name
 from fsprobe.saving.fallback import own_area
 from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
-from fsprobe.saving.stale import MIN_AGE_SECONDS
 from fsprobe.saving.swap import exchange, parse_retired_name
 from fsprobe.saving.tree import digest_tree, open_directory, opened
 from tests.support.capability import need_module
+from tests.support.crash import a_while_ago, killed_mid_save
 from tests.support.durability import assert_directory_saved
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,14 +76,6 @@ def assert_checkpoint(directory: Path, seed: int, shards: int = 3) -> None:
         assert all(torch.equal(loaded[k], original[k]) for k in original)
     assert torch.load(directory / "optim" / "state.pt") == {"step": seed}
     assert json.loads((directory / "meta.json").read_text()) == {"seed": seed, "shards": shards}
-
-
-def a_while_ago(*paths: Path) -> None:
-    """A crash's leftovers as the next save finds them: older than the minute a live writer
-    may need between creating and locking (`fsprobe.saving.stale.MIN_AGE_SECONDS`)."""
-    then = time.time() - 2 * MIN_AGE_SECONDS
-    for path in paths:
-        os.utime(path, (then, then))
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -269,20 +260,10 @@ def test_saver_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_save_
     target = faultfs.mountpoint / "ckpt"
     fsprobe.save_dir(target, checkpoint_writer(1))
     faultfs.ctl.delay("write", 0.02, path="*/shard-*")  # a slow server: the save takes seconds
-    saver = subprocess.Popen(
-        [sys.executable, "-c", _SAVER, str(target)], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    try:
+    with killed_mid_save(_SAVER, str(target)) as saver:
         assert saver.stdout.readline().split() == ["shard", "0"]
         assert saver.stdout.readline().split() == ["shard", "1"]
-        saver.send_signal(signal.SIGKILL)
-        saver.wait(timeout=30)
-    finally:
-        if saver.poll() is None:
-            saver.kill()
-            saver.wait()
     faultfs.ctl.clear()
-    assert saver.returncode == -signal.SIGKILL
     [staging] = leftovers(faultfs.mountpoint)
     assert parse_temp_name(staging).pid == saver.pid
     assert len(os.listdir(faultfs.mountpoint / staging)) >= 2  # half a checkpoint

@@ -6,12 +6,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +15,8 @@ import torch
 import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.saving.retry import Backoff
-from fsprobe.saving.stale import MIN_AGE_SECONDS
+from tests.support.crash import a_while_ago, killed_mid_save
 from tests.support.durability import assert_file_saved
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def model_state(seed: int = 0, width: int = 512) -> dict[str, torch.Tensor]:
@@ -116,14 +110,8 @@ def test_saver_killed_mid_write_leaves_the_previous_checkpoint_and_its_temp_is_c
     previous = model_state(seed=1)
     fsprobe.save(previous, target)
     faultfs.ctl.delay("write", 0.05, path="*.tmp")  # a slow server: the save takes seconds
-    saver = subprocess.Popen(
-        [sys.executable, "-c", _SAVER, str(target)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "FSPROBE_STATE_DIR": os.environ["FSPROBE_STATE_DIR"]},
-    )
-    try:
+    environment = {**os.environ, "FSPROBE_STATE_DIR": os.environ["FSPROBE_STATE_DIR"]}
+    with killed_mid_save(_SAVER, str(target), env=environment) as saver:
         deadline = time.monotonic() + 60
         while True:  # wait until the temp file holds part of the checkpoint
             names = temp_files(faultfs.backing)
@@ -132,20 +120,12 @@ def test_saver_killed_mid_write_leaves_the_previous_checkpoint_and_its_temp_is_c
             assert saver.poll() is None, "the saver finished before it could be killed"
             assert time.monotonic() < deadline, "the saver never started writing"
             time.sleep(0.05)
-        saver.send_signal(signal.SIGKILL)
-        saver.wait(timeout=30)
-    finally:
-        if saver.poll() is None:
-            saver.kill()
-            saver.wait()
     faultfs.ctl.clear()
-    assert saver.returncode == -signal.SIGKILL
     leftover = temp_files(faultfs.mountpoint)
     assert len(leftover) == 1 and parse_temp_name(leftover[0]).pid == saver.pid
     assert_same_state(torch.load(target), previous)
 
-    a_while_ago = time.time() - 2 * MIN_AGE_SECONDS  # a younger one may still be being created
-    os.utime(faultfs.mountpoint / leftover[0], (a_while_ago, a_while_ago))
+    a_while_ago(faultfs.mountpoint / leftover[0])  # a younger one may still be being created
     newer = model_state(seed=3)
     fsprobe.save(newer, target)
     assert temp_files(faultfs.mountpoint) == []
