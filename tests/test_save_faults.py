@@ -14,7 +14,8 @@ import torch
 
 import fsprobe
 from fsprobe.atomic import parse_temp_name
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.retry import Backoff, FailedAttempt, deciding, first_os_error
+from fsprobe.units import format_seconds
 from tests.support.crash import a_while_ago, killed_mid_save
 from tests.support.durability import assert_file_saved
 
@@ -195,3 +196,71 @@ def test_a_hung_mount_is_waited_out_and_the_save_completes(faultfs, caplog):
     assert_file_saved(faultfs, target_dir / "model.pt")
     assert "mount_stuck" in caplog.text and "waiting up to 30.0 s" in caplog.text
     assert "delay (target" in caplog.text
+
+
+# -- what the retry loop says and decides (mutation survivors, issue 12.6) --------------------
+
+
+def test_every_failed_attempt_is_one_log_line_saying_what_comes_next(faultfs, tmpfs, caplog):
+    """The README's log line, for a retry in place and for a redirect."""
+    flaky = faultfs.mountpoint / "model.pt"
+    faultfs.ctl.fail("write", "EIO", path="*.tmp", sticky=True)
+    full = tmpfs(size="64k").path / "model.pt"
+    fallback = faultfs.mountpoint / "fallback"
+    fallback.mkdir(mode=0o700)
+    sleeps: list[float] = []
+    quiet = Backoff(sleep=sleeps.append)
+    mib = b"x" * (1 << 20)  # past the buffer: the failure is met at write
+    with caplog.at_level(logging.WARNING, logger="fsprobe.save"):
+        fsprobe.atomic_write(flaky, lambda f: f.write(mib), backoff=quiet)
+        result = fsprobe.atomic_write(full, lambda f: f.write(mib), fallback_dirs=[fallback])
+    lines = [r.getMessage() for r in caplog.records if " failed at " in r.getMessage()]
+    assert len(lines) == 2, lines
+    retried, redirected = lines
+    [wait] = sleeps
+    assert retried.startswith(f"save {flaky}: attempt 1/5 failed at write with EIO (transient): ")
+    assert retried.endswith(f"; retrying in {format_seconds(wait)}")
+    assert redirected.startswith(f"save {full}: attempt 1/5 failed at write with ENOSPC (capacity)")
+    assert redirected.endswith(f"; redirecting to {result.path}, retrying now")
+    assert result.redirected and result.path != str(full)
+
+
+def test_a_runtime_error_that_is_no_write_failure_is_a_bug_raised_as_it_is(tmp_path):
+    """Only torch's own words for a failed write make a RuntimeError an I/O failure to retry;
+    any other is the writer's bug: raised at once, not retried, nothing left behind."""
+    calls = []
+
+    def buggy(stream):
+        calls.append(1)
+        stream.write(b"half")
+        raise RuntimeError("shape mismatch in the writer")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        fsprobe.atomic_write(tmp_path / "model.pt", buggy)
+    assert calls == [1]
+    assert os.listdir(tmp_path) == []
+
+
+def test_of_failures_at_once_a_permanent_one_decides_then_capacity_then_the_first():
+    eio, estale = FailedAttempt("EIO", "write", "a"), FailedAttempt("ESTALE", "write", "b")
+    enospc = FailedAttempt("ENOSPC", "write", "c")
+    eacces = FailedAttempt("EACCES", "create", "d")
+    assert deciding([eio, enospc, eacces, estale]) is eacces
+    assert deciding([eio, enospc, estale]) is enospc
+    assert deciding([estale, eio]) is estale
+    assert deciding([]) is None
+
+
+def test_an_exception_chain_that_loops_is_walked_once():
+    """A writer's exceptions can reference each other (`__context__` set by hand, re-raised
+    errors); the walk for the first OSError must end, finding none or the one there is."""
+    first, second = RuntimeError("first"), ValueError("second")
+    first.__context__, second.__context__ = second, first
+    answers: list[object] = []
+    walk = threading.Thread(target=lambda: answers.append(first_os_error(first)), daemon=True)
+    walk.start()
+    walk.join(10)
+    assert not walk.is_alive() and answers == [None]
+    cause = OSError(errno.EIO, "under it all")
+    second.__cause__ = cause
+    assert first_os_error(first) is cause

@@ -59,4 +59,9 @@ EXPLAINED: dict[str, str] = {
         "and its removal; forget() would then list a file it left in place (nothing is lost), "
         "and no test can time that window"
     ),
+    "fsprobe/saving/retry.py Attempts.prepare: call deleted in `cleaned.add(directory)`": (
+        "no effect a test can see: the leftovers of crashed saves are then looked for before "
+        "every attempt instead of once per directory; a second look removes only what the rules "
+        "allow and costs one directory scan per retry (why it is done once)"
+    ),
 }
