@@ -144,6 +144,7 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
     assert entry["action"] == "synced" and "sha256 verified" in entry["message"]
     assert_same_state(torch.load(target), state)
     assert_file_saved(faultfs, target)  # the copy back is as durable as a save
+    assert os.listdir(target_dir) == ["model.pt"]  # the version it replaced is gone, no temp
     assert os.listdir(fallback) == []  # copy, mirrored directories and manifest all gone
     assert manifest.pending_bytes([str(fallback)], under=str(target_dir)) == 0
 

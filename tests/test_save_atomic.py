@@ -10,6 +10,7 @@ import pickle
 import stat
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -266,3 +267,27 @@ def test_saves_leave_no_descriptor_open_whether_they_succeed_or_fail(tmp_path):
             fsprobe.atomic_write(tmp_path / "other", fails, attempts=1)
         kept.append(failed.value)
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_process_without_stdin_closes_a_temp_file_that_got_descriptor_0(tmp_path):
+    """A daemon started with its standard input closed gets descriptor 0 for the first file it
+    opens: a save must close that one too (0 is free again after it)."""
+    code = textwrap.dedent(
+        """
+        import os, sys
+        import fsprobe
+        fsprobe.atomic_write(sys.argv[1] + "/first", lambda f: f.write(b"1"))  # the worker
+        os.close(0)
+        fsprobe.atomic_write(sys.argv[1] + "/ckpt", lambda f: f.write(b"x"), preflight=False)
+        print(os.open(os.devnull, os.O_RDONLY))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["0"]
+    assert (tmp_path / "ckpt").read_bytes() == b"x"

@@ -225,6 +225,54 @@ def test_every_failed_attempt_is_one_log_line_saying_what_comes_next(faultfs, tm
     assert result.redirected and result.path != str(full)
 
 
+def test_a_permanent_error_with_nowhere_to_go_is_one_log_line_giving_up(faultfs, caplog):
+    target = faultfs.mountpoint / "model.pt"
+    faultfs.ctl.fail("write", "EROFS", path="*.tmp", sticky=True)
+    with caplog.at_level(logging.WARNING, logger="fsprobe.save"), pytest.raises(fsprobe.SaveError):
+        fsprobe.atomic_write(target, lambda f: f.write(b"x" * (1 << 20)))
+    [line] = [r.getMessage() for r in caplog.records if " failed at " in r.getMessage()]
+    assert line.startswith(f"save {target}: attempt 1/5 failed at write with EROFS (permanent): ")
+    assert line.endswith("; giving up")
+
+
+def test_an_errno_only_in_a_rust_writers_message_is_that_errno(tmp_path):
+    """safetensors raises an exception of its own whose message ends in "(os error N)"."""
+    calls = []
+
+    def rust_writer(stream):
+        calls.append(1)
+        if len(calls) == 1:
+            raise Exception("Error while serializing: I/O error: Input/output error (os error 5)")
+        stream.write(b"tensors")
+
+    result = fsprobe.atomic_write(
+        tmp_path / "model.safetensors", rust_writer, backoff=Backoff(sleep=lambda _: None)
+    )
+    assert (result.attempts, result.errors) == (2, ("EIO",))
+
+
+def test_back_from_a_fallback_that_filled_up_the_target_is_tried_after_a_backoff(
+    faultfs_factory,
+):
+    """The target was full, its fallback turned out full too: the target again, after the
+    backoff a capacity error earns (it may have room by then), not at once."""
+    target_fs, fallback_fs = faultfs_factory(), faultfs_factory()
+    target = target_fs.mountpoint / "model.pt"
+    target_fs.ctl.fail("write", "ENOSPC", path="*.tmp", sticky=True)  # once
+    fallback = fallback_fs.mountpoint / "fallback"
+    fallback.mkdir(mode=0o700)
+    fallback_fs.ctl.fail("write", "ENOSPC", path="*.tmp", sticky=True)  # once
+    sleeps: list[float] = []
+    result = fsprobe.atomic_write(
+        target,
+        lambda f: f.write(b"x" * (1 << 20)),
+        fallback_dirs=[fallback],
+        backoff=Backoff(sleep=sleeps.append),
+    )
+    assert (result.path, result.errors) == (str(target), ("ENOSPC", "ENOSPC"))
+    assert len(sleeps) == 1 and sleeps[0] > 0
+
+
 def test_a_runtime_error_that_is_no_write_failure_is_a_bug_raised_as_it_is(tmp_path):
     """Only torch's own words for a failed write make a RuntimeError an I/O failure to retry;
     any other is the writer's bug: raised at once, not retried, nothing left behind."""

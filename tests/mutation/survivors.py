@@ -64,4 +64,22 @@ EXPLAINED: dict[str, str] = {
         "every attempt instead of once per directory; a second look removes only what the rules "
         "allow and costs one directory scan per retry (why it is done once)"
     ),
+    "fsprobe/atomic.py TempFile.__init__: 384 -> 385 in "
+    "`self, dir_fd: int | None, name: str, mode: int = 0o600, readable: bool = False`": (
+        "no effect a reader can meet: only the write probe takes the default, for a file of "
+        "junk bytes it removes when the probe ends; an extra other-execute bit grants no read"
+    ),
+    "fsprobe/atomic.py TempFile.__init__: False -> True in "
+    "`self, dir_fd: int | None, name: str, mode: int = 0o600, readable: bool = False`": (
+        "equivalent: only the write probe takes the default, and it never reads its file; a "
+        "descriptor open for reading too writes the same bytes"
+    ),
+    "fsprobe/atomic.py TempFile.__init__: call deleted in `self.discard()`": (
+        "only reachable in a race: another process taking the lock of a file created an instant "
+        "before with O_EXCL (a cleanup testing liveness in that instant); no test can time it"
+    ),
+    "fsprobe/atomic.py TempFile.replace_if_unchanged: True -> False in `self.renamed = True`": (
+        "equivalent: the temp name was unlinked just before, so the discard() that a temp not "
+        "renamed gets on the way out finds nothing under that name (each name has its own token)"
+    ),
 }
