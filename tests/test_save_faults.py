@@ -251,17 +251,19 @@ def test_an_errno_only_in_a_rust_writers_message_is_that_errno(tmp_path):
     assert (result.attempts, result.errors) == (2, ("EIO",))
 
 
-def test_back_from_a_fallback_that_filled_up_the_target_is_tried_after_a_backoff(
-    faultfs_factory,
+@pytest.mark.parametrize(("fallback_error", "waits"), [("ENOSPC", 1), ("EROFS", 0)])
+def test_back_from_a_failed_fallback_the_target_waits_only_after_a_capacity_error(
+    faultfs_factory, fallback_error, waits
 ):
-    """The target was full, its fallback turned out full too: the target again, after the
-    backoff a capacity error earns (it may have room by then), not at once."""
+    """The target was full and its fallback failed too: the target again, after the backoff
+    when the fallback was full as well (the target may have room by then), at once when the
+    fallback could never take it (read-only)."""
     target_fs, fallback_fs = faultfs_factory(), faultfs_factory()
     target = target_fs.mountpoint / "model.pt"
     target_fs.ctl.fail("write", "ENOSPC", path="*.tmp", sticky=True)  # once
     fallback = fallback_fs.mountpoint / "fallback"
     fallback.mkdir(mode=0o700)
-    fallback_fs.ctl.fail("write", "ENOSPC", path="*.tmp", sticky=True)  # once
+    fallback_fs.ctl.fail("write", fallback_error, path="*.tmp", sticky=True)  # once
     sleeps: list[float] = []
     result = fsprobe.atomic_write(
         target,
@@ -269,8 +271,8 @@ def test_back_from_a_fallback_that_filled_up_the_target_is_tried_after_a_backoff
         fallback_dirs=[fallback],
         backoff=Backoff(sleep=sleeps.append),
     )
-    assert (result.path, result.errors) == (str(target), ("ENOSPC", "ENOSPC"))
-    assert len(sleeps) == 1 and sleeps[0] > 0
+    assert (result.path, result.errors) == (str(target), ("ENOSPC", fallback_error))
+    assert len(sleeps) == waits and all(wait > 0 for wait in sleeps)
 
 
 def test_a_runtime_error_that_is_no_write_failure_is_a_bug_raised_as_it_is(tmp_path):
