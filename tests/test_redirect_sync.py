@@ -19,7 +19,9 @@ import torch
 import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.model import QuotaState
+from fsprobe.owned import NotTrusted
 from fsprobe.saving import manifest, sync
+from fsprobe.saving.fallback import open_root
 from fsprobe.saving.retry import Backoff
 from tests.support.durability import assert_file_saved
 from tests.support.state import daemon_view, publish, quota_entry
@@ -592,3 +594,16 @@ def test_a_torn_manifest_line_is_skipped_and_named_by_its_line_number(setup, cap
         [entry] = manifest.read_manifest(area)
     assert entry.actual == result.path
     assert "line 2 is not a redirect entry" in caplog.text
+
+
+def test_a_fallback_refused_for_want_of_the_sticky_bit_costs_no_descriptor(tmp_path):
+    """Every save and every sync of a misconfigured fallback is refused: each refusal must
+    close the directory it opened, or a trainer runs out of descriptors over a long run."""
+    fallback = tmp_path / "shared"
+    fallback.mkdir()
+    fallback.chmod(0o777)  # writable by all, no sticky bit
+    before = set(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(NotTrusted, match="without the sticky bit"):
+            open_root(str(fallback))
+    assert set(os.listdir("/proc/self/fd")) == before
