@@ -268,3 +268,15 @@ def test_nobody_removes_another_users_temp_file_root_included(local_users, tmp_p
 
 def test_missing_directory_is_not_an_error(tmp_path):
     assert remove_stale_temps(str(tmp_path / "absent")) == []
+
+
+def test_a_temp_name_swapped_for_a_symlink_to_it_is_not_removed(tmp_path):
+    """Someone replaced a writer's temp file by a symlink to it (kept under another name): the
+    symlink is not the writer's, so discarding the temp leaves it alone."""
+    temp = TempFile(None, str(tmp_path / temp_name("model.pt")))
+    os.link(temp.name, tmp_path / "kept")  # the same file under a name of theirs
+    os.unlink(temp.name)
+    os.symlink(tmp_path / "kept", temp.name)
+    temp.discard()
+    assert os.path.islink(temp.name)
+    assert (tmp_path / "kept").exists()

@@ -82,4 +82,15 @@ EXPLAINED: dict[str, str] = {
         "equivalent: the temp name was unlinked just before, so the discard() that a temp not "
         "renamed gets on the way out finds nothing under that name (each name has its own token)"
     ),
+    "fsprobe/atomic.py TempFile.release: 1 -> 2 in `fd, self.fd = self.fd, -1`": (
+        "equivalent: a released TempFile's descriptor is only ever compared with 0; -1 and -2 "
+        "both say closed"
+    ),
+    "fsprobe/atomic.py TempFile.replace_if_unchanged: False -> True in "
+    "`moved = os.stat(aside, dir_fd=self.dir_fd, follow_symlinks=False)`": (
+        "no effect: followed, a symlink put at the final name compares equal only when it points "
+        "at the very version seen before the copy, and the copy then replaces the link itself "
+        "(unlink and link never follow one); not followed, the link is put back and the copy "
+        "waits. Either way nothing is written through the link"
+    ),
 }
