@@ -132,12 +132,13 @@ class Area:
             raise NotTrusted(f"{actual} is not in {self.path}")
         return components(actual[len(self.path.rstrip("/")) + 1 :])
 
-    def open_parent(self, actual: str, create: bool = False) -> tuple[int, str]:
-        """(descriptor of the directory holding `actual`, its name), every step proven."""
+    def make_parent(self, actual: str) -> tuple[int, str]:
+        """(descriptor of the directory holding `actual`, its name): the area and the
+        directories on the way made where missing, every step proven."""
         *directories, name = self.names(actual)
-        area = self.open(create)
+        area = self.open(create=True)
         try:
-            return walk(area, directories, self.owner, create=create, where=self.path), name
+            return walk(area, directories, self.owner, create=True, where=self.path), name
         finally:
             os.close(area)
 
@@ -159,7 +160,7 @@ def prepare_directory(fallback: str, actual: str) -> None:
     """
     if not os.path.isdir(fallback):
         raise FileNotFoundError(errno.ENOENT, "fallback directory does not exist", fallback)
-    directory, _ = own_area(fallback).open_parent(actual, create=True)
+    directory, _ = own_area(fallback).make_parent(actual)
     os.close(directory)
 
 
