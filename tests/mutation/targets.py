@@ -43,6 +43,7 @@ _SAVE_TESTS = (
     "tests/test_durability.py",
     "tests/test_save_deadline.py",
     "tests/test_trust_fallback.py",
+    "tests/test_attack_fallback.py",
     "tests/test_redirect_sync.py",
     "tests/test_sync_dir.py",
     "tests/test_save_stale.py",
