@@ -199,17 +199,28 @@ def test_torch_secondary_error_is_seen_through_to_the_errno(tmp_path):
     assert_same_state(torch.load(tmp_path / "model.pt"), state)
 
 
-def test_torch_failure_without_any_errno_counts_as_transient(tmp_path):
+@pytest.mark.parametrize(
+    ("failure", "counted_as"),
+    [
+        # torch given a path: no errno at all, transient
+        (RuntimeError("[enforce fail at inline_container.cc:672] . file write failed"), "EUNKNOWN"),
+        # safetensors (Rust): an exception of its own, the errno only in its message
+        (Exception("Error while serializing: I/O error: Input/output error (os error 5)"), "EIO"),
+    ],
+)
+def test_a_write_failure_without_an_oserror_is_retried_as_what_it_says(
+    tmp_path, failure, counted_as
+):
     calls = []
 
     def write(stream):
         calls.append(1)
         if len(calls) == 1:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . file write failed")
+            raise failure
         stream.write(b"ok")
 
     result = fsprobe.atomic_write(tmp_path / "ckpt", write, backoff=quick())
-    assert result.errors == ("EUNKNOWN",) and result.attempts == 2
+    assert result.errors == (counted_as,) and result.attempts == 2
 
 
 def test_backoff_is_exponential_with_full_jitter_and_capped():

@@ -235,22 +235,6 @@ def test_a_permanent_error_with_nowhere_to_go_is_one_log_line_giving_up(faultfs,
     assert line.endswith("; giving up")
 
 
-def test_an_errno_only_in_a_rust_writers_message_is_that_errno(tmp_path):
-    """safetensors raises an exception of its own whose message ends in "(os error N)"."""
-    calls = []
-
-    def rust_writer(stream):
-        calls.append(1)
-        if len(calls) == 1:
-            raise Exception("Error while serializing: I/O error: Input/output error (os error 5)")
-        stream.write(b"tensors")
-
-    result = fsprobe.atomic_write(
-        tmp_path / "model.safetensors", rust_writer, backoff=Backoff(sleep=lambda _: None)
-    )
-    assert (result.attempts, result.errors) == (2, ("EIO",))
-
-
 @pytest.mark.parametrize(("fallback_error", "waits"), [("ENOSPC", 1), ("EROFS", 0)])
 def test_back_from_a_failed_fallback_the_target_waits_only_after_a_capacity_error(
     faultfs_factory, fallback_error, waits
