@@ -124,5 +124,6 @@ TARGETS = (
         "Staging.sync Staging.swap_in Staging.sync_parent Staging.publish write_directory_once",
         "tests/test_save_dir.py",
         "tests/test_durability.py",
+        "tests/test_save_deadline.py",
     ),
 )
