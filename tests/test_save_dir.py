@@ -436,3 +436,16 @@ def test_clean_directory_saves_have_nothing_to_warn_about(where, tmpfs, faultfs,
     assert caplog.records == []
     assert_checkpoint(root / "ckpt", 2)
     assert os.listdir(root) == ["ckpt"]
+
+
+def test_a_symlink_where_the_checkpoint_goes_is_not_replaced(tmp_path):
+    """Even one that points nowhere: what is at the checkpoint's path and is no directory of
+    the user's is not fsprobe's to replace. The save fails (ENOTDIR, permanent), the link stays,
+    nothing is left behind."""
+    target = tmp_path / "ckpt"
+    target.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(fsprobe.SaveError) as failed:
+        fsprobe.save_dir(target, checkpoint_writer(1), backoff=quick())
+    assert failed.value.attempts[-1].errno == "ENOTDIR"
+    assert target.is_symlink() and os.readlink(target) == str(tmp_path / "nowhere")
+    assert os.listdir(tmp_path) == ["ckpt"]

@@ -97,4 +97,16 @@ EXPLAINED: dict[str, str] = {
         "no meaning at the boundary: compacting a manifest of exactly 1 MiB or one line later "
         "keeps the same entries (the latest per file), a quarter of the read cap away"
     ),
+    "fsprobe/saving/directory.py Staging.swap_in: True -> False in `self.published = True`": (
+        "equivalent at all three places: `published` only decides whether close() removes the "
+        "staging name, and after any publish that name is gone (renamed) or held the replaced "
+        "checkpoint, which publish() removes itself (tests/test_save_dir.py checks both paths "
+        "leave nothing and log nothing)"
+    ),
+    "fsprobe/saving/directory.py Staging.swap_in: False -> True in "
+    "`os.stat(self.name, dir_fd=self.parent_fd, follow_symlinks=False)`": (
+        "equivalent: a symlink at the checkpoint's path is refused either way, by the "
+        "O_NOFOLLOW open of the old checkpoint or by rename(2) of a directory onto a "
+        "non-directory (ENOTDIR); test_a_symlink_where_the_checkpoint_goes_is_not_replaced"
+    ),
 }
