@@ -585,15 +585,19 @@ def test_a_manifest_locked_past_its_timeout_costs_the_record_never_the_checkpoin
     assert len(manifest_lines(fallback)) == 2  # the lock released, the next save is recorded
 
 
-def test_a_torn_manifest_line_is_skipped_and_named_by_its_line_number(setup, caplog):
+@pytest.mark.parametrize(
+    ("torn", "said"), [(1, "; ignored"), (3, "; ignored, and 2 more lines like it")]
+)
+def test_a_torn_manifest_line_is_skipped_and_named_by_its_line_number(setup, caplog, torn, said):
     result = setup.save_redirected(model_state())
     [area] = manifest.areas(str(setup.fallback))
     with open(Path(area.path) / manifest.MANIFEST, "ab") as stream:
-        stream.write(b'{"requested": "/torn\n')
+        stream.write(b'{"requested": "/torn\n' * torn)
     with caplog.at_level(logging.WARNING, logger="fsprobe"):
         [entry] = manifest.read_manifest(area)
     assert entry.actual == result.path
-    assert "line 2 is not a redirect entry" in caplog.text
+    [warning] = [r.getMessage() for r in caplog.records if "not a redirect entry" in r.getMessage()]
+    assert " line 2 is not a redirect entry (" in warning and warning.endswith(said)
 
 
 def test_a_fallback_refused_for_want_of_the_sticky_bit_costs_no_descriptor(tmp_path):
