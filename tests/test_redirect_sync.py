@@ -541,13 +541,17 @@ def test_redirected_saves_leave_no_descriptor_open(setup):
     assert set(os.listdir("/proc/self/fd")) == before
 
 
+@pytest.mark.parametrize("padded", ["after", "before"])  # before: the entry ends at the cap
 @pytest.mark.parametrize(("extra", "readable"), [(0, True), (1, False)])
-def test_a_manifest_up_to_its_size_limit_is_read_and_one_byte_more_is_not(setup, extra, readable):
+def test_a_manifest_up_to_its_size_limit_is_read_and_one_byte_more_is_not(
+    setup, extra, readable, padded
+):
     result = setup.save_redirected(model_state())
     [area] = manifest.areas(str(setup.fallback))
     path = Path(area.path) / manifest.MANIFEST
     line = path.read_bytes()
-    path.write_bytes(line + b" " * (manifest.MAX_MANIFEST_BYTES - len(line) + extra))
+    padding = b" " * (manifest.MAX_MANIFEST_BYTES - len(line) + extra)
+    path.write_bytes(line + padding if padded == "after" else padding + line)
     if readable:
         [entry] = manifest.read_manifest(area)
         assert entry.actual == result.path

@@ -109,4 +109,22 @@ EXPLAINED: dict[str, str] = {
         "O_NOFOLLOW open of the old checkpoint or by rename(2) of a directory onto a "
         "non-directory (ENOTDIR); test_a_symlink_where_the_checkpoint_goes_is_not_replaced"
     ),
+    "fsprobe/saving/manifest.py _read: + -> - in "
+    "`while line := stream.readline(left + 1):  # never more than the cap, even in one line`": (
+        "equivalent: the file was checked to be within the cap before reading, so the bound "
+        "only matters for the last line of a manifest exactly at the cap, and then it leaves "
+        "unread only that line's newline (the entry is still read whole; "
+        "test_a_manifest_up_to_its_size_limit_is_read_and_one_byte_more_is_not pads before it)"
+    ),
+    "fsprobe/saving/manifest.py _read: 1 -> 2 in "
+    "`while line := stream.readline(left + 1):  # never more than the cap, even in one line`": (
+        "equivalent: one byte more or two past what is left is refused all the same by the "
+        "`left < 0` check that follows the read"
+    ),
+    "fsprobe/saving/manifest.py OpenCopy.remove: False -> True in "
+    "`named = os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)`": (
+        "no effect a neighbour can use: the copy's directory is inside an area proven to be "
+        "its user's alone on the way in, so a symlink there is the user's own, and the unlink "
+        "that follows removes the name, never what it points to"
+    ),
 }
