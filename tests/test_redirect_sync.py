@@ -590,7 +590,12 @@ def test_a_manifest_locked_past_its_timeout_costs_the_record_never_the_checkpoin
 
 
 @pytest.mark.parametrize(
-    ("torn", "said"), [(1, "; ignored"), (3, "; ignored, and 2 more lines like it")]
+    ("torn", "said"),
+    [
+        (1, "; ignored"),
+        (2, "; ignored, and 1 more lines like it"),
+        (3, "; ignored, and 2 more lines like it"),
+    ],
 )
 def test_a_torn_manifest_line_is_skipped_and_named_by_its_line_number(setup, caplog, torn, said):
     result = setup.save_redirected(model_state())
