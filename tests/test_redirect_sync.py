@@ -620,3 +620,27 @@ def test_a_fallback_refused_for_want_of_the_sticky_bit_costs_no_descriptor(tmp_p
         with pytest.raises(NotTrusted, match="without the sticky bit"):
             open_root(str(fallback))
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_team_umask_copy_writable_by_the_group_is_still_found(setup):
+    """Teams often run with umask 002: a redirected file is then 0664 and a directory 0775.
+    Inside the user's own area (0700) nobody else can reach them, so they are the user's to
+    load; refusing them would lose the newest checkpoint on resume."""
+    previous = os.umask(0o002)
+    try:
+        result = setup.save_redirected(model_state())
+        setup.mark_target(readonly=True)
+        directory = fsprobe.save_dir(
+            setup.target / "step-1",
+            lambda staging: Path(staging, "shard.pt").write_bytes(b"x" * 4096),
+            fallback_dirs=[setup.fallback],
+            state_dir=str(setup.state),
+        )
+        setup.mark_target()
+    finally:
+        os.umask(previous)
+    assert os.stat(result.path).st_mode & 0o777 == 0o664
+    assert os.stat(directory.path).st_mode & 0o777 == 0o775
+    fallbacks = [str(setup.fallback)]
+    assert manifest.newest_copy(str(setup.target / "model.pt"), fallbacks) == result.path
+    assert manifest.newest_copy(str(setup.target / "step-1"), fallbacks) == directory.path

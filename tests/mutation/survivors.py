@@ -127,4 +127,9 @@ EXPLAINED: dict[str, str] = {
         "its user's alone on the way in, so a symlink there is the user's own, and the unlink "
         "that follows removes the name, never what it points to"
     ),
+    "fsprobe/saving/manifest.py OpenCopy._open: False -> True in "
+    "`info = os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)`": (
+        "equivalent in what it allows: a symlink taken for a directory is then opened with "
+        "O_NOFOLLOW and refused all the same (only the error's wording differs)"
+    ),
 }
