@@ -21,12 +21,11 @@ import torch
 import torch.distributed.checkpoint as torch_dcp
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name
 from fsprobe.integrations import dcp
 from fsprobe.saving.fallback import own_area
 from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
-from tests.support.crash import a_while_ago
+from tests.support.crash import a_while_ago, leftovers
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import (
     DIED,
@@ -130,10 +129,6 @@ def assert_loads(target: Path, world_size: int, seed: int, fallback_dirs=()) -> 
 def previous_checkpoint(target: Path, world_size: int, seed: int) -> None:
     """What an earlier run saved at `target` (here, in one process, to save time)."""
     dcp.save(all_ranks_state(world_size, seed), target)
-
-
-def leftovers(directory: Path) -> list[str]:
-    return [name for name in os.listdir(directory) if parse_temp_name(name)]
 
 
 def checkpoint_files(directory: Path, world_size: int) -> list[str]:

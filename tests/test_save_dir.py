@@ -26,7 +26,7 @@ from fsprobe.saving.retry import Backoff
 from fsprobe.saving.swap import exchange, parse_retired_name
 from fsprobe.saving.tree import digest_tree, open_directory, opened
 from tests.support.capability import need_module
-from tests.support.crash import a_while_ago, killed_mid_save
+from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_directory_saved
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,11 +76,6 @@ def assert_checkpoint(directory: Path, seed: int, shards: int = 3) -> None:
         assert all(torch.equal(loaded[k], original[k]) for k in original)
     assert torch.load(directory / "optim" / "state.pt") == {"step": seed}
     assert json.loads((directory / "meta.json").read_text()) == {"seed": seed, "shards": shards}
-
-
-def leftovers(directory: Path) -> list[str]:
-    """Staging directories, temp files and retired checkpoints of fsprobe in `directory`."""
-    return [n for n in os.listdir(directory) if parse_temp_name(n) or parse_retired_name(n)]
 
 
 def test_a_directory_is_published_whole_and_nothing_else_is_left(tmp_path):

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 import fsprobe.distributed
-from fsprobe.atomic import parse_temp_name
 from fsprobe.saving.fallback import own_area
 from fsprobe.saving.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
+from tests.support.crash import leftovers
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import (
     DIED,
@@ -87,10 +87,6 @@ def previous_checkpoint(target: Path, world_size: int, seed: int) -> None:
             )
 
     fsprobe.save_dir(target, write)
-
-
-def leftovers(directory: Path) -> list[str]:
-    return [name for name in os.listdir(directory) if parse_temp_name(name)]
 
 
 def test_two_ranks_commit_one_directory_and_agree_on_the_result(tmp_path):

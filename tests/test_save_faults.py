@@ -16,7 +16,7 @@ import fsprobe
 from fsprobe.atomic import parse_temp_name
 from fsprobe.saving.retry import Backoff, FailedAttempt, deciding, first_os_error
 from fsprobe.units import format_seconds
-from tests.support.crash import a_while_ago, killed_mid_save
+from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_file_saved
 
 
@@ -35,10 +35,6 @@ def assert_same_state(loaded, original) -> None:
         assert torch.equal(loaded[key], original[key]), key
 
 
-def temp_files(directory) -> list[str]:
-    return [name for name in os.listdir(directory) if parse_temp_name(name)]
-
-
 @pytest.mark.parametrize("code", ["EIO", "ESTALE"])
 def test_second_write_failing_is_retried_and_the_checkpoint_loads(faultfs, code):
     target = faultfs.mountpoint / "model.pt"
@@ -52,8 +48,8 @@ def test_second_write_failing_is_retried_and_the_checkpoint_loads(faultfs, code)
     assert len(sleeps) == 1
     assert_same_state(torch.load(target), state)
     assert_file_saved(faultfs, target)
-    assert temp_files(faultfs.mountpoint) == []
-    assert temp_files(faultfs.backing) == []
+    assert leftovers(faultfs.mountpoint) == []
+    assert leftovers(faultfs.backing) == []
 
 
 def test_every_write_failing_raises_and_keeps_the_previous_checkpoint(faultfs):
@@ -69,7 +65,7 @@ def test_every_write_failing_raises_and_keeps_the_previous_checkpoint(faultfs):
     assert len(sleeps) == 2
     faultfs.ctl.clear()
     assert_same_state(torch.load(target), previous)
-    assert temp_files(faultfs.mountpoint) == []
+    assert leftovers(faultfs.mountpoint) == []
 
 
 def test_failing_rename_keeps_the_previous_checkpoint(faultfs):
@@ -82,7 +78,7 @@ def test_failing_rename_keeps_the_previous_checkpoint(faultfs):
     assert {(a.errno, a.step) for a in raised.value.attempts} == {("EIO", "rename")}
     faultfs.ctl.clear()
     assert_same_state(torch.load(target), previous)
-    assert temp_files(faultfs.mountpoint) == []
+    assert leftovers(faultfs.mountpoint) == []
 
 
 def test_real_enospc_on_a_full_tmpfs_without_fallback_fails_cleanly(tmpfs):
@@ -115,21 +111,21 @@ def test_saver_killed_mid_write_leaves_the_previous_checkpoint_and_its_temp_is_c
     with killed_mid_save(_SAVER, str(target), env=environment) as saver:
         deadline = time.monotonic() + 60
         while True:  # wait until the temp file holds part of the checkpoint
-            names = temp_files(faultfs.backing)
+            names = leftovers(faultfs.backing)
             if names and os.path.getsize(faultfs.backing / names[0]) > 256 * 1024:
                 break
             assert saver.poll() is None, "the saver finished before it could be killed"
             assert time.monotonic() < deadline, "the saver never started writing"
             time.sleep(0.05)
     faultfs.ctl.clear()
-    leftover = temp_files(faultfs.mountpoint)
+    leftover = leftovers(faultfs.mountpoint)
     assert len(leftover) == 1 and parse_temp_name(leftover[0]).pid == saver.pid
     assert_same_state(torch.load(target), previous)
 
     a_while_ago(faultfs.mountpoint / leftover[0])  # a younger one may still be being created
     newer = model_state(seed=3)
     fsprobe.save(newer, target)
-    assert temp_files(faultfs.mountpoint) == []
+    assert leftovers(faultfs.mountpoint) == []
     assert_same_state(torch.load(target), newer)
 
 
@@ -146,7 +142,7 @@ def test_temp_file_is_in_the_target_directory_even_with_tmpdir_elsewhere(
 
     def write(stream):
         seen["temp"] = stream.name
-        seen["in_target"] = temp_files(target_dir)
+        seen["in_target"] = leftovers(target_dir)
         seen["in_tmpdir"] = os.listdir(staging.path)
         torch.save(state, stream)
         seen["size_during"] = os.path.getsize(stream.name)
@@ -176,7 +172,7 @@ def test_a_brief_quota_bounce_is_ridden_out_by_the_retry(faultfs):
     assert len(sleeps) == 1
     assert_same_state(torch.load(target), state)
     assert_file_saved(faultfs, target)
-    assert temp_files(faultfs.mountpoint) == []
+    assert leftovers(faultfs.mountpoint) == []
 
 
 def test_a_hung_mount_is_waited_out_and_the_save_completes(faultfs, caplog):

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name
 from fsprobe.saving import manifest, sync
 from fsprobe.saving.swap import replace_if_unchanged
 from fsprobe.saving.tree import opened
 from tests.daemon_process import clean_environment, run_fsprobe
 from tests.support.capability import need_root
+from tests.support.crash import leftovers
 from tests.support.durability import assert_directory_saved
 from tests.support.state import daemon_view, publish
 
@@ -39,10 +39,6 @@ def contents(directory: Path) -> dict[str, bytes]:
         for path in sorted(directory.rglob("*"))
         if path.is_file()
     }
-
-
-def leftovers(directory: Path) -> list[str]:
-    return [name for name in os.listdir(directory) if parse_temp_name(name)]
 
 
 class Redirected:

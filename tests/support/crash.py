@@ -12,7 +12,9 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from fsprobe.atomic import parse_temp_name
 from fsprobe.saving.stale import MIN_AGE_SECONDS
+from fsprobe.saving.swap import parse_retired_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,3 +50,9 @@ def a_while_ago(*paths: Path) -> None:
     then = time.time() - 2 * MIN_AGE_SECONDS
     for path in paths:
         os.utime(path, (then, then))
+
+
+def leftovers(directory: str | os.PathLike[str]) -> list[str]:
+    """What fsprobe's saves would leave in `directory` had they not cleaned up: temp files,
+    staging directories, checkpoints retired by a two-step replace."""
+    return [n for n in os.listdir(directory) if parse_temp_name(n) or parse_retired_name(n)]
