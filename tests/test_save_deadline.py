@@ -6,15 +6,17 @@ A filesystem can hold an fsync in the kernel for as long as it likes; the fault 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name
 from fsprobe.saving.retry import Backoff, SaveError
+from tests.support.crash import leftovers
 
 #: The deadline of the tests, and what a stuck save may take beyond it on a busy machine.
 DEADLINE = 2.0
@@ -25,14 +27,10 @@ def no_sleep() -> Backoff:
     return Backoff(sleep=lambda seconds: None)
 
 
-def temps(directory) -> list[str]:
-    return [name for name in os.listdir(directory) if parse_temp_name(name)]
-
-
 def wait_until_gone(directory, timeout: float = 30.0) -> None:
     """Until the abandoned attempt, released, has removed its temp file."""
     deadline = time.monotonic() + timeout
-    while temps(directory):
+    while leftovers(directory):
         assert time.monotonic() < deadline, "the abandoned attempt left its temp file"
         time.sleep(0.05)
 
@@ -111,7 +109,19 @@ def test_a_temp_file_that_vanished_mid_save_is_retried(tmp_path):
     result = fsprobe.atomic_write(tmp_path / "model.pt", write, backoff=no_sleep())
     assert result.attempts == 2 and result.errors == ("ENOENT",)
     assert (tmp_path / "model.pt").read_bytes() == b"the checkpoint"
-    assert temps(tmp_path) == []
+    assert leftovers(tmp_path) == []
+
+
+def attempts_held_at(faultfs, op: str, path: str, save: Callable[[], object]) -> list:
+    """(errno, step) of each attempt of `save`, which must fail, while the filesystem holds
+    `op` on `path`; the hold is released whatever happens."""
+    rule = faultfs.ctl.block(op, path=path)
+    try:
+        with pytest.raises(SaveError) as failure:
+            save()
+    finally:
+        faultfs.ctl.remove(rule)
+    return [(attempt.errno, attempt.step) for attempt in failure.value.attempts]
 
 
 @pytest.mark.parametrize(
@@ -127,19 +137,15 @@ def test_a_save_stuck_at_any_step_names_that_step(faultfs, op, path, step):
     """The failure says where the filesystem held the save, for the log and the metrics."""
     target = faultfs.mountpoint / "ckpt"
     target.mkdir()
-    rule = faultfs.ctl.block(op, path=path)
-    try:
-        with pytest.raises(SaveError) as failure:
-            fsprobe.atomic_write(
-                target / "model.pt",
-                lambda stream: stream.write(b"x" * (1 << 20)),  # past the buffer: written now
-                save_timeout=DEADLINE,
-                preflight=False,
-                attempts=1,
-            )
-    finally:
-        faultfs.ctl.remove(rule)
-    assert [(a.errno, a.step) for a in failure.value.attempts] == [("TIMEOUT", step)]
+    save = functools.partial(
+        fsprobe.atomic_write,
+        target / "model.pt",
+        lambda stream: stream.write(b"x" * (1 << 20)),  # past the buffer: written now
+        save_timeout=DEADLINE,
+        preflight=False,
+        attempts=1,
+    )
+    assert attempts_held_at(faultfs, op, path, save) == [("TIMEOUT", step)]
     wait_until_gone(target)
     # Held before the rename, the abandoned attempt publishes nothing when it comes back.
     assert (target / "model.pt").exists() is (step == "fsync_dir")
@@ -162,18 +168,14 @@ def write_a_shard(staging: str) -> None:
 def test_a_directory_save_stuck_at_any_step_names_that_step(faultfs, op, path, step):
     target = faultfs.mountpoint / "ckpt"
     target.mkdir()
-    rule = faultfs.ctl.block(op, path=path)
-    try:
-        with pytest.raises(SaveError) as failure:
-            fsprobe.save_dir(
-                target / "step-10",
-                write_a_shard,
-                save_timeout=DEADLINE,
-                preflight=False,
-                attempts=1,
-            )
-    finally:
-        faultfs.ctl.remove(rule)
-    assert [(a.errno, a.step) for a in failure.value.attempts] == [("TIMEOUT", step)]
+    save = functools.partial(
+        fsprobe.save_dir,
+        target / "step-10",
+        write_a_shard,
+        save_timeout=DEADLINE,
+        preflight=False,
+        attempts=1,
+    )
+    assert attempts_held_at(faultfs, op, path, save) == [("TIMEOUT", step)]
     wait_until_gone(target)
     assert (target / "step-10").exists() is (step == "fsync_dir")
