@@ -173,7 +173,7 @@ class TempFile:
                 moved = os.stat(aside, dir_fd=self.dir_fd, follow_symlinks=False)
             except FileNotFoundError:
                 pass  # removed meanwhile: nothing newer to protect
-            if moved is not None and not _same_version(moved, expected):
+            if moved is not None and not same_version(moved, expected):
                 with contextlib.suppress(FileExistsError):
                     os.link(aside, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
                 os.unlink(aside, dir_fd=self.dir_fd)
@@ -218,7 +218,8 @@ class TempFile:
             self.discard()
 
 
-def _same_version(first: os.stat_result, second: os.stat_result) -> bool:
+def same_version(first: os.stat_result, second: os.stat_result) -> bool:
+    """The same version of a file or directory: one inode, not changed since (size, mtime)."""
     return (first.st_dev, first.st_ino, first.st_size, first.st_mtime_ns) == (
         second.st_dev,
         second.st_ino,

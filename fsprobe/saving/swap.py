@@ -30,7 +30,7 @@ import platform
 import re
 from collections.abc import Callable
 
-from fsprobe.atomic import TempName, hostname
+from fsprobe.atomic import TempName, hostname, same_version
 from fsprobe.saving.tree import remove_tree
 
 log = logging.getLogger("fsprobe.save")
@@ -106,15 +106,6 @@ def rename_noreplace(dir_fd: int, source: str, target: str) -> bool:
     return True
 
 
-def _same(info: os.stat_result, expected: os.stat_result) -> bool:
-    """The same version of a checkpoint: same inode, not changed since."""
-    return (info.st_dev, info.st_ino, info.st_mtime_ns) == (
-        expected.st_dev,
-        expected.st_ino,
-        expected.st_mtime_ns,
-    )
-
-
 def replace_if_unchanged(
     dir_fd: int, staging: str, name: str, expected: os.stat_result | None
 ) -> tuple[bool, str | None]:
@@ -126,18 +117,18 @@ def replace_if_unchanged(
     if expected is None:
         return rename_noreplace(dir_fd, staging, name), None
     try:
-        if not _same(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), expected):
+        if not same_version(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), expected):
             return False, None
     except FileNotFoundError:
         return False, None  # removed meanwhile: whoever did it knew better
     if exchange(dir_fd, staging, name):
-        if _same(os.stat(staging, dir_fd=dir_fd, follow_symlinks=False), expected):
+        if same_version(os.stat(staging, dir_fd=dir_fd, follow_symlinks=False), expected):
             return True, staging  # the old checkpoint, now under the staging name
         exchange(dir_fd, staging, name)  # a save landed just before: give it its name back
         return False, None
     retired = retired_name(name)
     os.rename(name, retired, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    if not _same(os.stat(retired, dir_fd=dir_fd, follow_symlinks=False), expected):
+    if not same_version(os.stat(retired, dir_fd=dir_fd, follow_symlinks=False), expected):
         rename_noreplace(dir_fd, retired, name)  # a save landed just before: put it back
         return False, None
     if not rename_noreplace(dir_fd, staging, name):

@@ -107,7 +107,7 @@ TARGETS = (
         "save-atomic",
         "fsprobe/atomic.py",
         "fsync_directory TempFile.__init__ TempFile.rename TempFile.replace_if_unchanged "
-        "TempFile.discard TempFile.release _same_version",
+        "TempFile.discard TempFile.release same_version",
         *_SAVE_TESTS,
     ),
     target("save-redirect", "fsprobe/saving/fallback.py", "*", *_SAVE_TESTS),
