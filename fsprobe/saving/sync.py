@@ -38,7 +38,6 @@ from fsprobe.saving import delegate
 from fsprobe.saving.directory import Staging
 from fsprobe.saving.fallback import Area, area_name
 from fsprobe.saving.manifest import (
-    READ_CHUNK,
     Entry,
     OpenCopy,
     areas,
@@ -49,7 +48,7 @@ from fsprobe.saving.manifest import (
     sha256_of_fd,
 )
 from fsprobe.saving.preflight import preflight
-from fsprobe.saving.tree import copy_tree, digest_tree, tree_digest
+from fsprobe.saving.tree import copy_bytes, copy_tree, digest_tree, tree_digest
 from fsprobe.state import default_state_dir
 
 log = logging.getLogger("fsprobe.redirect")
@@ -127,12 +126,7 @@ def _copy_back(copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result
     """
     with TempFile(target_dir, temp_name(final), 0o600, readable=True) as temp:
         os.fchmod(temp.fd, os.fstat(copy.fd).st_mode & 0o777)  # the checkpoint's own mode
-        offset = 0
-        while chunk := os.pread(copy.fd, READ_CHUNK, offset):
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(temp.fd, view) :]
-            offset += len(chunk)
+        copy_bytes(copy.fd, temp.fd)
         os.fsync(temp.fd)
         if sha256_of_fd(temp.fd) != copy.entry.sha256:  # the copy, as it was written
             return "checksum_mismatch"

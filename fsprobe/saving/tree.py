@@ -202,7 +202,7 @@ def copy_tree(source_fd: int, target_fd: int, owner: int, depth: int = 0) -> Tre
             with opened(open_file(source_fd, name, os.O_RDONLY, owner, private=False)) as source:
                 new = os.open(name, _NEW_FILE_FLAGS, stat.S_IRUSR | stat.S_IWUSR, dir_fd=target_fd)
                 with opened(new) as target:
-                    _copy_bytes(source, target)
+                    copy_bytes(source, target)
                     os.fchmod(target, mode)
             total += TreeSize(info.st_size, 1, 0, info.st_mtime)
         else:
@@ -210,7 +210,8 @@ def copy_tree(source_fd: int, target_fd: int, owner: int, depth: int = 0) -> Tre
     return total
 
 
-def _copy_bytes(source: int, target: int) -> None:
+def copy_bytes(source: int, target: int) -> None:
+    """Every byte of the open file `source`, from its start, appended to `target`."""
     offset = 0
     while chunk := os.pread(source, READ_CHUNK, offset):
         view = memoryview(chunk)

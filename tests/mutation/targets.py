@@ -112,6 +112,7 @@ TARGETS = (
     ),
     target("save-redirect", "fsprobe/saving/fallback.py", "*", *_SAVE_TESTS),
     target("save-sync", "fsprobe/saving/sync.py", "_copy_back _sync_open", *_SAVE_TESTS),
+    target("save-copy", "fsprobe/saving/tree.py", "copy_bytes", *_SAVE_TESTS),
     target(
         "save-manifest",
         "fsprobe/saving/manifest.py",
