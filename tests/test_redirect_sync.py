@@ -644,3 +644,29 @@ def test_a_team_umask_copy_writable_by_the_group_is_still_found(setup):
     fallbacks = [str(setup.fallback)]
     assert manifest.newest_copy(str(setup.target / "model.pt"), fallbacks) == result.path
     assert manifest.newest_copy(str(setup.target / "step-1"), fallbacks) == directory.path
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_a_copy_grown_since_its_save_is_not_copied_back_past_its_recorded_size(setup, kind):
+    """Whoever could write the copy stretched it (a sparse terabyte costs the fallback
+    nothing): the sync back stops at the bytes the manifest recorded instead of filling the
+    target, and publishes nothing (found by attacking as a second user of the team)."""
+    if kind == "file":
+        result = setup.save_redirected(model_state())
+        grown = result.path
+    else:
+        setup.mark_target(readonly=True)
+        result = fsprobe.save_dir(
+            setup.target / "step-1",
+            lambda staging: Path(staging, "shard.pt").write_bytes(b"x" * 4096),
+            fallback_dirs=[setup.fallback],
+            state_dir=str(setup.state),
+        )
+        setup.mark_target()
+        grown = os.path.join(result.path, "shard.pt")
+    os.truncate(grown, 1 << 40)
+    code, report = sync_cli("--fallback-dir", str(setup.fallback), "--state-dir", str(setup.state))
+    [entry] = report["entries"]
+    assert code != 0 and entry["action"] == "failed", entry
+    assert "EFBIG" in entry["message"]
+    assert os.listdir(setup.target) == []  # nothing published, nothing left behind

@@ -126,7 +126,7 @@ def _copy_back(copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result
     """
     with TempFile(target_dir, temp_name(final), 0o600, readable=True) as temp:
         os.fchmod(temp.fd, os.fstat(copy.fd).st_mode & 0o777)  # the checkpoint's own mode
-        copy_bytes(copy.fd, temp.fd)
+        copy_bytes(copy.fd, temp.fd, copy.entry.bytes)
         os.fsync(temp.fd)
         if sha256_of_fd(temp.fd) != copy.entry.sha256:  # the copy, as it was written
             return "checksum_mismatch"
@@ -147,7 +147,7 @@ def _copy_directory_back(copy: OpenCopy, seen: os.stat_result | None) -> str:
     try:
         assert staging.fd is not None
         staging.mode = stat.S_IMODE(os.fstat(copy.fd).st_mode)  # the checkpoint's own mode
-        copy_tree(copy.fd, staging.fd, copy.entry.area.owner)
+        copy_tree(copy.fd, staging.fd, copy.entry.area.owner, copy.entry.bytes)
         staging.sync()
         if tree_digest(digest_tree(staging.fd)) != copy.entry.sha256:
             return "checksum_mismatch"

@@ -178,8 +178,11 @@ def tree_digest(files: dict[str, str]) -> str:
     return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def copy_tree(source_fd: int, target_fd: int, owner: int, depth: int = 0) -> TreeSize:
+def copy_tree(source_fd: int, target_fd: int, owner: int, limit: int, depth: int = 0) -> TreeSize:
     """Copy the tree below `source_fd` into the empty directory `target_fd`, modes kept.
+
+    At most `limit` bytes of files in all (what the manifest recorded): a tree that holds
+    more is refused with EFBIG as soon as it shows, never copied to its end.
 
     Every file and directory copied must be `owner`'s (`fsprobe.owned`): anything else, and
     anything that is neither (a symlink, a FIFO), is refused with `NotTrusted`, and nothing
@@ -196,28 +199,35 @@ def copy_tree(source_fd: int, target_fd: int, owner: int, depth: int = 0) -> Tre
                 check_owned(os.fstat(source), owner, name, private=False)
                 os.mkdir(name, stat.S_IRWXU, dir_fd=target_fd)
                 with opened(open_directory(name, target_fd)) as target:
-                    total += copy_tree(source, target, owner, depth + 1)
+                    total += copy_tree(source, target, owner, limit - total.bytes, depth + 1)
                     os.fchmod(target, mode)
         elif stat.S_ISREG(info.st_mode):
             with opened(open_file(source_fd, name, os.O_RDONLY, owner, private=False)) as source:
                 new = os.open(name, _NEW_FILE_FLAGS, stat.S_IRUSR | stat.S_IWUSR, dir_fd=target_fd)
                 with opened(new) as target:
-                    copy_bytes(source, target)
+                    copied = copy_bytes(source, target, limit - total.bytes)
                     os.fchmod(target, mode)
-            total += TreeSize(info.st_size, 1, 0, info.st_mtime)
+            total += TreeSize(copied, 1, 0, info.st_mtime)
         else:
             raise NotTrusted(f"{name} is neither a regular file nor a directory; not copying it")
     return total
 
 
-def copy_bytes(source: int, target: int) -> None:
-    """Every byte of the open file `source`, from its start, appended to `target`."""
+def copy_bytes(source: int, target: int, limit: int) -> int:
+    """The bytes of the open file `source`, from its start, appended to `target`; their count.
+
+    At most `limit` of them: a source that holds more (grown since it was recorded, by whoever
+    could write it) is refused with EFBIG after `limit` bytes, never copied to its end.
+    """
     offset = 0
-    while chunk := os.pread(source, READ_CHUNK, offset):
+    while chunk := os.pread(source, min(READ_CHUNK, limit - offset + 1), offset):
+        if offset + len(chunk) > limit:
+            raise OSError(errno.EFBIG, f"holds more than the {limit} bytes recorded")
         view = memoryview(chunk)
         while view:
             view = view[os.write(target, view) :]
         offset += len(chunk)
+    return offset
 
 
 def remove_tree(parent_fd: int, name: str) -> bool:
