@@ -1,7 +1,7 @@
-"""The README's table of defaults is what the code does, and the example config agrees.
+"""The table of defaults in docs/reference.md is what the code does, and the example config agrees.
 
 A default is a promise to users (alert runbooks quote 3 % and 10 %, job scripts rely on 5
-attempts): moving one must fail here until the README says so. The table is parsed as written;
+attempts): moving one must fail here until the reference says so. The table is parsed as written;
 each row's key is looked up in the code *as a user meets it* (a config loaded from nothing, the
 signature of `fsprobe.save`, the CLI option), and every config key must have a row.
 """
@@ -32,8 +32,8 @@ _ROW = re.compile(r"^\| `(?P<key>[^`]+)` \| `(?P<value>[^`]+)` \| (?P<what>.*) \
 
 
 def documented() -> dict[str, tuple[Any, str]]:
-    """The README's defaults table: key -> (value as TOML reads it, the description)."""
-    text = (REPO / "README.md").read_text()
+    """The reference's defaults table: key -> (value as TOML reads it, the description)."""
+    text = (REPO / "docs" / "reference.md").read_text()
     section = text.split("\n### Defaults\n", 1)[1].split("\n#", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     table = {}
@@ -98,7 +98,7 @@ def test_every_row_of_the_readme_table_is_what_the_code_does():
         if actual[key] != _normal(key, value)
         or isinstance(actual[key], bool) != isinstance(value, bool)  # 1 == True, but not here
     }
-    assert wrong == {}, "README value, code value"
+    assert wrong == {}, "documented value, code value"
 
 
 def test_every_setting_has_a_row():
@@ -120,18 +120,18 @@ def test_the_numbers_in_the_descriptions_are_the_code_s_too():
 
 def test_the_example_config_shows_the_defaults():
     """docs/fsprobe.example.toml says "every key, with its default": its [defaults] and
-    [defaults.thresholds] tables, and the top-level keys the README lists, are the defaults."""
+    [defaults.thresholds] tables, and the top-level keys the reference lists, are the defaults."""
     example = tomllib.loads((REPO / "docs" / "fsprobe.example.toml").read_text())
     table = documented()
     shown = {**example["defaults"], **example["defaults"].pop("thresholds")}
     shown.pop("thresholds", None)
     shown.update({key: value for key, value in example.items() if key in table})
     assert set(shown) <= set(table), (
-        f"example keys missing from the README: {set(shown) - set(table)}"
+        f"example keys missing from the reference: {set(shown) - set(table)}"
     )
     differ = {
         key: (value, table[key][0])
         for key, value in shown.items()
         if _normal(key, value) != _normal(key, table[key][0])
     }
-    assert differ == {}, "example value, README value"
+    assert differ == {}, "example value, documented value"

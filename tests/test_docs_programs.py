@@ -1,11 +1,10 @@
-"""The README's training examples run as written, and do what the README says they do.
+"""The documentation's training examples run as written, and do what the pages say they do.
 
-The section "Saving checkpoints that survive a bad filesystem" shows one whole program per use
-(plain PyTorch, DDP with DCP under torchrun, the Hugging Face Trainer, Lightning). A reader
-copies them; an API change that breaks one must fail here, not in a user's first job. Each
-program is taken from the README verbatim, run in an empty directory of its own in a fresh
-interpreter, and its checkpoints are then opened and checked; each is run a second time where
-the README says it resumes.
+docs/saving.md and docs/integrations.md show one whole program per use (plain PyTorch, DDP with
+DCP under torchrun, the Hugging Face Trainer, Lightning). A reader copies them; an API change
+that breaks one must fail here, not in a user's first job. Each program is taken from its page
+verbatim, run in an empty directory of its own in a fresh interpreter, and its checkpoints are
+then opened and checked; each is run a second time where the page says it resumes.
 """
 
 from __future__ import annotations
@@ -20,26 +19,26 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION = "## Saving checkpoints that survive a bad filesystem"
-#: The heading of each use, and the first line of the whole program shown under it.
+#: The heading of each use, the page it is on, and the first line of the whole program under it.
 PROGRAMS = {
-    "### Plain PyTorch": "import os",
-    "### DDP and FSDP: PyTorch Distributed Checkpoint": "# torchrun --nproc-per-node 2 train.py",
-    "### Hugging Face Trainer": "import torch",
-    "### Lightning": "import os",
+    "## Plain PyTorch": ("docs/saving.md", "import os"),
+    "## DDP and FSDP: PyTorch Distributed Checkpoint": (
+        "docs/integrations.md",
+        "# torchrun --nproc-per-node 2 train.py",
+    ),
+    "## Hugging Face Trainer": ("docs/integrations.md", "import torch"),
+    "## Lightning": ("docs/integrations.md", "import os"),
 }
 
 
-def readme_programs() -> dict[str, str]:
-    """The first ```python block under each heading of `PROGRAMS`, as the README has it."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index(SECTION) :]
-    section = section[: section.index("\n## ", len(SECTION))]
+def documented_programs() -> dict[str, str]:
+    """The first ```python block under each heading of `PROGRAMS`, as its page has it."""
     programs = {}
-    for heading in PROGRAMS:
-        start = section.index(f"\n{heading}\n")
-        block = re.search(r"```python\n(.*?)```", section[start:], re.DOTALL)
-        assert block is not None, f"no python example under {heading!r}"
+    for heading, (page, _first_line) in PROGRAMS.items():
+        text = (REPO / page).read_text()
+        start = text.index(f"\n{heading}\n")
+        block = re.search(r"```python\n(.*?)```", text[start:], re.DOTALL)
+        assert block is not None, f"no python example under {heading!r} in {page}"
         programs[heading] = block.group(1)
     return programs
 
@@ -59,9 +58,9 @@ def run(command: list[str], where: Path) -> None:
 
 @pytest.fixture
 def program(request, tmp_path) -> Path:
-    """The README's program for the heading `request.param`, written to ``train.py``."""
-    source = readme_programs()[request.param]
-    assert source.startswith(PROGRAMS[request.param])
+    """The documented program for the heading `request.param`, written to ``train.py``."""
+    source = documented_programs()[request.param]
+    assert source.startswith(PROGRAMS[request.param][1])
     path = tmp_path / "train.py"
     path.write_text(source)
     return path
@@ -71,7 +70,7 @@ def nothing_half_written(where: Path) -> list[str]:
     return [str(p.relative_to(where)) for p in where.rglob(".fsprobe~*")]
 
 
-@pytest.mark.parametrize("program", ["### Plain PyTorch"], indirect=True)
+@pytest.mark.parametrize("program", ["## Plain PyTorch"], indirect=True)
 def test_plain_pytorch_saves_in_the_background_and_the_second_run_resumes(program):
     """ "Run it twice: the second run goes on from step 300"."""
     where = program.parent
@@ -85,7 +84,7 @@ def test_plain_pytorch_saves_in_the_background_and_the_second_run_resumes(progra
 
 
 @pytest.mark.parametrize(
-    "program", ["### DDP and FSDP: PyTorch Distributed Checkpoint"], indirect=True
+    "program", ["## DDP and FSDP: PyTorch Distributed Checkpoint"], indirect=True
 )
 def test_dcp_under_torchrun_commits_one_whole_checkpoint(program):
     where = program.parent
@@ -98,7 +97,7 @@ def test_dcp_under_torchrun_commits_one_whole_checkpoint(program):
     assert nothing_half_written(where) == []
 
 
-@pytest.mark.parametrize("program", ["### Hugging Face Trainer"], indirect=True)
+@pytest.mark.parametrize("program", ["## Hugging Face Trainer"], indirect=True)
 def test_hugging_face_trainer_keeps_its_last_two_checkpoints_whole_and_resumes(program):
     where = program.parent
     run([sys.executable, "train.py"], where)
@@ -112,7 +111,7 @@ def test_hugging_face_trainer_keeps_its_last_two_checkpoints_whole_and_resumes(p
     assert nothing_half_written(where) == []
 
 
-@pytest.mark.parametrize("program", ["### Lightning"], indirect=True)
+@pytest.mark.parametrize("program", ["## Lightning"], indirect=True)
 def test_lightning_saves_through_the_plugin_and_resumes_from_last(program):
     where = program.parent
     run([sys.executable, "train.py"], where)
