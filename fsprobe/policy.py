@@ -216,11 +216,17 @@ def write_errno(reasons: Iterable[Reason]) -> str | None:
 
 @dataclass(frozen=True)
 class _Limit:
-    """One candidate bound on headroom: how much remains and out of what capacity."""
+    """One candidate bound on headroom: how much remains and out of what capacity (> 0)."""
 
     source: str
     remaining: int
     capacity: int
+
+    @property
+    def ratio(self) -> float:
+        """The share left, within [0, 1] whatever the numbers say (an answer may report more
+        free than its size: the ratio is then 1, never above)."""
+        return min(1.0, max(0, self.remaining) / self.capacity)
 
 
 def _quota_limits(entries: Iterable[QuotaEntry], resource: str, now: float) -> list[_Limit]:
@@ -229,7 +235,7 @@ def _quota_limits(entries: Iterable[QuotaEntry], resource: str, now: float) -> l
         usage: QuotaUsage = getattr(entry, resource)
         remaining = usage.remaining(now)
         capacity = usage.hard if usage.hard is not None else usage.soft
-        if remaining is not None and capacity:
+        if remaining is not None and capacity is not None and capacity > 0:
             limits.append(_Limit(f"quota:{entry.type}", remaining, capacity))
     return limits
 
@@ -240,22 +246,63 @@ def _tightest(limits: list[_Limit]) -> _Limit | None:
 
 
 def compute_headroom(fs: FilesystemInfo | None, quota: QuotaReport | None, now: float) -> Headroom:
+    """The headroom for bytes and inodes, from every limit whose capacity is known.
+
+    A filesystem that reports a size of zero (or zero inodes: btrfs, vfat, many FUSE mounts,
+    /proc) says nothing about that resource: it is left out, never divided by, and
+    `capacity_reasons` says so. Total for any numbers: free above the size counts as the size.
+    """
     entries = quota.entries if quota is not None else ()
     byte_limits = _quota_limits(entries, "bytes", now)
     inode_limits = _quota_limits(entries, "inodes", now)
     if fs is not None:
-        byte_limits.insert(0, _Limit("filesystem", fs.avail_bytes, fs.size_bytes))
-        if fs.files > 0:  # some filesystems (FUSE, vfat) have no inode count at all
-            inode_limits.insert(0, _Limit("filesystem", fs.files_free, fs.files))
+        if fs.size_bytes > 0:
+            avail = min(fs.avail_bytes, fs.size_bytes)
+            byte_limits.insert(0, _Limit("filesystem", avail, fs.size_bytes))
+        if fs.files > 0:
+            inode_limits.insert(0, _Limit("filesystem", min(fs.files_free, fs.files), fs.files))
     by_bytes, by_inodes = _tightest(byte_limits), _tightest(inode_limits)
     return Headroom(
         bytes=by_bytes.remaining if by_bytes else None,
         inodes=by_inodes.remaining if by_inodes else None,
-        bytes_ratio=by_bytes.remaining / by_bytes.capacity if by_bytes else None,
-        inodes_ratio=by_inodes.remaining / by_inodes.capacity if by_inodes else None,
+        bytes_ratio=by_bytes.ratio if by_bytes else None,
+        inodes_ratio=by_inodes.ratio if by_inodes else None,
         bytes_limited_by=by_bytes.source if by_bytes else None,
         inodes_limited_by=by_inodes.source if by_inodes else None,
     )
+
+
+def capacity_known(fs: FilesystemInfo) -> bool:
+    """Whether statvfs measured anything of the filesystem's capacity (its size or inodes)."""
+    return fs.size_bytes > 0 or fs.files > 0
+
+
+def capacity_reasons(fs: FilesystemInfo) -> list[Reason]:
+    """A notice for each resource whose capacity the filesystem does not report (zero).
+
+    Not a problem of the target by itself (writes may go fine), but its headroom for that
+    resource is unknown; with neither known, statvfs alone judges nothing (see `_status`).
+    """
+    reasons = []
+    if fs.size_bytes <= 0:
+        reasons.append(
+            Reason(
+                "capacity_unknown",
+                Severity.NOTICE,
+                f"{fs.mountpoint} ({fs.fstype}) reports a size of 0: its free space is "
+                "unknown, not judged",
+            )
+        )
+    if fs.files <= 0:
+        reasons.append(
+            Reason(
+                "capacity_unknown",
+                Severity.NOTICE,
+                f"{fs.mountpoint} ({fs.fstype}) reports no inode count: its free inodes are "
+                "unknown, not judged",
+            )
+        )
+    return reasons
 
 
 def _binding_phrase(limited_by: str | None) -> str:
@@ -415,9 +462,12 @@ def _quota_reasons(quota: QuotaReport, policy: Policy, now: float) -> list[Reaso
 def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Reason]:
     full = sorted(
         (
-            (t.avail_bytes / t.size_bytes, t)
+            (_Limit(t.name, t.avail_bytes, t.size_bytes).ratio, t)
             for t in targets
-            if t.active and t.size_bytes and t.avail_bytes is not None
+            if t.active
+            and t.size_bytes is not None
+            and t.size_bytes > 0
+            and t.avail_bytes is not None
         ),
         key=lambda pair: pair[0],
     )
@@ -466,17 +516,15 @@ def _write_reasons(
     probe: WriteProbeResult = latest.value
     total = probe.total_seconds
     if total > policy.write_slow_seconds:
-        slowest = max(
-            (step for step in probe.latency_seconds if step != "total"),
-            key=lambda step: probe.latency_seconds[step],
-        )
+        steps = {step: s for step, s in probe.latency_seconds.items() if step != "total"}
+        slowest = max(steps, key=steps.__getitem__, default=None)
+        detail = f" ({slowest}: {format_seconds(steps[slowest])})" if slowest else ""
         very_slow = total > policy.write_very_slow_seconds
         reasons.append(
             Reason(
                 "write_slow",
                 Severity.UNHEALTHY if very_slow else Severity.DEGRADED,
-                f"a {format_bytes(probe.bytes)} test save took {format_seconds(total)} "
-                f"({slowest}: {format_seconds(probe.latency_seconds[slowest])})",
+                f"a {format_bytes(probe.bytes)} test save took {format_seconds(total)}{detail}",
                 transient=very_slow,
             )
         )
@@ -549,6 +597,8 @@ def evaluate(
             )
         )
 
+    if fs is not None:
+        reasons += capacity_reasons(fs)
     headroom = compute_headroom(fs, quota, now)
     reasons += _headroom_reasons(headroom, policy)
     fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
@@ -594,9 +644,20 @@ def evaluate(
 _HEALTH_PROBES = ("statvfs", "write", "quota", "lfs_df")
 
 
+def _usable(result: ProbeResult) -> bool:
+    """Whether a result says something of the target's health: a probe that did not apply
+    (quota off Lustre) does not, nor a statvfs that measured no capacity at all (/proc, a FUSE
+    mount without statfs)."""
+    if not result.ok or result.value is None:
+        return False
+    if result.probe != "statvfs":
+        return True
+    return isinstance(result.value, FilesystemInfo) and capacity_known(result.value)
+
+
 def _status(reasons: list[Reason], fresh: Mapping[str, ProbeResult]) -> Status:
     worst = max((reason.severity.status for reason in reasons), default=Status.OK)
-    anything_usable = any(fresh[kind].ok for kind in _HEALTH_PROBES if kind in fresh)
+    anything_usable = any(_usable(fresh[kind]) for kind in _HEALTH_PROBES if kind in fresh)
     if not anything_usable and worst is not Status.UNHEALTHY:
         return Status.UNKNOWN
     return worst

@@ -9,6 +9,14 @@ import stat
 from fsprobe.model import FilesystemInfo
 from fsprobe.probing.mounts import find_mount, nearest_existing
 
+#: statvfs counts are unsigned 64-bit numbers; Python's `os.statvfs` hands some of them over as
+#: signed ones (a filesystem reporting 2**64 - 1 free inodes reads as -1).
+_U64 = 2**64
+
+
+def _count(value: int) -> int:
+    return value % _U64 if value < 0 else value
+
 
 def probe_statvfs(target: str) -> FilesystemInfo:
     """statvfs of `target`, or of its nearest existing ancestor if it does not exist yet.
@@ -28,10 +36,10 @@ def probe_statvfs(target: str) -> FilesystemInfo:
         mountpoint=mount.mountpoint if mount else "/",
         fstype=mount.fstype if mount else "unknown",
         device=mount.source if mount else f"{os.major(st_dev)}:{os.minor(st_dev)}",
-        size_bytes=stats.f_blocks * stats.f_frsize,
-        avail_bytes=stats.f_bavail * stats.f_frsize,
-        files=stats.f_files,
-        files_free=stats.f_favail,
+        size_bytes=_count(stats.f_blocks) * _count(stats.f_frsize),
+        avail_bytes=_count(stats.f_bavail) * _count(stats.f_frsize),
+        files=_count(stats.f_files),
+        files_free=_count(stats.f_favail),
         readonly=bool(stats.f_flag & os.ST_RDONLY),
         st_dev=st_dev,
     )
