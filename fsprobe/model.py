@@ -76,6 +76,16 @@ class ProbeResult(Generic[T]):
 
 
 @dataclass(frozen=True)
+class DirectoryOwner:
+    """Owner, group and mode of the directory a statvfs probe looked at: who may write there
+    (the daemon's rule for which save events it believes, `fsprobe.events.admission`)."""
+
+    uid: int
+    gid: int
+    mode: int
+
+
+@dataclass(frozen=True)
 class FilesystemInfo:
     """statvfs of the target (or its nearest existing ancestor) and the mount it lives on."""
 
@@ -89,6 +99,7 @@ class FilesystemInfo:
     files_free: int
     readonly: bool
     st_dev: int
+    owner: DirectoryOwner | None = None
 
 
 QUOTA_TYPES = ("user", "group", "project")
@@ -224,3 +235,21 @@ class Snapshot:
     def probed_at(self) -> float | None:
         finished = [r.finished_at for r in self.results.values()]
         return max(finished) if finished else None
+
+
+@dataclass(frozen=True)
+class LastSave:
+    """The latest real save the daemon heard of in a target (`fsprobe.events`): what the
+    status shows. `uid` is the kernel's word for who saved; the rest is the saver's."""
+
+    at: float  # Unix time the daemon heard of it
+    outcome: str  # ok | retried | redirected | failed
+    seconds: float
+    bytes: int
+    requested: str
+    landed: str | None
+    uid: int
+    pid: int
+    host: str
+    ranks: int
+    failures: tuple[tuple[str, str], ...]  # (errno, step) of each failed attempt

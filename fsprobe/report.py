@@ -21,6 +21,7 @@ from fsprobe.model import (
     PROBE_KINDS,
     QUOTA_TYPES,
     FilesystemInfo,
+    LastSave,
     LustreTarget,
     ProbeResult,
     QuotaEntry,
@@ -142,6 +143,44 @@ def _texts(value: Any, where: str) -> str:
 
 
 # -- model values, each both ways ----------------------------------------------------------------
+
+
+def last_save_to_dict(save: LastSave) -> dict[str, Any]:
+    return {
+        "at": save.at,
+        "outcome": save.outcome,
+        "seconds": save.seconds,
+        "bytes": save.bytes,
+        "requested": save.requested,
+        "landed": save.landed,
+        "uid": save.uid,
+        "pid": save.pid,
+        "host": save.host,
+        "ranks": save.ranks,
+        "failures": [{"errno": errno, "step": step} for errno, step in save.failures],
+    }
+
+
+def last_save_from_dict(value: Any, where: str = "last_save") -> LastSave:
+    fields = _Fields(value, where)
+
+    def failure(item: Any, at: str) -> tuple[str, str]:
+        entry = _Fields(item, at)
+        return entry.text("errno"), entry.text("step")
+
+    return LastSave(
+        at=fields.number("at"),
+        outcome=fields.text("outcome"),
+        seconds=fields.number("seconds"),
+        bytes=fields.integer("bytes"),
+        requested=fields.text("requested"),
+        landed=fields.optional_text("landed"),
+        uid=fields.integer("uid"),
+        pid=fields.integer("pid"),
+        host=fields.text("host"),
+        ranks=fields.integer("ranks"),
+        failures=fields.items("failures", failure),
+    )
 
 
 def filesystem_to_dict(fs: FilesystemInfo) -> dict[str, Any]:

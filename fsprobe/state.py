@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsprobe.atomic import lock_within, publish_file
+from fsprobe.model import LastSave
 from fsprobe.paths import is_under
-from fsprobe.report import Report, ReportFormatError
+from fsprobe.report import Report, ReportFormatError, last_save_from_dict, last_save_to_dict
 from fsprobe.version import __version__
 
 SCHEMA = 1
@@ -203,12 +204,15 @@ class TargetState:
     report: Report
     intervals: Mapping[str, float]
     updated_at: float
+    last_save: LastSave | None = None  # the latest real save the daemon heard of
 
     def to_dict(self) -> dict[str, Any]:
+        last = self.last_save
         return {
             **self.report.to_dict(),
             "intervals": dict(self.intervals),
             "updated_at": self.updated_at,
+            "last_save": last_save_to_dict(last) if last is not None else None,
         }
 
     @classmethod
@@ -224,7 +228,11 @@ class TargetState:
         updated_at = document.get("updated_at")
         if not isinstance(updated_at, (int, float)) or isinstance(updated_at, bool):
             raise ReportFormatError(f"{where}.updated_at: expected a number")
-        return cls(report, {k: float(v) for k, v in intervals.items()}, float(updated_at))
+        last = document.get("last_save")  # absent in the state file of an earlier version
+        last_save = last_save_from_dict(last, f"{where}.last_save") if last is not None else None
+        return cls(
+            report, {k: float(v) for k, v in intervals.items()}, float(updated_at), last_save
+        )
 
 
 @dataclass(frozen=True)

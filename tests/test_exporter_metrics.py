@@ -12,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fsprobe import __version__
 from fsprobe.daemon.store import Store, TargetSpec
+from fsprobe.events.admission import Sender
+from fsprobe.events.event import Failure, SaveEvent
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.metrics import BUILD_INFO, CACHED, FAMILIES, target_samples
 from fsprobe.exporters.textfile import TEXTFILE_NAME, write_textfile
@@ -69,6 +71,13 @@ CONTRACT = {
     "fsprobe_write_step_seconds": {"path", "op"},
     "fsprobe_tmpdir_same_device": {"path"},
     "fsprobe_redirected_pending_bytes": {"path"},
+    "fsprobe_saves": {"path", "outcome"},
+    "fsprobe_save_failed_attempts": {"path", "errno"},
+    "fsprobe_save_duration_seconds": {"path"},
+    "fsprobe_save_bytes": {"path"},
+    "fsprobe_last_save_timestamp_seconds": {"path"},
+    "fsprobe_last_successful_save_timestamp_seconds": {"path"},
+    "fsprobe_save_interval_seconds": {"path"},
 }
 
 FS = FilesystemInfo(
@@ -137,6 +146,9 @@ def full_store(path: str = "/lustre/ckpt") -> Store:
     store.record(path, result("write", error="EIO"))
     store.record(path, result("write", WRITE))
     store.record(path, result("tmpdir", TmpdirInfo("/tmp", same_device=False)))
+    for failures in ((), (Failure("EIO", "write"),), ()):
+        saved = SaveEvent(f"{path}/a.pt", f"{path}/a.pt", 100, 2.0, 1, failures, NOW, "h", 1)
+        store.record_save(Sender(0, 0, 1), saved)
     return store
 
 

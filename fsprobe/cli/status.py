@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import click
 
 from fsprobe.cli.render import STATUS_COLORS, reason_lines
-from fsprobe.model import QuotaReport, Status, WriteProbeResult
+from fsprobe.model import LastSave, QuotaReport, Status, WriteProbeResult
 from fsprobe.paths import escaped
 from fsprobe.state import (
     StateFile,
@@ -34,7 +34,16 @@ from fsprobe.state import (
 )
 from fsprobe.units import format_bytes, format_count, format_percent, format_seconds
 
-_COLUMNS = ("STATUS", "TARGET", "SPACE FREE", "INODES FREE", "QUOTA", "WRITE", "AGE")
+_COLUMNS = (
+    "STATUS",
+    "TARGET",
+    "SPACE FREE",
+    "INODES FREE",
+    "QUOTA",
+    "WRITE",
+    "LAST SAVE",
+    "AGE",
+)
 
 
 def pid_alive(host: str | None, pid: int | None) -> bool | None:
@@ -107,6 +116,25 @@ def _write(target: TargetState) -> str:
     return f"{write.errno or 'failed'} at {write.step or '?'}"
 
 
+def _last_save(save: LastSave | None, now: float) -> str:
+    """The latest real save in short: "retried 2 min ago" ("-" when none was heard of)."""
+    return "-" if save is None else f"{save.outcome} {short_age(now - save.at)} ago"
+
+
+def _last_save_line(save: LastSave) -> str:
+    """The latest real save in full: when, how long, how it went, where it landed."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(save.at))
+    size = f"{format_bytes(save.bytes)} " if save.landed is not None else ""
+    line = f"last save {save.outcome} at {when}: {size}in {format_seconds(save.seconds)}"
+    if save.failures:
+        line += " after " + ", ".join(f"{errno} at {step}" for errno, step in save.failures)
+    where = escaped(save.requested)
+    if save.landed is not None and save.landed != save.requested:
+        where += f" -> {escaped(save.landed)}"
+    ranks = f", {save.ranks} ranks" if save.ranks > 1 else ""
+    return f"{line}; {where} (uid {save.uid}, pid {save.pid} on {escaped(save.host)}{ranks})"
+
+
 def _row(path: str, target: TargetState, now: float) -> list[str]:
     headroom = target.report.verdict.headroom
     return [
@@ -116,6 +144,7 @@ def _row(path: str, target: TargetState, now: float) -> list[str]:
         _headroom(headroom.inodes, headroom.inodes_ratio, headroom.inodes_limited_by, format_count),
         _quota(target.report.snapshot.value("quota"), now),
         _write(target),
+        _last_save(target.last_save, now),
         short_age(now - target.updated_at),
     ]
 
@@ -129,12 +158,11 @@ def render_table(targets: dict[str, TargetState], now: float) -> str:
         cells[0] = click.style(cells[0], fg=STATUS_COLORS.get(row[0]), bold=True)
         lines.append("  ".join(cells).rstrip())
     for path, target in targets.items():
-        if target.report.reasons:
-            lines += [
-                "",
-                click.style(escaped(path), bold=True),
-                *reason_lines(target.report.reasons),
-            ]
+        details = reason_lines(target.report.reasons) if target.report.reasons else []
+        if target.last_save is not None:
+            details.append(f"  {_last_save_line(target.last_save)}")
+        if details:
+            lines += ["", click.style(escaped(path), bold=True), *details]
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ from fsprobe.daemon.publish import Publisher
 from fsprobe.daemon.scheduler import Scheduler, log_result, planned_probes, target_spec
 from fsprobe.daemon.store import Store
 from fsprobe.daemon.tasks import run_tasks_once
+from fsprobe.events.receive import Receiver
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
@@ -73,12 +74,13 @@ class Daemon:
         self.config = config
         self._reload = reload
         self.store = Store()
-        self.exposition = Exposition(self.store.views)
+        self.exposition = Exposition(self.store.views, dropped_events=self._dropped_events)
         self.publisher = Publisher(
             self.store.views, self.exposition, config.state_dir, config.textfile_dir
         )
         self.scheduler = Scheduler(self.store, self.publisher.publish)
         self.server: MetricsServer | None = None
+        self.receiver: Receiver | None = None
         self._lock: WriterLock | None = None
 
     def start(self) -> None:
@@ -100,6 +102,7 @@ class Daemon:
         self.scheduler.configure(self.config.targets)
         self.scheduler.start()
         self.server.start()
+        self._listen_for_saves(self.config.state_dir)
         event(
             logging.INFO,
             "started",
@@ -139,6 +142,7 @@ class Daemon:
             if self._lock is not None:
                 self._lock.release()
             self._lock = lock
+            self._listen_for_saves(config.state_dir)
         logs.configure(config.log_level)
         self.publisher.state_dir = config.state_dir
         self.publisher.textfile_dir = config.textfile_dir
@@ -149,7 +153,28 @@ class Daemon:
         event(logging.INFO, "reloaded", targets=len(config.targets), config=config.source)
         return True
 
+    def _listen_for_saves(self, state_dir: str) -> None:
+        """Receive save events in `state_dir` (instead of the earlier one). A socket that
+        cannot be made is logged: the probes go on without the saves' news."""
+        if self.receiver is not None:
+            self.receiver.stop()
+            self.receiver = None
+        receiver = Receiver(state_dir, self.scheduler.saved)
+        try:
+            receiver.start()
+        except OSError as error:
+            event(logging.ERROR, "save_events_unavailable", state_dir=state_dir, message=error)
+            return
+        self.receiver = receiver
+
+    def _dropped_events(self) -> dict[str, int]:
+        receiver = self.receiver
+        return dict(receiver.dropped()) if receiver is not None else {}
+
     def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.stop()
+            self.receiver = None
         self.scheduler.stop(timeout=0.5)
         if self.server is not None:
             self.server.stop()

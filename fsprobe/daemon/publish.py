@@ -29,7 +29,10 @@ from fsprobe.version import __version__
 def target_state(view: TargetView) -> TargetState:
     """A target in the state file: its report, its probes' intervals, when it was judged."""
     return TargetState(
-        Report(view.path, view.snapshot, view.verdict), dict(view.intervals), view.updated_at
+        Report(view.path, view.snapshot, view.verdict),
+        dict(view.intervals),
+        view.updated_at,
+        view.saves.last,
     )
 
 

@@ -32,6 +32,8 @@ from fsprobe.daemon.logs import event
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.daemon.tasks import Tasks
+from fsprobe.events.admission import Sender
+from fsprobe.events.event import SaveEvent
 from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
 from fsprobe.probing.plan import PlannedProbe, plan
@@ -73,6 +75,11 @@ class _TaskDone:
 
 
 @dataclass(frozen=True)
+class _Saved:
+    view: TargetView
+
+
+@dataclass(frozen=True)
 class _Configure:
     targets: tuple[TargetConfig, ...]
 
@@ -111,6 +118,34 @@ class Scheduler:
         self._inbox.put(_STOP)
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def saved(self, sender: Sender, save: SaveEvent) -> str | None:
+        """Take a save event (from the receiver's thread): None, or why it was refused. The
+        new view is published by the scheduler's thread, with the probes' results."""
+        refused, view = self.store.record_save(sender, save)
+        if view is None:
+            event(logging.DEBUG, "save_refused", path=save.requested, uid=sender.uid, why=refused)
+            return refused
+        self._inbox.put(_Saved(view))
+        last = view.saves.last
+        assert last is not None
+        event(
+            logging.INFO if last.outcome == "ok" else logging.WARNING,
+            "save",
+            target=view.path,
+            outcome=last.outcome,
+            path=save.requested,
+            landed=save.landed,
+            seconds=round(save.seconds, 3),
+            bytes=save.bytes,
+            attempts=save.attempts,
+            errno=",".join(f"{f.errno}@{f.step}" for f in save.failures) or None,
+            uid=sender.uid,
+            pid=save.pid,
+            host=save.host,
+            ranks=save.ranks,
+        )
+        return None
 
     def _done(self, key: Key, run: Run, _future: object) -> None:
         self._inbox.put(_Done(key, run))
@@ -163,6 +198,10 @@ class Scheduler:
             self._apply(message.targets, changed)
         elif isinstance(message, _Done):
             self._finished(message.key, message.run, changed)
+        elif isinstance(message, _Saved):
+            current = self.store.view(message.view.path)
+            if current is not None:
+                changed[current.path] = current
         elif isinstance(message, _TaskDone):
             view = self.tasks.finished(message.key, message.future)
             if view is not None:

@@ -4,22 +4,31 @@ The scheduler records every probe result here; the store keeps what one result a
 tell (the last few write errors, error counters, the write-latency histogram, when each probe last
 succeeded), judges the target with the health policy, and publishes an immutable `TargetView`.
 The count of the redirected-checkpoints task (`daemon.tasks`) is kept beside the snapshot,
-never in it: no task ever changes a verdict.
+never in it: no task ever changes a verdict. Save events (`fsprobe.events`) are taken for the
+watched target that holds the requested path, from a sender the admission rule lets report
+there; their counters are kept per target too.
 Readers (a scrape, the state file, the textfile) only ever take the published views; nothing
 here knows about Prometheus or files.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsprobe.exporters.view import Histogram, TargetView
-from fsprobe.model import ProbeResult, Snapshot, WriteProbeResult
+from fsprobe.events.admission import Sender, may_report
+from fsprobe.events.event import SaveEvent
+from fsprobe.exporters.view import Histogram, LastSave, SaveStats, TargetView
+from fsprobe.model import DirectoryOwner, FilesystemInfo, ProbeResult, Snapshot, WriteProbeResult
+from fsprobe.paths import is_under
 from fsprobe.policy import Policy, evaluate
+
+#: Successful saves whose gaps give a target's regular save interval (their median).
+INTERVAL_SAVES = 9
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,43 @@ class _Target:
     latency: Histogram = field(default_factory=Histogram)
     last_success: dict[str, float] = field(default_factory=dict)
     redirected_pending_bytes: int | None = None
+    owner: DirectoryOwner | None = None  # of the target directory, as statvfs last saw it
+    saves: SaveStats = field(default_factory=SaveStats)
+    save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
+
+    def add_save(self, sender: Sender, save: SaveEvent, now: float) -> None:
+        """Count one save event in `saves`."""
+        before = self.saves
+        outcome = save.outcome
+        failed = Counter(before.failed_attempts)
+        failed.update(f.errno for f in save.failures)
+        last_success_at = before.last_success_at
+        if save.succeeded:
+            last_success_at = now
+            self.save_times.append(now)
+        times = list(self.save_times)
+        gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+        self.saves = SaveStats(
+            outcomes={**before.outcomes, outcome: before.outcomes.get(outcome, 0) + 1},
+            failed_attempts=dict(failed),
+            duration=before.duration.observe(save.seconds),
+            bytes=before.bytes + save.bytes,
+            last=LastSave(
+                at=now,
+                outcome=outcome,
+                seconds=save.seconds,
+                bytes=save.bytes,
+                requested=save.requested,
+                landed=save.landed,
+                uid=sender.uid,
+                pid=save.pid,
+                host=save.host,
+                ranks=save.ranks,
+                failures=tuple((f.errno, f.step) for f in save.failures),
+            ),
+            last_success_at=last_success_at,
+            interval=statistics.median(gaps) if len(gaps) >= 2 else None,
+        )
 
 
 class Store:
@@ -82,6 +128,8 @@ class Store:
                 target.errors[(result.probe, result.error)] += 1
             if result.ok:
                 target.last_success[result.probe] = result.finished_at
+                if isinstance(result.value, FilesystemInfo):
+                    target.owner = result.value.owner
             if result.probe == "write" and not result.stuck:
                 target.recent_write_errors.append(result.error)
                 total = (
@@ -102,6 +150,24 @@ class Store:
                 return None
             target.redirected_pending_bytes = pending
             return self._publish(target)
+
+    def record_save(self, sender: Sender, save: SaveEvent) -> tuple[str | None, TargetView | None]:
+        """Take one save event: ``(None, the new view)``, or ``(why not, None)``: the path is
+        in no watched target (``unwatched``), or the sender could not have written there
+        (``not_permitted``, `fsprobe.events.admission`)."""
+        with self._lock:
+            target = self._target_of(save.requested)
+            if target is None:
+                return "unwatched", None
+            if not may_report(sender, target.owner):
+                return "not_permitted", None
+            target.add_save(sender, save, self._clock())
+            return None, self._publish(target)
+
+    def _target_of(self, path: str) -> _Target | None:
+        """The watched target that holds `path` (the innermost, if targets nest)."""
+        holding = [t for p, t in self._targets.items() if is_under(path, p)]
+        return max(holding, key=lambda t: len(t.spec.path), default=None)
 
     def views(self) -> tuple[TargetView, ...]:
         """Every target's latest view, by path; never blocks on a probe or a lock."""
@@ -124,6 +190,7 @@ class Store:
             errors=dict(target.errors),
             write_latency=target.latency,
             redirected_pending_bytes=target.redirected_pending_bytes,
+            saves=target.saves,
             updated_at=now,
             version=self._version,
         )

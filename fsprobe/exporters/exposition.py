@@ -14,7 +14,7 @@ renders them fresh each time, and they are sent first.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -25,7 +25,16 @@ from prometheus_client import (
 )
 from prometheus_client.utils import floatToGoString
 
-from fsprobe.exporters.metrics import BUILD_INFO, CACHED, FAMILIES, Family, Sample, target_samples
+from fsprobe.exporters.metrics import (
+    BUILD_INFO,
+    CACHED,
+    FAMILIES,
+    SAVE_EVENTS_DROPPED,
+    Family,
+    Sample,
+    dropped_samples,
+    target_samples,
+)
 from fsprobe.exporters.view import TargetView
 from fsprobe.version import __version__
 
@@ -70,10 +79,16 @@ class Exposition:
     """Renders the exposition from the latest views, caching each target's lines by version."""
 
     def __init__(
-        self, views: Callable[[], Sequence[TargetView]], process_metrics: bool = True
+        self,
+        views: Callable[[], Sequence[TargetView]],
+        process_metrics: bool = True,
+        dropped_events: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
-        """`views` returns the current views in path order."""
+        """`views` returns the current views in path order, `dropped_events` the save events
+        dropped so far by reason (rendered on every scrape: a few lines at most)."""
         self._views = views
+        self._dropped_events = dropped_events
+        self._dropped_header = encode_header(SAVE_EVENTS_DROPPED, SAVE_EVENTS_DROPPED.help)
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
         self._text: tuple[tuple[int, ...], bytes] = ((), b"")
@@ -129,5 +144,9 @@ class Exposition:
 
     def render(self) -> tuple[bytes, bytes]:
         """What /metrics serves, in two pieces (no copy of the large one): process metrics
-        (if any), then the fsprobe metrics."""
-        return generate_latest(self._process), self.fsprobe_text()
+        (if any) and the dropped save events, then the fsprobe metrics."""
+        fresh = generate_latest(self._process)
+        if self._dropped_events is not None:
+            lines = "".join(map(encode_sample, dropped_samples(self._dropped_events())))
+            fresh += (self._dropped_header + lines).encode()
+        return fresh, self.fsprobe_text()

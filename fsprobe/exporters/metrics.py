@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 from prometheus_client.utils import floatToGoString
 
-from fsprobe.exporters.view import TargetView
+from fsprobe.events.event import OUTCOMES
+from fsprobe.exporters.view import SaveStats, TargetView
 from fsprobe.model import (
     PROBE_KINDS,
     FilesystemInfo,
@@ -229,6 +230,56 @@ FAMILIES: tuple[Family, ...] = (
         "Bytes of checkpoints saved to a fallback directory and not yet synced back.",
         ("path",),
     ),
+    Family(
+        "fsprobe_saves",
+        "counter",
+        "Real saves into the target reported by fsprobe's save hook, by outcome (ok, retried, "
+        "redirected, failed).",
+        ("path", "outcome"),
+    ),
+    Family(
+        "fsprobe_save_failed_attempts",
+        "counter",
+        "Failed attempts of real saves into the target, by errno name.",
+        ("path", "errno"),
+    ),
+    Family(
+        "fsprobe_save_duration_seconds",
+        "histogram",
+        "Time real saves into the target took, all attempts included.",
+        ("path",),
+    ),
+    Family("fsprobe_save_bytes", "counter", "Bytes written by real saves.", ("path",)),
+    Family(
+        "fsprobe_last_save_timestamp_seconds",
+        "gauge",
+        "Unix time the daemon heard of the last real save into the target, whatever its outcome.",
+        ("path",),
+    ),
+    Family(
+        "fsprobe_last_successful_save_timestamp_seconds",
+        "gauge",
+        "Unix time the daemon heard of the last real save that landed (in the target or a "
+        "fallback).",
+        ("path",),
+    ),
+    Family(
+        "fsprobe_save_interval_seconds",
+        "gauge",
+        "The target's regular save interval: the median gap between its last successful saves "
+        "(from the third on); a checkpoint is overdue after three of them.",
+        ("path",),
+    ),
+)
+
+#: Save events the daemon did not count, by reason (daemon-wide: no path label).
+SAVE_EVENTS_DROPPED = Family(
+    "fsprobe_save_events_dropped",
+    "counter",
+    "Save events the daemon did not count: unwatched (no watched target holds the path), "
+    "not_permitted (the sender could not write there), rate_limited, too_large, malformed, "
+    "no_credentials, internal_error.",
+    ("reason",),
 )
 
 BUILD_INFO = Family("fsprobe_build_info", "gauge", "fsprobe's version.", ("version",))
@@ -312,7 +363,34 @@ def target_samples(view: TargetView) -> dict[str, list[Sample]]:
                 samples.add("fsprobe_write_step_seconds", seconds, op=op)
     if view.redirected_pending_bytes is not None:
         samples.add("fsprobe_redirected_pending_bytes", view.redirected_pending_bytes)
+    _add_saves(samples, view.saves)
     return samples.by_family
+
+
+def _add_saves(samples: _Samples, saves: SaveStats) -> None:
+    """Every outcome's counter from the start (zero until seen: an alert on its increase
+    sees the first one); the rest once a save was heard of."""
+    for outcome in OUTCOMES:
+        samples.add_counter("fsprobe_saves", saves.outcomes.get(outcome, 0), outcome=outcome)
+    if saves.last is None:
+        return
+    for errno, count in sorted(saves.failed_attempts.items()):
+        samples.add_counter("fsprobe_save_failed_attempts", count, errno=errno)
+    samples.add_histogram(
+        "fsprobe_save_duration_seconds", saves.duration.cumulative(), saves.duration.total
+    )
+    samples.add_counter("fsprobe_save_bytes", saves.bytes)
+    samples.add("fsprobe_last_save_timestamp_seconds", saves.last.at)
+    if saves.last_success_at is not None:
+        samples.add("fsprobe_last_successful_save_timestamp_seconds", saves.last_success_at)
+    if saves.interval is not None:
+        samples.add("fsprobe_save_interval_seconds", saves.interval)
+
+
+def dropped_samples(counts: Mapping[str, int]) -> list[Sample]:
+    """The daemon-wide counter of dropped save events."""
+    name = f"{SAVE_EVENTS_DROPPED.name}_total"
+    return [Sample(name, {"reason": reason}, float(n)) for reason, n in sorted(counts.items())]
 
 
 def _add_probes(samples: _Samples, view: TargetView) -> None:

@@ -11,7 +11,7 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fsprobe.model import Snapshot
+from fsprobe.model import LastSave, Snapshot
 from fsprobe.policy import Verdict
 
 #: Buckets of the write-latency histogram: from a local SSD (1 ms) to a server in trouble (60 s).
@@ -66,6 +66,45 @@ class Histogram:
         return buckets
 
 
+#: Buckets of the save-duration histogram: from a small file (0.1 s) to a checkpoint of
+#: hundreds of GiB on a busy server (an hour).
+SAVE_BUCKETS: tuple[float, ...] = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """What the daemon heard of real saves into one target (`fsprobe.events`), since its start.
+
+    `interval` is the target's regular save interval as seen (the median gap between its
+    last successful saves), None until three were seen: what "overdue" is measured against.
+    """
+
+    outcomes: Mapping[str, int] = field(default_factory=dict)
+    failed_attempts: Mapping[str, int] = field(default_factory=dict)  # errno -> n
+    duration: Histogram = field(
+        default_factory=lambda: Histogram(SAVE_BUCKETS, (0,) * (len(SAVE_BUCKETS) + 1))
+    )
+    bytes: int = 0
+    last: LastSave | None = None
+    last_success_at: float | None = None
+    interval: float | None = None
+
+
 @dataclass(frozen=True)
 class TargetView:
     """One target: the latest snapshot and verdict, and the counters kept since the start.
@@ -82,6 +121,7 @@ class TargetView:
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, errno) -> n
     write_latency: Histogram = field(default_factory=Histogram)  # of whole write probes
     redirected_pending_bytes: int | None = None
+    saves: SaveStats = field(default_factory=SaveStats)
     updated_at: float = 0.0
     version: int = 0
 

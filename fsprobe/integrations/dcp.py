@@ -228,7 +228,7 @@ class FsprobeWriter(FileSystemWriter):
             options = dataclasses.replace(
                 self.options, need_bytes=need_bytes, need_inodes=need_inodes
             )
-            attempts = Attempts(str(self.path), options)
+            attempts = Attempts(str(self.path), options, ranks=len(plans))
             attempts.preflight()  # SaveError: not this checkpoint, not anywhere
             self._attempts = attempts
         self._continuing = False

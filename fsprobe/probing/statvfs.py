@@ -6,7 +6,7 @@ import errno
 import os
 import stat
 
-from fsprobe.model import FilesystemInfo
+from fsprobe.model import DirectoryOwner, FilesystemInfo
 from fsprobe.probing.mounts import find_mount, nearest_existing
 
 #: statvfs counts are unsigned 64-bit numbers; Python's `os.statvfs` hands some of them over as
@@ -42,4 +42,5 @@ def probe_statvfs(target: str) -> FilesystemInfo:
         files_free=_count(stats.f_favail),
         readonly=bool(stats.f_flag & os.ST_RDONLY),
         st_dev=st_dev,
+        owner=DirectoryOwner(info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
     )

@@ -268,7 +268,7 @@ def save_dir(
         state_dir=state_dir,
         timeout=timeout,
     )
-    tries = Attempts(group.requested, options)
+    tries = Attempts(group.requested, options, ranks=group.size)
     try:
         tries.preflight()
     except SaveError as error:

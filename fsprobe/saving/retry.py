@@ -25,6 +25,7 @@ import logging
 import os
 import random
 import re
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from typing import Any, NamedTuple
 
 from fsprobe.checking import check
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
+from fsprobe.events.emit import report
+from fsprobe.events.event import Failure, SaveEvent
 from fsprobe.saving.fallback import (
     all_fallback_dirs,
     prepare_directory,
@@ -249,12 +252,15 @@ class Attempts:
 
     `destination` is where the current attempt goes (the requested path, or its mirror in a
     fallback) and `number` which attempt it is; `failed` records a failure and says what comes
-    next; `succeeded` makes the result.
+    next; `succeeded` makes the result. Its end, either way (`succeeded`, `error`, a
+    preflight that says ``fail``), is reported once to the daemon (`fsprobe.events`), with
+    the `ranks` that wrote it.
     """
 
-    def __init__(self, requested: str, options: SaveOptions) -> None:
+    def __init__(self, requested: str, options: SaveOptions, ranks: int = 1) -> None:
         self.requested = requested
         self.options = options
+        self.ranks = ranks
         self.destination = requested
         self.number = 1
         self.failures: list[FailedAttempt] = []
@@ -279,6 +285,8 @@ class Attempts:
         )
         if decision.action == "fail":
             attempt = FailedAttempt(decision.errno or "EIO", "preflight", decision.summary())
+            self.failures.append(attempt)
+            self._report(None, 0)
             raise SaveError(
                 self.requested, [attempt], f"not saving {self.requested}: {decision.summary()}"
             )
@@ -360,6 +368,7 @@ class Attempts:
     def error(self) -> SaveError:
         """The error for a save that gave up."""
         summary = ", ".join(f"{f.errno} at {f.step}" for f in self.failures)
+        self._report(None, 0)
         return SaveError(
             self.requested,
             self.failures,
@@ -400,7 +409,24 @@ class Attempts:
                 format_bytes(nbytes),
                 format_seconds(result.seconds),
             )
+        self._report(result.path, nbytes)
         return result
+
+    def _report(self, landed: str | None, nbytes: int) -> None:
+        """Tell the daemon how this save ended (never waits, never fails the save)."""
+        event = SaveEvent(
+            requested=self.requested,
+            landed=landed,
+            bytes=nbytes,
+            seconds=time.monotonic() - self._start,
+            attempts=max(self.number, len(self.failures)),
+            failures=tuple(Failure(f.errno, f.step) for f in self.failures),
+            finished_at=time.time(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            ranks=self.ranks,
+        )
+        report(event, self.options.state_dir)
 
     def _record_redirect(self, fallback: str, nbytes: int, digest_of: Callable[[str], str]) -> None:
         """Add the redirected save to the fallback's manifest, so that `fsprobe sync` finds it.

@@ -1,0 +1,148 @@
+"""One save as the daemon hears of it, and its wire form (compact JSON, bounded in size).
+
+The sender's uid and pid are not part of the message: the receiver takes them from the
+kernel (`fsprobe.events.receive`). Everything else is the sender's claim, and is checked
+for type and bounded in length when decoded: a datagram is from anyone allowed to send one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+#: The largest datagram a sender sends and a receiver reads; longer ones are dropped whole.
+MAX_EVENT_BYTES = 8192
+#: The failed attempts an event lists (a save has 5 by default); more are only counted.
+MAX_FAILURES = 16
+#: Longest path kept (PATH_MAX); a longer one makes the event malformed.
+MAX_PATH = 4096
+OUTCOMES = ("ok", "retried", "redirected", "failed")
+SCHEMA = 1
+
+
+class MalformedEvent(ValueError):
+    """A datagram that is not a save event of this schema."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt: its errno name and the step it failed at."""
+
+    errno: str
+    step: str
+
+
+@dataclass(frozen=True)
+class SaveEvent:
+    """One finished save: `requested` is the path asked for, `landed` where it is now (None
+    for a failed save), `attempts` how many were made, `failures` the failed ones."""
+
+    requested: str
+    landed: str | None
+    bytes: int
+    seconds: float
+    attempts: int
+    failures: tuple[Failure, ...]
+    finished_at: float
+    host: str
+    pid: int
+    ranks: int = 1
+
+    @property
+    def outcome(self) -> str:
+        """``failed``, ``redirected`` (landed elsewhere), ``retried`` (after failed attempts)
+        or ``ok``; a redirect is the stronger news, so it wins over a retry."""
+        if self.landed is None:
+            return "failed"
+        if self.landed != self.requested:
+            return "redirected"
+        return "retried" if self.failures else "ok"
+
+    @property
+    def succeeded(self) -> bool:
+        return self.landed is not None
+
+    def encode(self) -> bytes:
+        """The datagram (the sender drops one longer than `MAX_EVENT_BYTES`)."""
+        document = {
+            "schema": SCHEMA,
+            "requested": self.requested,
+            "landed": self.landed,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "attempts": self.attempts,
+            "failures": [[f.errno, f.step] for f in self.failures[:MAX_FAILURES]],
+            "finished_at": self.finished_at,
+            "host": self.host[:255],
+            "pid": self.pid,
+            "ranks": self.ranks,
+        }
+        return json.dumps(document, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+def decode(data: bytes) -> SaveEvent:
+    """The event in a datagram; `MalformedEvent` for anything else."""
+    if len(data) > MAX_EVENT_BYTES:
+        raise MalformedEvent(f"{len(data)} bytes, more than {MAX_EVENT_BYTES}")
+    try:
+        document = json.loads(data.decode("utf-8", "surrogateescape"))
+    except ValueError as error:
+        raise MalformedEvent(f"not JSON: {error}") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise MalformedEvent("not a save event of schema 1")
+    landed = document.get("landed")
+    failures = _field(document, "failures", list)
+    if len(failures) > MAX_FAILURES or not all(
+        isinstance(f, list) and len(f) == 2 and all(_is_name(part) for part in f)
+        for f in failures
+    ):
+        raise MalformedEvent("failures must be at most 16 [errno, step] pairs of names")
+    event = SaveEvent(
+        requested=_path(_field(document, "requested", str)),
+        landed=None if landed is None else _path(_field(document, "landed", str)),
+        bytes=_count(document, "bytes"),
+        seconds=_number(document, "seconds"),
+        attempts=_count(document, "attempts"),
+        failures=tuple(Failure(errno, step) for errno, step in failures),
+        finished_at=_number(document, "finished_at"),
+        host=_field(document, "host", str)[:255],
+        pid=_count(document, "pid"),
+        ranks=_count(document, "ranks"),
+    )
+    if event.attempts < 1 or event.ranks < 1:
+        raise MalformedEvent("attempts and ranks must be at least 1")
+    return event
+
+
+def _field(document: dict[str, Any], key: str, kind: type) -> Any:
+    value = document.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise MalformedEvent(f"{key} must be a {kind.__name__}")
+    return value
+
+
+def _count(document: dict[str, Any], key: str) -> int:
+    value = _field(document, key, int)
+    if value < 0:
+        raise MalformedEvent(f"{key} must not be negative")
+    return value
+
+
+def _number(document: dict[str, Any], key: str) -> float:
+    value = document.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise MalformedEvent(f"{key} must be a non-negative number")
+    if value == float("inf"):
+        raise MalformedEvent(f"{key} must be finite")
+    return float(value)
+
+
+def _path(value: str) -> str:
+    if not value.startswith("/") or len(value) > MAX_PATH or "\0" in value:
+        raise MalformedEvent("paths must be absolute, at most 4096 characters, without NUL")
+    return value
+
+
+def _is_name(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 32 and value.isprintable()

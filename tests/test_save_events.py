@@ -1,0 +1,334 @@
+"""Real saves seen by a real daemon (issue 21): every save reports one event, the daemon counts
+it for the target that holds it, and neither a missing daemon nor a neighbour can get in the
+way of a save or of another user's numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fsprobe
+from fsprobe.events.admission import Sender, may_report
+from fsprobe.events.emit import SOCKET_NAME, report
+from fsprobe.events.event import OUTCOMES, SaveEvent
+from fsprobe.model import DirectoryOwner
+from fsprobe.saving.retry import Backoff
+from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment
+from tests.support.ranks import run_ranks
+from tests.support.users import share
+
+HERE = "tests.test_save_events"
+NO_WAIT = Backoff(sleep=lambda seconds: None)
+CHUNK = b"x" * 65536
+
+#: A daemon that looks at the target's directory often and never writes into it itself: the
+#: faults below are meant for the saves.
+QUIET_DAEMON = """
+[defaults]
+statvfs_interval = 0.2
+tmpdir_interval = 0.5
+write_probe = false
+quota_probe = "never"
+"""
+
+
+def daemon_config(path: Path, *targets: Path, defaults: str = QUIET_DAEMON) -> Path:
+    path.write_text(defaults + "".join(f'\n[[targets]]\npath = "{t}"\n' for t in targets))
+    return path
+
+
+def start_daemon(tmp_path: Path, *targets: Path, defaults: str = QUIET_DAEMON) -> DaemonProcess:
+    """A real `fsprobe run` watching `targets`; its socket and a statvfs of each are ready."""
+    home = tmp_path / "daemon"
+    home.mkdir()
+    config = daemon_config(tmp_path / "fsprobe.toml", *targets, defaults=defaults)
+    daemon = DaemonProcess(home, "--config", str(config)).start()
+    try:
+        for target in targets:
+            deadline = time.monotonic() + 15
+            while daemon.value("fsprobe_filesystem_avail_bytes", path=str(target)) is None:
+                assert time.monotonic() < deadline, daemon.log()
+                time.sleep(0.05)
+        assert (daemon.state_dir / SOCKET_NAME).is_socket()
+    except BaseException:
+        daemon.stop()
+        raise
+    return daemon
+
+
+def status_json(state_dir: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "status", "--state-dir", str(state_dir), "--json"],
+        cwd=REPO_ROOT,
+        env=clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return json.loads(done.stdout)
+
+
+def status_text(state_dir: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "status", "--state-dir", str(state_dir)],
+        cwd=REPO_ROOT,
+        env=clean_environment(NO_COLOR="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.stdout
+
+
+def test_saves_that_are_ok_retried_redirected_and_failed_reach_metrics_and_status(
+    tmp_path, faultfs, monkeypatch
+):
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        fsprobe.atomic_write(target / "a.pt", lambda f: f.write(CHUNK))
+        faultfs.ctl.fail("write", "EIO", path="*.tmp", sticky=True)  # once
+        retried = fsprobe.atomic_write(target / "b.pt", lambda f: f.write(CHUNK), backoff=NO_WAIT)
+        faultfs.ctl.fail("write", "EDQUOT", path="*.tmp", sticky=True)  # once: quota full
+        redirected = fsprobe.atomic_write(
+            target / "c.pt", lambda f: f.write(CHUNK), fallback_dirs=[fallback], backoff=NO_WAIT
+        )
+        faultfs.ctl.fail("write", "EROFS", path="*.tmp", sticky=True)  # permanent
+        with pytest.raises(fsprobe.SaveError):
+            fsprobe.atomic_write(target / "d.pt", lambda f: f.write(CHUNK), backoff=NO_WAIT)
+        assert retried.errors == ("EIO",) and redirected.redirected
+
+        path = str(target)
+        for outcome in OUTCOMES:
+            daemon.wait_for_value("fsprobe_saves_total", 1.0, path=path, outcome=outcome)
+        metrics = daemon.metrics()
+        failed = {
+            dict(labels)["errno"]: value
+            for labels, value in metrics["fsprobe_save_failed_attempts_total"].items()
+        }
+        assert failed == {"EIO": 1.0, "EDQUOT": 1.0, "EROFS": 1.0}
+        assert daemon.value("fsprobe_save_bytes_total", path=path) == 3 * len(CHUNK)
+        assert daemon.value("fsprobe_save_duration_seconds_count", path=path) == 4
+        last = daemon.value("fsprobe_last_save_timestamp_seconds", path=path)
+        landed = daemon.value("fsprobe_last_successful_save_timestamp_seconds", path=path)
+        assert landed <= last <= time.time()
+
+        state = status_json(daemon.state_dir)["targets"][path]["last_save"]
+        assert state["outcome"] == "failed" and state["landed"] is None
+        assert state["requested"] == str(target / "d.pt")
+        assert state["failures"] == [{"errno": "EROFS", "step": "write"}]
+        assert (state["uid"], state["pid"], state["host"]) == (
+            os.getuid(),
+            os.getpid(),
+            socket.gethostname(),
+        )
+        text = status_text(daemon.state_dir)
+        assert "LAST SAVE" in text and "failed " in text
+        assert "last save failed at " in text and "after EROFS at write" in text
+        assert "event=save " in daemon.log() and "outcome=redirected" in daemon.log()
+
+
+def test_the_status_says_where_a_redirected_save_landed(tmp_path, faultfs, monkeypatch):
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        faultfs.ctl.fail("write", "EDQUOT", path="*.tmp", sticky=True)
+        result = fsprobe.atomic_write(
+            target / "c.pt", lambda f: f.write(CHUNK), fallback_dirs=[fallback], backoff=NO_WAIT
+        )
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=str(target), outcome="redirected")
+        state = status_json(daemon.state_dir)["targets"][str(target)]["last_save"]
+        assert (state["outcome"], state["landed"]) == ("redirected", result.path)
+        assert state["failures"] == [{"errno": "EDQUOT", "step": "write"}]
+        assert f"{target / 'c.pt'} -> {result.path}" in status_text(daemon.state_dir)
+
+
+def collective_save(rank: int, world_size: int, target: str) -> dict:
+    """Every rank writes its shard of one directory checkpoint."""
+
+    def write(staging: str) -> list[str]:
+        name = f"shard-{rank}.bin"
+        with open(os.path.join(staging, name), "wb") as shard:
+            shard.write(CHUNK)
+        return [name]
+
+    return dataclasses.asdict(fsprobe.distributed.save_dir(target, write))
+
+
+def test_a_collective_save_is_one_event_with_its_rank_count(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        run_ranks(f"{HERE}:collective_save", 2, tmp_path, target=str(target / "step-1"))
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=str(target), outcome="ok")
+        time.sleep(0.5)  # a second event, from the other rank, would have come by now
+        assert daemon.value("fsprobe_saves_total", path=str(target), outcome="ok") == 1.0
+        assert daemon.value("fsprobe_save_bytes_total", path=str(target)) == 2 * len(CHUNK)
+        state = status_json(daemon.state_dir)["targets"][str(target)]["last_save"]
+        assert state["ranks"] == 2 and state["requested"] == str(target / "step-1")
+
+
+def test_saves_outside_every_watched_target_are_dropped_and_counted(tmp_path, monkeypatch):
+    target, elsewhere = tmp_path / "ckpt", tmp_path / "elsewhere"
+    target.mkdir()
+    elsewhere.mkdir()
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        for step in range(3):
+            fsprobe.atomic_write(elsewhere / f"{step}.pt", lambda f: f.write(b"x"))
+        daemon.wait_for_value("fsprobe_save_events_dropped_total", 3.0, reason="unwatched")
+        exported = daemon.metrics()["fsprobe_saves_total"]
+        assert not any(str(elsewhere) in str(labels) for labels in exported)
+
+
+def test_with_no_daemon_a_save_neither_waits_nor_fails(tmp_path):
+    """No state dir, a state dir without a socket, a socket nobody reads: nothing happens."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    state_dir = tmp_path / "state"
+    result = fsprobe.atomic_write(
+        target / "a.pt", lambda f: f.write(b"x"), state_dir=str(state_dir)
+    )
+    assert result.path == str(target / "a.pt")
+    state_dir.mkdir(mode=0o700)
+    event = SaveEvent(str(target / "a.pt"), str(target / "a.pt"), 1, 0.1, 1, (), 0.0, "h", 1)
+    assert report(event, str(state_dir)) is False
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(str(state_dir / SOCKET_NAME))
+    dead.close()  # the socket file of a daemon that died
+    assert report(event, str(state_dir)) is False
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    (state_dir / SOCKET_NAME).unlink()
+    reader.bind(str(state_dir / SOCKET_NAME))
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    with reader:  # a daemon that hangs: its queue fills, the sends after that are dropped
+        sent = [report(event, str(state_dir)) for _ in range(200)]
+        assert sent[0] and not all(sent)
+        fsprobe.atomic_write(target / "b.pt", lambda f: f.write(b"x"), state_dir=str(state_dir))
+
+
+def test_an_event_is_not_sent_to_a_socket_someone_else_planted(tmp_path, local_users):
+    share(tmp_path)
+    mallory = local_users.user()
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o755)
+    os.chmod(state_dir, 0o777)  # a state dir others may write: not trusted
+    event = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 0.1, 1, (), 0.0, "h", 1)
+    mallory.run(_listen, str(state_dir / SOCKET_NAME))
+    assert report(event, str(state_dir)) is False
+    os.chmod(state_dir, 0o755)  # trusted now, but the socket in it is mallory's
+    assert (state_dir / SOCKET_NAME).stat().st_uid == mallory.uid
+    assert report(event, str(state_dir)) is False
+
+
+def _listen(path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    os.chmod(path, 0o666)
+    listener.detach()  # the socket file stays, as a planted one would
+
+
+FORGE = """
+import json, socket, sys, time
+from fsprobe.events.emit import report
+from fsprobe.events.event import Failure, SaveEvent
+state_dir, requested, claimed_uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+event = SaveEvent(requested, requested, 1, 0.5, 2, (Failure("EIO", "write"),), time.time(), "h", 1)
+sent = report(event, state_dir)
+# Claiming another uid in the credentials is the kernel's to refuse.
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+creds = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", 0, claimed_uid, 0))]
+try:
+    sock.sendmsg([event.encode()], creds, 0, f"{state_dir}/events.sock")
+    forged = "sent"
+except PermissionError:
+    forged = "EPERM"
+print(json.dumps({"sent": sent, "forged": forged}))
+""".replace("import json,", "import json, struct,")
+
+
+def test_a_second_user_cannot_report_saves_into_another_users_target(tmp_path, local_users):
+    """Root's node daemon hears every user; Bob's events for Alice's private target count
+    nowhere (whatever uid Bob claims, the kernel says who he is), Alice's own do."""
+    share(tmp_path)
+    alice, bob = local_users.user(), local_users.user()
+    target = tmp_path / "alice-ckpt"
+    target.mkdir(mode=0o700)
+    os.chown(target, alice.uid, alice.gid)
+    with start_daemon(tmp_path, target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        assert (daemon.state_dir / SOCKET_NAME).stat().st_mode & 0o777 == 0o666
+        requested = str(target / "model.pt")
+        done = bob.python(FORGE, str(daemon.state_dir), requested, str(alice.uid))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"sent": True, "forged": "EPERM"}
+        daemon.wait_for_value("fsprobe_save_events_dropped_total", 1.0, reason="not_permitted")
+        assert daemon.value("fsprobe_saves_total", path=str(target), outcome="retried") == 0.0
+
+        done = alice.python(FORGE, str(daemon.state_dir), requested, str(bob.uid))
+        assert done.returncode == 0, done.stderr
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=str(target), outcome="retried")
+        state = status_json(daemon.state_dir)["targets"][str(target)]["last_save"]
+        assert state["uid"] == alice.uid
+        assert daemon.value("fsprobe_save_events_dropped_total", reason="not_permitted") == 1.0
+
+
+def test_a_flood_from_one_user_is_rate_limited(tmp_path, local_users):
+    share(tmp_path)
+    mallory = local_users.user()
+    target = tmp_path / "shared"
+    target.mkdir(mode=0o777)
+    os.chmod(target, 0o1777)  # anyone may save here: so may Mallory, but not without bound
+    with start_daemon(tmp_path, target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        flood = (
+            "import sys, time\n"
+            "from fsprobe.events.emit import report\n"
+            "from fsprobe.events.event import SaveEvent\n"
+            "e = SaveEvent(sys.argv[2], sys.argv[2], 1, 0.1, 1, (), time.time(), 'h', 1)\n"
+            "for _ in range(400):\n"
+            "    report(e, sys.argv[1])\n"
+            "    time.sleep(0.001)\n"
+        )
+        done = mallory.python(flood, str(daemon.state_dir), str(target / "x.pt"))
+        assert done.returncode == 0, done.stderr
+        daemon.wait_for_present("fsprobe_save_events_dropped_total")
+        time.sleep(1.0)
+        counted = daemon.value("fsprobe_saves_total", path=str(target), outcome="ok")
+        limited = daemon.value("fsprobe_save_events_dropped_total", reason="rate_limited")
+        assert 100 <= counted < 400 and limited > 0
+        assert counted + limited <= 400
+
+
+def test_a_user_may_report_where_she_could_write():
+    """The admission rule, case by case."""
+    alice = Sender(uid=1001, gid=1001, pid=1, groups=frozenset({1001, 500}))
+    daemon = 1234
+    assert may_report(alice, DirectoryOwner(1001, 1001, 0o500), daemon)  # hers: she may chmod
+    assert not may_report(alice, DirectoryOwner(1002, 1002, 0o755), daemon)
+    assert may_report(alice, DirectoryOwner(1002, 500, 0o2770), daemon)  # her team's
+    assert not may_report(alice, DirectoryOwner(1002, 500, 0o2750), daemon)
+    assert not may_report(alice, DirectoryOwner(1002, 501, 0o770), daemon)
+    assert may_report(alice, DirectoryOwner(0, 0, 0o1777), daemon)  # shared scratch
+    assert not may_report(alice, None, daemon)  # the directory not seen yet
+    assert may_report(Sender(0, 0, 1), None, daemon)
+    assert may_report(Sender(daemon, 7, 1), None, daemon)  # a sidecar's own user
