@@ -90,13 +90,24 @@ def status_text(state_dir: Path) -> str:
     return done.stdout
 
 
+@pytest.fixture
+def target(faultfs) -> Path:
+    """A checkpoint directory on the fault filesystem."""
+    directory = faultfs.mountpoint / "ckpt"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def fallback(tmp_path) -> Path:
+    directory = tmp_path / "fallback"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
 def test_saves_that_are_ok_retried_redirected_and_failed_reach_metrics_and_status(
-    tmp_path, faultfs, monkeypatch
+    tmp_path, faultfs, target, fallback, monkeypatch
 ):
-    target = faultfs.mountpoint / "ckpt"
-    target.mkdir()
-    fallback = tmp_path / "fallback"
-    fallback.mkdir(mode=0o700)
     with start_daemon(tmp_path, target) as daemon:
         monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
         fsprobe.atomic_write(target / "a.pt", lambda f: f.write(CHUNK))
@@ -141,11 +152,9 @@ def test_saves_that_are_ok_retried_redirected_and_failed_reach_metrics_and_statu
         assert "event=save " in daemon.log() and "outcome=redirected" in daemon.log()
 
 
-def test_the_status_says_where_a_redirected_save_landed(tmp_path, faultfs, monkeypatch):
-    target = faultfs.mountpoint / "ckpt"
-    target.mkdir()
-    fallback = tmp_path / "fallback"
-    fallback.mkdir(mode=0o700)
+def test_the_status_says_where_a_redirected_save_landed(
+    tmp_path, faultfs, target, fallback, monkeypatch
+):
     with start_daemon(tmp_path, target) as daemon:
         monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
         faultfs.ctl.fail("write", "EDQUOT", path="*.tmp", sticky=True)

@@ -69,15 +69,7 @@ class Histogram:
 #: Buckets of the save-duration histogram: from a small file (0.1 s) to a checkpoint of
 #: hundreds of GiB on a busy server (an hour).
 SAVE_BUCKETS: tuple[float, ...] = (
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
+    *LATENCY_BUCKETS[LATENCY_BUCKETS.index(0.1) :],
     120.0,
     300.0,
     600.0,
