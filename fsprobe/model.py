@@ -86,6 +86,17 @@ class DirectoryOwner:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """One line of the mount table: where a filesystem is mounted, its type and source."""
+
+    mountpoint: str
+    fstype: str
+    source: str
+    device: str  # "major:minor"
+    readonly: bool
+
+
+@dataclass(frozen=True)
 class FilesystemInfo:
     """statvfs of the target (or its nearest existing ancestor) and the mount it lives on."""
 
@@ -150,28 +161,48 @@ class QuotaUsage:
 
 @dataclass(frozen=True)
 class QuotaEntry:
-    """The quota of one ID that a new file in the target is charged to."""
+    """The quota of one ID that a new file in the target is charged to.
+
+    `pool` names the OST pool of a pool quota (Lustre 2.14+), which binds only the bytes that
+    land on that pool's OSTs; None for the filesystem-wide quota of the ID.
+    """
 
     type: str  # user | group | project
     id: int
     name: str | None
     bytes: QuotaUsage
     inodes: QuotaUsage
+    pool: str | None = None
+
+    @property
+    def source(self) -> str:
+        """How headroom names this quota: ``quota:user``, or ``quota:user@flash`` for a pool."""
+        return f"quota:{self.type}" + (f"@{self.pool}" if self.pool else "")
 
 
 @dataclass(frozen=True)
 class QuotaReport:
-    """Every quota that applies to the target, from one provider (``lfs`` for Lustre)."""
+    """Every quota that applies to the target, from one provider (``lfs`` for Lustre).
+
+    `errors` say what could not be read; `notes` say why a quota one might expect is not asked
+    for (a project ID without its inherit flag), one sentence each.
+    """
 
     provider: str
     entries: tuple[QuotaEntry, ...]
     inaccurate: bool = False
     errors: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class LustreTarget:
-    """One MDT or OST as `lfs df` shows it; ``name`` is without ``_UUID``."""
+    """One MDT or OST as `lfs df` shows it; ``name`` is without ``_UUID``.
+
+    `pools` are the OST pools of the target directory's layout that hold this OST;
+    `in_layout` is False for an OST that the layout's pools leave out (no byte of a new file
+    can land there).
+    """
 
     name: str
     kind: str  # MDT | OST
@@ -182,6 +213,8 @@ class LustreTarget:
     files_free: int | None
     active: bool = True
     flags: str = ""
+    pools: tuple[str, ...] = ()
+    in_layout: bool = True
 
 
 WRITE_STEPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink")

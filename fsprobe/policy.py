@@ -236,7 +236,7 @@ def _quota_limits(entries: Iterable[QuotaEntry], resource: str, now: float) -> l
         remaining = usage.remaining(now)
         capacity = usage.hard if usage.hard is not None else usage.soft
         if remaining is not None and capacity is not None and capacity > 0:
-            limits.append(_Limit(f"quota:{entry.type}", remaining, capacity))
+            limits.append(_Limit(entry.source, remaining, capacity))
     return limits
 
 
@@ -308,7 +308,8 @@ def capacity_reasons(fs: FilesystemInfo) -> list[Reason]:
 def _binding_phrase(limited_by: str | None) -> str:
     if limited_by is None or limited_by == "filesystem":
         return "on the filesystem"
-    return f"under the {limited_by.split(':', 1)[1]} quota"
+    kind, _, pool = limited_by.split(":", 1)[1].partition("@")
+    return f"under the {kind} quota" + (f" of pool {pool}" if pool else "")
 
 
 def _full_errno(limited_by: str | None) -> str:
@@ -429,6 +430,8 @@ def _quota_reasons(quota: QuotaReport, policy: Policy, now: float) -> list[Reaso
                 continue
             code, severity, errno = _QUOTA_STATE_REASONS[state]
             who = f"{entry.type} quota of {entry.name or entry.id}"
+            if entry.pool:
+                who += f" in pool {entry.pool}"
             limit = usage.hard if state is QuotaState.HARD_REACHED else usage.soft
             limit_words = f"{'hard' if state is QuotaState.HARD_REACHED else 'soft'} limit"
             message = f"{who}: {fmt(usage.used)} {resource} used"
@@ -456,14 +459,22 @@ def _quota_reasons(quota: QuotaReport, policy: Policy, now: float) -> list[Reaso
         reasons.append(
             Reason("quota_unavailable", Severity.DEGRADED, f"quota read only in part: {detail}")
         )
+    reasons += [Reason("quota_note", Severity.NOTICE, note) for note in quota.notes]
     return reasons
 
 
 def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Reason]:
+    """One reason for the targets a new file can meet that are nearly full.
+
+    Every MDT counts (each file's metadata goes to one); an OST counts only when the target
+    directory's layout can place data on it (`in_layout`): a full OST outside the layout's
+    pools takes no byte of the checkpoint.
+    """
+    meets = [t for t in targets if t.kind != "OST" or t.in_layout]
     full = sorted(
         (
             (_Limit(t.name, t.avail_bytes, t.size_bytes).ratio, t)
-            for t in targets
+            for t in meets
             if t.active
             and t.size_bytes is not None
             and t.size_bytes > 0
@@ -475,12 +486,19 @@ def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Rea
     if not full:
         return []
     ratio, worst = full[0]
+    where = f" (pool {', '.join(worst.pools)})" if worst.pools else ""
     others = f" (and {len(full) - 1} more)" if len(full) > 1 else ""
+    usable = [t for t in meets if t.kind == "OST" and t.active]
+    full_osts = [t for _, t in full if t.kind == "OST"]
+    restricted = bool(usable) and all(t.pools for t in usable)  # the layout names pools only
+    if restricted and len(full_osts) == len(usable):
+        pools = ", ".join(sorted({pool for t in usable for pool in t.pools}))
+        others += f"; every OST of pool {pools} is nearly full"
     return [
         Reason(
             "lustre_target_full",
             Severity.DEGRADED,
-            f"{worst.name} has only {format_bytes(worst.avail_bytes)} "
+            f"{worst.name}{where} has only {format_bytes(worst.avail_bytes)} "
             f"({format_percent(ratio)}) free{others}: files striped on it fail with ENOSPC",
         )
     ]

@@ -253,6 +253,7 @@ def quota_entry_to_dict(entry: QuotaEntry) -> dict[str, Any]:
         "name": entry.name,
         "bytes": usage_to_dict(entry.bytes),
         "inodes": usage_to_dict(entry.inodes),
+        "pool": entry.pool,
     }
 
 
@@ -267,6 +268,7 @@ def quota_entry_from_dict(value: Any, where: str) -> QuotaEntry:
         name=fields.optional_text("name"),
         bytes=fields.value("bytes", usage_from_dict),
         inodes=fields.value("inodes", usage_from_dict),
+        pool=fields.optional_text("pool"),
     )
 
 
@@ -281,6 +283,8 @@ def lustre_target_to_dict(target: LustreTarget) -> dict[str, Any]:
         "files_free": target.files_free,
         "active": target.active,
         "flags": target.flags,
+        "pools": list(target.pools),
+        "in_layout": target.in_layout,
     }
 
 
@@ -296,6 +300,8 @@ def lustre_target_from_dict(value: Any, where: str) -> LustreTarget:
         files_free=fields.optional_integer("files_free"),
         active=fields.flag("active"),
         flags=fields.text("flags"),
+        pools=fields.optional_items("pools", _texts) or (),
+        in_layout=fields.optional_flag("in_layout") is not False,  # absent before pools
     )
 
 
@@ -444,6 +450,7 @@ class Report:
             ),
             "quota_provider": quota.provider if quota is not None else None,
             "quota_errors": list(quota.errors) if quota is not None else [],
+            "quota_notes": list(quota.notes) if quota is not None else [],
             "lustre_targets": (
                 [lustre_target_to_dict(t) for t in targets] if targets is not None else None
             ),
@@ -517,5 +524,6 @@ def _probe_values(fields: _Fields) -> Mapping[str, object]:
             entries=entries or (),
             inaccurate=any(e.bytes.inaccurate or e.inodes.inaccurate for e in entries or ()),
             errors=fields.items("quota_errors", _texts),
+            notes=fields.optional_items("quota_notes", _texts) or (),
         )
     return values

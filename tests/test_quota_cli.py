@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from fsprobe.cli import main
-from fsprobe.probing.lfs_df import DF_CACHE
+from fsprobe.lustre.df import DF_CACHE
+from fsprobe.lustre.provider import QUOTA_CACHE
 from fsprobe.probing.mounts import find_mount, nearest_existing
-from fsprobe.quota.lustre import QUOTA_CACHE
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
 from tests.support.cli import cli_runner
 
 NOW = 1_700_000_000
 GIB = 2**30
-JSON_KEYS = {"path", "mountpoint", "provider", "quota", "inaccurate", "errors"}
+JSON_KEYS = {"path", "mountpoint", "provider", "quota", "inaccurate", "errors", "notes"}
 
 
 @pytest.fixture

@@ -23,16 +23,16 @@ from pathlib import Path
 import pytest
 
 from fsprobe.errors import ProbeFailure
+from fsprobe.lustre.provider import LustreQuotaProvider
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.ids import (
     FS_IOC_FSGETXATTR,
     FSXATTR,
     id_name,
     id_of,
-    read_project_id,
+    read_project,
     resolve_ids,
 )
-from fsprobe.quota.lustre import LustreQuotaProvider
 from fsprobe.quota.provider import Deadline
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
 from tests.support.capability import require
@@ -132,14 +132,14 @@ def test_overrides_replace_the_derived_ids(tmp_path: Path):
 
     ids = resolve_ids(str(tmp_path), user=1, group=2, project=3, project_fallback=no_fallback)
     assert ids.queries() == (("user", 1), ("group", 2), ("project", 3))
-    assert ids.notes == ()
+    assert ids.errors == ()
 
 
 @pytest.mark.mount
 def test_project_id_is_read_with_the_ioctl(xfs: Path):
     plain = xfs / "plain"
     plain.mkdir()
-    assert read_project_id(str(plain)) == 0
+    assert read_project(str(plain)).id == 0
     assert resolve_ids(str(plain)).project is None, "project 0 is no project"
     ckpt = xfs / "ckpt"
     ckpt.mkdir()
@@ -160,29 +160,29 @@ def test_lfs_project_is_the_fallback_where_the_ioctl_is_not_supported(faultfs, f
     directory = faultfs.mountpoint / "ckpt"
     directory.mkdir()
     with pytest.raises(OSError) as unsupported:
-        read_project_id(str(directory))
+        read_project(str(directory))
     assert unsupported.value.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL)
 
     fake_lfs.configure(project=77)
     provider, settings = LustreQuotaProvider(), ServerProbeSettings()
 
     def fallback(path: str) -> int:
-        return provider.project_id(path, settings, Deadline.after(20))
+        return provider.project(path, settings, Deadline.after(20))
 
     ids = resolve_ids(str(directory), project_fallback=fallback)
-    assert (ids.project, ids.notes) == (77, ())
+    assert (ids.project, ids.errors) == (77, ())
     assert [call["argv"] for call in fake_lfs.calls()] == [["project", "-d", str(directory)]]
 
     fake_lfs.configure(fail="project_unsupported")
     ids = resolve_ids(str(directory), project_fallback=fallback)
     assert ids.project is None
-    assert len(ids.notes) == 1 and "ENOTTY" in ids.notes[0] and str(directory) in ids.notes[0]
+    assert len(ids.errors) == 1 and "ENOTTY" in ids.errors[0] and str(directory) in ids.errors[0]
 
     def too_slow(path: str) -> int:
         raise ProbeFailure("TIMEOUT", "lfs project -d took too long")
 
     ids = resolve_ids(str(directory), project_fallback=too_slow)
-    assert ids.project is None and "TIMEOUT" in ids.notes[0]
+    assert ids.project is None and "TIMEOUT" in ids.errors[0]
 
 
 def test_other_ioctl_errors_do_not_use_the_fallback(tmp_path: Path):
@@ -198,7 +198,7 @@ def test_other_ioctl_errors_do_not_use_the_fallback(tmp_path: Path):
     # resolve_ids needs the directory for its group; give the group so only the project reads
     ids = resolve_ids(str(missing), group=1, project_fallback=fallback)
     assert calls == [] and ids.project is None
-    assert "ENOENT" in ids.notes[0]
+    assert "ENOENT" in ids.errors[0]
 
 
 def test_ioctl_numbers_encode_the_size_of_struct_fsxattr():
@@ -223,5 +223,5 @@ def test_reading_the_project_id_leaves_no_descriptor_open(tmp_path: Path):
     for _ in range(20):
         # On a filesystem without the ioctl it raises: the descriptor is closed all the same.
         with contextlib.suppress(OSError):
-            read_project_id(str(tmp_path))
+            read_project(str(tmp_path))
     assert len(os.listdir("/proc/self/fd")) == before

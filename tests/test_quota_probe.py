@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from fsprobe.errors import ProbeFailure
+from fsprobe.lustre.df import DF_CACHE
+from fsprobe.lustre.provider import QUOTA_CACHE
 from fsprobe.model import QuotaState
-from fsprobe.probing.lfs_df import DF_CACHE, probe_lfs_df
+from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import ServerProbeSettings
-from fsprobe.quota.lustre import QUOTA_CACHE
 from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
 
 VERSIONS = ["2.12", "2.14", "2.15", "2.16"]
@@ -125,7 +126,7 @@ def test_concurrent_probes_share_one_lfs_call_per_id(tmp_path: Path, fake_lfs: F
     for thread in threads:
         thread.join(30)
     assert len(reports) == 3 and all(r is not None and len(r.entries) == 3 for r in reports)
-    argv = sorted(tuple(call["argv"][1:3]) for call in fake_lfs.calls())
+    argv = sorted(tuple(call["argv"][1:3]) for call in fake_lfs.quota_calls())
     assert argv == [("-g", "1000"), ("-p", "7"), ("-u", "1000")]
 
 
@@ -134,10 +135,10 @@ def test_results_are_cached_for_cache_seconds(tmp_path: Path, fake_lfs: FakeLfs)
     cached = ServerProbeSettings(provider="lfs", user=1000, group=1000, cache_seconds=300)
     probe_quota(str(tmp_path), cached)
     probe_quota(str(tmp_path / "other" / "target"), cached)  # same filesystem, same IDs
-    assert len(fake_lfs.calls()) == 2
+    assert len(fake_lfs.quota_calls()) == 2
     uncached = ServerProbeSettings(provider="lfs", user=1000, group=1000)
     probe_quota(str(tmp_path), uncached)
-    assert len(fake_lfs.calls()) == 4
+    assert len(fake_lfs.quota_calls()) == 4
 
 
 def test_partial_result_names_what_failed(tmp_path: Path, fake_lfs: FakeLfs):
@@ -244,4 +245,4 @@ def test_a_negative_id_never_reaches_lfs(tmp_path: Path, fake_lfs: FakeLfs):
     report = probe_quota(str(tmp_path), ServerProbeSettings(provider="lfs", user=-5, group=1000))
     assert report is not None and [e.type for e in report.entries] == ["group"]
     assert report.errors == ("user -5: EINVAL: user ID -5 is negative",)
-    assert [call["argv"][1:3] for call in fake_lfs.calls()] == [["-g", "1000"]]
+    assert [call["argv"][1:3] for call in fake_lfs.quota_calls()] == [["-g", "1000"]]

@@ -12,14 +12,13 @@ import pytest
 from fsprobe.errors import PARSE, ProbeFailure, errno_name
 from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.grace import NO_TIMER, Grace
+from fsprobe.lustre.provider import LustreQuotaProvider, outcome_from_output, usage_from_cells
 from fsprobe.lustre.quota_parser import Usage, parse_quota
-from fsprobe.model import QuotaEntry, QuotaState, QuotaUsage
-from fsprobe.probing.mounts import Mount
+from fsprobe.model import Mount, QuotaEntry, QuotaState, QuotaUsage
+from fsprobe.probing.quota import select_provider
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.cache import SingleFlight
-from fsprobe.quota.lustre import LustreQuotaProvider, outcome_from_output, usage_from_cells
-from fsprobe.quota.provider import IdOutcome, assemble
-from fsprobe.quota.registry import select_provider
+from fsprobe.quota.provider import IdOutcome, QuotaReading, assemble
 from tests.fakes.fake_lfs import load_fixtures
 
 FIXTURES = dict(load_fixtures("quota"))
@@ -155,37 +154,48 @@ def _entry(quota_type: str, inaccurate: bool = False) -> QuotaEntry:
 def test_assemble_keeps_a_partial_result():
     report = assemble(
         "lfs",
-        (
-            IdOutcome("user", 1, entry=_entry("user", inaccurate=True)),
-            IdOutcome("group", 2, failure=ProbeFailure("ESRCH", "grp quotas are not enabled.")),
-            IdOutcome("project", 3, entry=_entry("project"), notes=("lfs: a note",)),
+        QuotaReading(
+            (
+                IdOutcome("user", 1, entry=_entry("user", inaccurate=True)),
+                IdOutcome("group", 2, failure=ProbeFailure("ESRCH", "grp quotas are not enabled.")),
+                IdOutcome("project", 3, entry=_entry("project"), notes=("lfs: a note",)),
+            ),
+            ("pool quotas not read: EIO: broken",),
         ),
         ("cannot read the project ID of /x: EACCES",),
+        ("/x has project 9 but not its inherit flag: new files get no project",),
     )
     assert [e.type for e in report.entries] == ["user", "project"]
     assert report.inaccurate
     assert report.errors == (
         "group 2: ESRCH: grp quotas are not enabled.",
         "project 3: lfs: a note",
+        "pool quotas not read: EIO: broken",
         "cannot read the project ID of /x: EACCES",
     )
+    assert report.notes == ("/x has project 9 but not its inherit flag: new files get no project",)
 
 
 def test_assemble_raises_when_nothing_was_read():
     same = ProbeFailure("EPERM", "lfs quota: Permission denied.")
     with pytest.raises(ProbeFailure) as failure:
-        assemble("lfs", (IdOutcome("user", 1, failure=same), IdOutcome("group", 2, failure=same)))
+        assemble(
+            "lfs",
+            QuotaReading((IdOutcome("user", 1, failure=same), IdOutcome("group", 2, failure=same))),
+        )
     assert (failure.value.error, failure.value.message) == ("EPERM", same.message)
     missing = ProbeFailure.of(FileNotFoundError(errno.ENOENT, "'lfs' is not on PATH"))
     with pytest.raises(ProbeFailure) as not_found:
-        assemble("lfs", (IdOutcome("user", 1, failure=missing),))
+        assemble("lfs", QuotaReading((IdOutcome("user", 1, failure=missing),)))
     assert (not_found.value.error, not_found.value.message) == ("ENOENT", "'lfs' is not on PATH")
     with pytest.raises(ProbeFailure) as mixed:
         assemble(
             "lfs",
-            (
-                IdOutcome("user", 1, failure=ProbeFailure("TIMEOUT", "too slow")),
-                IdOutcome("group", 2, failure=ProbeFailure("EIO", "broken")),
+            QuotaReading(
+                (
+                    IdOutcome("user", 1, failure=ProbeFailure("TIMEOUT", "too slow")),
+                    IdOutcome("group", 2, failure=ProbeFailure("EIO", "broken")),
+                )
             ),
         )
     assert mixed.value.error == "TIMEOUT"

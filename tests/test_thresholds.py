@@ -15,6 +15,7 @@ import pytest
 
 from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.grace import NO_TIMER, Grace
+from fsprobe.lustre.provider import usage_from_cells
 from fsprobe.lustre.quota_parser import Usage
 from fsprobe.model import (
     FilesystemInfo,
@@ -27,7 +28,6 @@ from fsprobe.model import (
     Status,
     WriteProbeResult,
 )
-from fsprobe.quota.lustre import usage_from_cells
 from tests.support.policy import NOW, filesystem_info, judge, probe
 
 CAPACITY = 100_000  # bytes and inodes: 3 % is exactly 3000, 10 % exactly 10000

@@ -26,10 +26,11 @@ _COLUMNS = ("QUOTA", "", "USED", "SOFT", "HARD", "USE", "STATE")
 
 
 def who(entry: QuotaEntry) -> str:
-    """``user alice (1000)``, ``project 4242``."""
+    """``user alice (1000)``, ``project 4242``, ``user alice (1000) in pool flash``."""
+    pool = f" in pool {entry.pool}" if entry.pool else ""
     if entry.name:
-        return f"{entry.type} {entry.name} ({entry.id})"
-    return f"{entry.type} {entry.id}"
+        return f"{entry.type} {entry.name} ({entry.id}){pool}"
+    return f"{entry.type} {entry.id}{pool}"
 
 
 def _amount(value: int | None, resource: str) -> str:
@@ -148,6 +149,7 @@ def render(
     lines = [f"Quota for new files in {escaped(path)} ({where}, read with {report.provider})", ""]
     lines.append(table(report, now) if report.entries else "(no quota entries)")
     lines += ["", verdict(report, now)]
+    lines += [f"Note: {escaped(note)}." for note in report.notes]
     if report.inaccurate:
         lines.append(
             "Note: values marked inaccurate were printed in [brackets] by lfs: a storage "
@@ -159,7 +161,7 @@ def render(
 def as_json(
     path: str, mountpoint: str | None, provider: str | None, report: QuotaReport | None
 ) -> dict:
-    """``{path, mountpoint, provider, quota: [...], inaccurate, errors: [...]}`` (DESIGN §6)."""
+    """``{path, mountpoint, provider, quota: [...], inaccurate, errors: [...], notes: [...]}``."""
     return {
         "path": path,
         "mountpoint": mountpoint,
@@ -167,4 +169,5 @@ def as_json(
         "quota": [quota_entry_to_dict(e) for e in report.entries] if report is not None else None,
         "inaccurate": report.inaccurate if report is not None else False,
         "errors": list(report.errors) if report is not None else [],
+        "notes": list(report.notes) if report is not None else [],
     }

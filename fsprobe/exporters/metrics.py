@@ -142,7 +142,8 @@ FAMILIES: tuple[Family, ...] = (
         Family(
             f"fsprobe_quota_{name}",
             "gauge",
-            f"{text} of the quota a new file in the target is charged to.",
+            f"{text} of the quota a new file in the target is charged to "
+            "(label pool: a Lustre pool quota).",
             _QUOTA,
         )
         for name, text in (
@@ -169,23 +170,26 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "fsprobe_lustre_target_avail_bytes",
         "gauge",
-        "Available bytes of one Lustre OST/MDT.",
+        "Available bytes of one Lustre OST/MDT (label pool: its layout pools).",
         ("path", "target"),
     ),
     Family(
         "fsprobe_lustre_target_size_bytes",
         "gauge",
-        "Size of one Lustre OST/MDT.",
+        "Size of one Lustre OST/MDT (label pool: its layout pools).",
         ("path", "target"),
     ),
     Family(
         "fsprobe_lustre_target_inodes_free",
         "gauge",
-        "Free inodes of one Lustre OST/MDT.",
+        "Free inodes of one Lustre OST/MDT (label pool: its layout pools).",
         ("path", "target"),
     ),
     Family(
-        "fsprobe_lustre_target_inodes", "gauge", "Inodes of one Lustre OST/MDT.", ("path", "target")
+        "fsprobe_lustre_target_inodes",
+        "gauge",
+        "Inodes of one Lustre OST/MDT (label pool: its layout pools).",
+        ("path", "target"),
     ),
     Family(
         "fsprobe_headroom_bytes",
@@ -432,6 +436,8 @@ def _add_filesystem(samples: _Samples, fs: FilesystemInfo) -> None:
 def _add_quota(samples: _Samples, quota: QuotaReport) -> None:
     for entry in quota.entries:
         labels = {"type": entry.type, "id": str(entry.id)}
+        if entry.pool:
+            labels["pool"] = _label(entry.pool)
         for resource in ("bytes", "inodes"):
             usage = getattr(entry, resource)
             samples.add(f"fsprobe_quota_used_{resource}", usage.used, **labels)
@@ -452,7 +458,9 @@ def _add_quota(samples: _Samples, quota: QuotaReport) -> None:
 
 def _add_lustre(samples: _Samples, targets: tuple[LustreTarget, ...]) -> None:
     for target in targets:
-        name = _label(target.name)
+        labels = {"target": _label(target.name)}
+        if target.pools:
+            labels["pool"] = _label(",".join(target.pools))
         for family, value in (
             ("fsprobe_lustre_target_avail_bytes", target.avail_bytes),
             ("fsprobe_lustre_target_size_bytes", target.size_bytes),
@@ -460,7 +468,7 @@ def _add_lustre(samples: _Samples, targets: tuple[LustreTarget, ...]) -> None:
             ("fsprobe_lustre_target_inodes", target.files),
         ):
             if value is not None:
-                samples.add(family, value, target=name)
+                samples.add(family, value, **labels)
 
 
 def _add_headroom(samples: _Samples, view: TargetView) -> None:

@@ -1,50 +1,22 @@
-"""The `lfs df` probe: free space and inodes of every MDT and OST of the target's filesystem.
+"""The `lfs df` probe: free space and inodes of the MDTs and OSTs a new checkpoint can meet.
 
 `statvfs` sums the whole filesystem; one full OST still fails the writes striped onto it, and
-only `lfs df` shows it. Two runs, ``lfs df -v`` and ``lfs df -i -v`` (``-v`` lists inactive
-targets too), share one deadline and are merged per target. The result is shared by every
-target on the same filesystem for `settings.cache_seconds`.
+only `lfs df` shows it. Each OST is marked with the target directory's layout pools that hold
+it and whether the layout can place data there at all (`fsprobe.lustre.placement`), so that
+the policy judges only the OSTs the checkpoint can land on. When the layout cannot be read,
+every OST counts (and the quota probe reports why).
 """
 
 from __future__ import annotations
 
-import shlex
-
 from fsprobe.errors import ProbeFailure
-from fsprobe.lustre.df_parser import parse_df
-from fsprobe.lustre.df_targets import merge_targets, pick_block
-from fsprobe.lustre.runner import lfs_binary, run_lfs
-from fsprobe.model import TIMEOUT, LustreTarget
-from fsprobe.probing.mounts import Mount
+from fsprobe.lustre.df import lfs_df_applies, read_targets
+from fsprobe.lustre.placement import PLACEMENTS
+from fsprobe.lustre.runner import lfs_binary
+from fsprobe.model import LustreTarget
 from fsprobe.probing.quota import locate
-from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.provider import Deadline
 from fsprobe.quota.settings import ServerProbeSettings
-
-DF_CACHE: SingleFlight[tuple[LustreTarget, ...] | ProbeFailure] = SingleFlight()
-
-
-def lfs_df_applies(settings: ServerProbeSettings, mount: Mount | None) -> bool:
-    """On Lustre with provider auto, or anywhere when `lfs` is forced (provider lfs)."""
-    if settings.provider == "lfs":
-        return True
-    return settings.provider == "auto" and mount is not None and mount.fstype == "lustre"
-
-
-def read_targets(
-    directory: str, mountpoint: str | None, binary: str, deadline: Deadline
-) -> tuple[LustreTarget, ...] | ProbeFailure:
-    """Run both `lfs df` and merge them; failures are returned (they are cached and shared)."""
-    blocks = []
-    try:
-        for args in (("df", "-v", directory), ("df", "-i", "-v", directory)):
-            run = run_lfs(args, binary=binary, timeout=deadline.remaining())
-            output = parse_df(run.stdout, run.stderr, run.status)
-            command = shlex.join(("lfs", *args))
-            blocks.append(pick_block(output, mountpoint, command, directory))
-        return merge_targets(blocks[0], blocks[1])
-    except (OSError, ProbeFailure) as error:
-        return ProbeFailure.of(error)
 
 
 def probe_lfs_df(target: str, settings: ServerProbeSettings) -> tuple[LustreTarget, ...] | None:
@@ -59,17 +31,9 @@ def probe_lfs_df(target: str, settings: ServerProbeSettings) -> tuple[LustreTarg
         return None
     deadline = Deadline.after(settings.timeout)
     binary = lfs_binary(settings.lfs)
-    mountpoint = mount.mountpoint if mount is not None else None
-    key = ((mount.device, mount.mountpoint) if mount else directory, binary)
+    targets = read_targets(directory, mount, binary, settings, deadline)
     try:
-        result = DF_CACHE.get(
-            key,
-            lambda: read_targets(directory, mountpoint, binary, deadline),
-            ttl=settings.cache_seconds,
-            wait=deadline.remaining(),
-        )
-    except TimeoutError:
-        raise ProbeFailure(TIMEOUT, "lfs df: another probe's call was still running") from None
-    if isinstance(result, ProbeFailure):
-        raise result.again()
-    return result
+        placement = PLACEMENTS.read(directory, mount, binary, settings, deadline)
+    except ProbeFailure:
+        return targets
+    return placement.mark(targets)

@@ -12,24 +12,13 @@ import errno
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from fsprobe.model import Mount
 from fsprobe.paths import is_under
 
 MOUNTINFO = "/proc/self/mountinfo"
 
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-@dataclass(frozen=True)
-class Mount:
-    """One line of the mount table."""
-
-    mountpoint: str
-    fstype: str
-    source: str
-    device: str  # "major:minor"
-    readonly: bool
 
 
 def unescape(field: str) -> str:

@@ -2,8 +2,8 @@
 
 The target may not exist yet: its nearest existing ancestor stands in, for the filesystem, the
 set-group-ID bit and the project ID alike. The provider is chosen by --quota-provider (auto:
-Lustre's `lfs` on Lustre, nothing elsewhere). All `lfs` calls of one probe share one deadline,
-`settings.timeout`, so a hung filesystem costs at most that long.
+Lustre's `lfs` on Lustre, nothing elsewhere; `PROVIDERS` lists them). All `lfs` calls of one
+probe share one deadline, `settings.timeout`, so a hung filesystem costs at most that long.
 """
 
 from __future__ import annotations
@@ -11,12 +11,28 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from fsprobe.model import QuotaReport
-from fsprobe.probing.mounts import Mount, find_mount, nearest_existing
+from fsprobe.lustre.provider import LustreQuotaProvider
+from fsprobe.model import Mount, QuotaReport
+from fsprobe.probing.mounts import find_mount, nearest_existing
 from fsprobe.quota.ids import resolve_ids
-from fsprobe.quota.provider import Deadline, QuotaRequest, assemble
-from fsprobe.quota.registry import select_provider
-from fsprobe.quota.settings import ServerProbeSettings
+from fsprobe.quota.provider import Deadline, QuotaProvider, QuotaRequest, assemble
+from fsprobe.quota.settings import PROVIDER_CHOICES, ServerProbeSettings
+
+#: By --quota-provider name; "auto" tries them in this order. New filesystems go here.
+PROVIDERS: dict[str, QuotaProvider] = {"lfs": LustreQuotaProvider()}
+
+
+def select_provider(settings: ServerProbeSettings, mount: Mount | None) -> QuotaProvider | None:
+    """The provider that `settings` asks for, or that fits `mount` for "auto"; None for none."""
+    choice = settings.provider
+    if choice == "none":
+        return None
+    if choice == "auto":
+        return next((p for p in PROVIDERS.values() if p.applies_to(mount)), None)
+    if choice not in PROVIDERS:
+        known = ", ".join(PROVIDER_CHOICES)
+        raise ValueError(f"unknown quota provider {choice!r} (known: {known})")
+    return PROVIDERS[choice]
 
 
 @dataclass(frozen=True)
@@ -53,10 +69,10 @@ def lookup_quota(target: str, settings: ServerProbeSettings) -> QuotaLookup:
         user=settings.user,
         group=settings.group,
         project=settings.project,
-        project_fallback=lambda path: provider.project_id(path, settings, deadline),
+        project_fallback=lambda path: provider.project(path, settings, deadline),
     )
-    outcomes = provider.read(QuotaRequest(directory, mount, ids.queries(), settings, deadline))
-    report = assemble(provider.name, outcomes, ids.notes)
+    reading = provider.read(QuotaRequest(directory, mount, ids.queries(), settings, deadline))
+    report = assemble(provider.name, reading, ids.errors, ids.notes)
     return QuotaLookup(target, directory, mount, provider.name, report)
 
 

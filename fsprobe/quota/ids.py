@@ -5,7 +5,9 @@
   effective gid;
 - project: the directory's project ID, read with the FS_IOC_FSGETXATTR ioctl that Lustre, XFS
   and ext4 implement, or by a provider's own tool (`lfs project -d`) where the ioctl is not
-  supported; ID 0 means "no project", and is not queried.
+  supported. A new file gets it only when the directory carries the inherit flag
+  (FS_XFLAG_PROJINHERIT, in the same reply); without it the file gets project 0. ID 0 means
+  "no project", and is not queried.
 An explicit ID (--user/--group/--project, or a target's config) replaces the derived one.
 """
 
@@ -28,17 +30,33 @@ FS_IOC_FSGETXATTR = 0x801C581F
 #: struct fsxattr: xflags, extsize, nextents, projid, cowextsize (u32 each), 8 bytes of padding.
 FSXATTR = struct.Struct("=IIIII8x")
 
+#: FS_XFLAG_PROJINHERIT in fsx_xflags: new files and directories inherit the project ID.
+FS_XFLAG_PROJINHERIT = 0x200
+
 #: The errnos that mean "this filesystem does not implement the ioctl": try the fallback.
 UNSUPPORTED_ERRNOS = frozenset({errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL})
 
 
 @dataclass(frozen=True)
+class DirectoryProject:
+    """A directory's project ID and whether new files in it inherit that ID."""
+
+    id: int
+    inherit: bool
+
+
+@dataclass(frozen=True)
 class QuotaIds:
-    """The IDs to query; `project` is None when the directory has none. `notes` say what failed."""
+    """The IDs to query; `project` is None when new files get none.
+
+    `errors` say what failed; `notes` say why a quota that might be expected is not asked for
+    (a project ID without its inherit flag): information, not errors.
+    """
 
     user: int
     group: int
     project: int | None
+    errors: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
     def queries(self) -> tuple[tuple[str, int], ...]:
@@ -49,14 +67,15 @@ class QuotaIds:
         return tuple(pairs)
 
 
-def read_project_id(directory: str) -> int:
-    """The project ID of `directory` via FS_IOC_FSGETXATTR; OSError when it cannot be read."""
+def read_project(directory: str) -> DirectoryProject:
+    """The project of `directory` via FS_IOC_FSGETXATTR; OSError when it cannot be read."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         reply = fcntl.ioctl(fd, FS_IOC_FSGETXATTR, bytes(FSXATTR.size))
     finally:
         os.close(fd)
-    return FSXATTR.unpack(reply)[3]
+    xflags, _extsize, _nextents, projid, _cowextsize = FSXATTR.unpack(reply)
+    return DirectoryProject(projid, bool(xflags & FS_XFLAG_PROJINHERIT))
 
 
 def charged_group(directory_stat: os.stat_result) -> int:
@@ -66,20 +85,28 @@ def charged_group(directory_stat: os.stat_result) -> int:
     return os.getegid()
 
 
-def _derived_project(directory: str, fallback: Callable[[str], int] | None) -> tuple[int, str]:
-    """(project ID, note); the ID is 0 with a note saying why when it could not be read."""
+def _derived_project(
+    directory: str, fallback: Callable[[str], DirectoryProject] | None
+) -> tuple[DirectoryProject, str]:
+    """(project, error); the ID is 0 with an error saying why when it could not be read."""
+    none = DirectoryProject(0, False)
     try:
-        return read_project_id(directory), ""
+        return read_project(directory), ""
     except OSError as error:
         if error.errno not in UNSUPPORTED_ERRNOS or fallback is None:
             reason = f"{errno_name(error.errno)}: {error.strerror}"
-            return 0, f"cannot read the project ID of {directory}: {reason}"
+            return none, f"cannot read the project ID of {directory}: {reason}"
     try:
         return fallback(directory), ""
     except (OSError, ProbeFailure) as error:
         name = error.error if isinstance(error, ProbeFailure) else errno_name(error.errno)
         text = error.message if isinstance(error, ProbeFailure) else str(error)
-        return 0, f"cannot read the project ID of {directory}: {name}: {text}"
+        return none, f"cannot read the project ID of {directory}: {name}: {text}"
+
+
+def not_inherited(directory: str, project: int) -> str:
+    """The one line that says why a directory's project quota is not asked for."""
+    return f"{directory} has project {project} but not its inherit flag: new files get no project"
 
 
 def resolve_ids(
@@ -88,26 +115,31 @@ def resolve_ids(
     user: int | None = None,
     group: int | None = None,
     project: int | None = None,
-    project_fallback: Callable[[str], int] | None = None,
+    project_fallback: Callable[[str], DirectoryProject] | None = None,
 ) -> QuotaIds:
     """The IDs for `directory` (an existing directory); explicit IDs replace derived ones.
 
-    `project_fallback` reads the project ID another way (`lfs project -d`) when the ioctl is not
-    supported. A project ID that cannot be read is left out with a note, not raised: the user and
-    group quota are still worth reporting.
+    `project_fallback` reads the project another way (`lfs project -d`) when the ioctl is not
+    supported. A project ID that cannot be read is left out with an error, not raised: the user and
+    group quota are still worth reporting. A project ID without the inherit flag is left out with
+    a note: new files get project 0, so its quota does not apply to them.
     """
+    errors: list[str] = []
     notes: list[str] = []
     if group is None:
         group = charged_group(os.stat(directory))
     if project is None:
-        derived, note = _derived_project(directory, project_fallback)
-        if note:
-            notes.append(note)
-        project = derived or None
+        derived, error = _derived_project(directory, project_fallback)
+        if error:
+            errors.append(error)
+        if derived.id and not derived.inherit:
+            notes.append(not_inherited(directory, derived.id))
+        project = (derived.id if derived.inherit else 0) or None
     return QuotaIds(
         user=os.geteuid() if user is None else user,
         group=group,
         project=project,
+        errors=tuple(errors),
         notes=tuple(notes),
     )
 

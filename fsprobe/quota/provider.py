@@ -1,7 +1,7 @@
 """The quota provider interface: what the probe needs from any filesystem's quota tool.
 
 Lustre (`lfs quota`) is the first provider; a generic Linux `quota`, GPFS `mmlsquota` or BeeGFS
-provider implements the same three methods and is added to `fsprobe.quota.registry`, and the
+provider implements the same methods and is added to `fsprobe.probing.quota.PROVIDERS`, and the
 probe, the policy and the exporters stay as they are. A provider reports each ID's outcome as
 data (`IdOutcome`), so outcomes can be cached and shared between callers; `assemble` turns them
 into the `QuotaReport` (partial results included) or raises when nothing could be read.
@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure
-from fsprobe.model import QuotaEntry, QuotaReport
-from fsprobe.probing.mounts import Mount
+from fsprobe.model import Mount, QuotaEntry, QuotaReport
+from fsprobe.quota.ids import DirectoryProject
 from fsprobe.quota.settings import ServerProbeSettings
 
 
@@ -35,13 +35,23 @@ class Deadline:
 
 @dataclass(frozen=True)
 class IdOutcome:
-    """The quota of one (type, id): an entry, or a failure; `notes` are non-fatal problems."""
+    """The quota of one (type, id), in `pool` or filesystem-wide: an entry, or a failure;
+    `notes` are non-fatal problems."""
 
     type: str
     id: int
     entry: QuotaEntry | None = None
     failure: ProbeFailure | None = None
     notes: tuple[str, ...] = ()
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class QuotaReading:
+    """What a provider read: one outcome per query, and problems that belong to no one ID."""
+
+    outcomes: tuple[IdOutcome, ...]
+    errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,26 +76,34 @@ class QuotaProvider(abc.ABC):
         """Whether ``--quota-provider auto`` should use this provider for `mount`."""
 
     @abc.abstractmethod
-    def read(self, request: QuotaRequest) -> tuple[IdOutcome, ...]:
-        """One outcome per query, in order; must return by `request.deadline` (plus slack)."""
+    def read(self, request: QuotaRequest) -> QuotaReading:
+        """One outcome per query (and per pool quota that applies), in order; must return by
+        `request.deadline` (plus slack)."""
 
-    def project_id(self, directory: str, settings: ServerProbeSettings, deadline: Deadline) -> int:
-        """The project ID of `directory` by the provider's own means, when the ioctl fails."""
+    def project(
+        self, directory: str, settings: ServerProbeSettings, deadline: Deadline
+    ) -> DirectoryProject:
+        """The project of `directory` by the provider's own means, when the ioctl fails."""
         raise ProbeFailure("EOPNOTSUPP", f"{self.name} cannot read project IDs")
 
 
 def _label(outcome: IdOutcome) -> str:
-    return f"{outcome.type} {outcome.id}"
+    return f"{outcome.type} {outcome.id}" + (f" in pool {outcome.pool}" if outcome.pool else "")
 
 
 def assemble(
-    provider: str, outcomes: tuple[IdOutcome, ...], notes: tuple[str, ...] = ()
+    provider: str,
+    reading: QuotaReading,
+    errors: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (),
 ) -> QuotaReport:
     """The report of every ID that was read; raises the failure when none was.
 
     Failed IDs and non-fatal problems become `QuotaReport.errors`, one sentence each, so a
-    partial result (user read, group failed) is still reported rather than lost.
+    partial result (user read, group failed) is still reported rather than lost. `notes` say
+    why a quota is not asked for (`QuotaReport.notes`).
     """
+    outcomes = reading.outcomes
     entries = tuple(outcome.entry for outcome in outcomes if outcome.entry is not None)
     failed = [outcome for outcome in outcomes if outcome.failure is not None]
     if not entries and failed:
@@ -99,8 +117,8 @@ def assemble(
         else:
             message = "; ".join(f"{_label(o)}: {o.failure.message}" for o in failed if o.failure)
         raise ProbeFailure(first.error, message)
-    errors = [f"{_label(o)}: {o.failure.error}: {o.failure.message}" for o in failed if o.failure]
-    errors += [f"{_label(o)}: {note}" for o in outcomes for note in o.notes]
-    errors += list(notes)
+    said = [f"{_label(o)}: {o.failure.error}: {o.failure.message}" for o in failed if o.failure]
+    said += [f"{_label(o)}: {note}" for o in outcomes for note in o.notes]
+    said += [*reading.errors, *errors]
     inaccurate = any(entry.bytes.inaccurate or entry.inodes.inaccurate for entry in entries)
-    return QuotaReport(provider, entries, inaccurate=inaccurate, errors=tuple(errors))
+    return QuotaReport(provider, entries, inaccurate=inaccurate, errors=tuple(said), notes=notes)

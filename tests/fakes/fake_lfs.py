@@ -10,10 +10,11 @@ In a test module (or use this module as a pytest plugin, see `fake_lfs`)::
         fake_lfs.configure(version="2.12", control=faultfs.socket_path)
         report = probe_quota(str(faultfs.mountpoint), ServerProbeSettings(provider="lfs"))
 
-`configure` points FSPROBE_LFS at the fake, puts this interpreter first on PATH (the fake runs
-with ``python3`` from PATH) and sets the FAKE_LFS_* variables the fake reads (see its
-docstring), all through monkeypatch, so they are undone after the test. `calls()` lists the
-invocations the fake logged; `pids()` the processes of a hanging fake.
+`configure` points FSPROBE_LFS at the fake (and forgets the layouts fsprobe remembers), puts
+this interpreter first on PATH (the fake runs with ``python3`` from PATH) and sets the
+FAKE_LFS_* variables the fake reads (see its docstring), all through monkeypatch, so they are
+undone after the test. `calls()` lists the invocations the fake logged (`quota_calls()` the
+`lfs quota` ones); `pids()` the processes of a hanging fake.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from fsprobe.lustre.placement import PLACEMENTS
 
 FAKE_LFS = Path(__file__).resolve().with_name("lfs")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lfs"
@@ -77,7 +80,12 @@ class FakeLfs:
         project: int | None = None,
         osts: int | None = None,
     ) -> FakeLfs:
-        """Set the fake's behaviour (None leaves a variable unset); returns self."""
+        """Set the fake's behaviour (None leaves a variable unset); returns self.
+
+        The layouts, pools and versions this process remembers (`PLACEMENTS`) are forgotten:
+        the fake now plays another filesystem, maybe of another version.
+        """
+        PLACEMENTS.clear()
         values: dict[str, Any] = {
             "VERSION": version,
             "CONTROL": control,
@@ -104,6 +112,10 @@ class FakeLfs:
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def quota_calls(self) -> list[dict[str, Any]]:
+        """The `lfs quota` invocations only (not the layout, pool and version look-ups)."""
+        return [call for call in self.calls() if call["argv"][:1] == ["quota"]]
 
     def pids(self) -> list[int]:
         """With fail="hang": the hanging fake's pid and its child's, once both run; with

@@ -73,7 +73,7 @@ TARGETS = (
         "Usage.inaccurate QuotaRow.inaccurate QuotaOutput.inaccurate",
         *_QUOTA_TESTS,
     ),
-    target("quota-usage", "fsprobe/quota/lustre.py", "_limit usage_from_cells", *_QUOTA_TESTS),
+    target("quota-usage", "fsprobe/lustre/provider.py", "_limit usage_from_cells", *_QUOTA_TESTS),
     target("quota-ids", "fsprobe/quota/ids.py", "*", "tests/test_quota_ids.py"),
     target(
         "statvfs",

@@ -5,6 +5,14 @@ Each call names one numeric ID (so the header can be checked against the questio
 is judged here, not in the parser: a row next to a non-zero exit status is still usable when the
 status only says that some values are inaccurate (2.14+ exit 5 with ``[...]``); an "Unexpected
 quotactl error" row (≤2.15) is not. Grace countdowns become absolute times.
+
+Pool quotas (Lustre 2.14+): for every OST pool that the directory's default layout names
+(`fsprobe.lustre.placement`), ``lfs quota --pool POOL -u/-g/-p ID DIR`` for the same IDs. Its
+output has the layout of a plain query (the pool name appears nowhere in it) and is read the
+same way. A pool quota without any limit is not reported (none is configured: the ID's global
+quota already says everything); on an `lfs` without ``--pool`` (2.12) none is asked for.
+Each costs one quotactl RPC to the quota master (MDT0000) plus one per OST of the pool for the
+usage, like a global query.
 """
 
 from __future__ import annotations
@@ -14,22 +22,23 @@ import shlex
 
 from fsprobe.errors import PARSE, ProbeFailure
 from fsprobe.lustre.amounts import Amount
+from fsprobe.lustre.placement import PLACEMENTS, Placements
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from fsprobe.lustre.runner import lfs_binary, run_lfs, status_error_name
-from fsprobe.model import TIMEOUT, QuotaEntry, QuotaState, QuotaUsage
-from fsprobe.probing.mounts import Mount
+from fsprobe.model import TIMEOUT, Mount, QuotaEntry, QuotaState, QuotaUsage
 from fsprobe.quota.cache import SingleFlight
-from fsprobe.quota.ids import id_name
+from fsprobe.quota.ids import DirectoryProject, id_name
 from fsprobe.quota.provider import (
     Deadline,
     IdOutcome,
     QuotaProvider,
+    QuotaReading,
     QuotaRequest,
 )
 from fsprobe.quota.settings import ServerProbeSettings
 
 _TYPE_FLAGS = {"user": "-u", "group": "-g", "project": "-p"}
-_PROJECT_LINE = re.compile(r"^\s*([0-9]+) [P-] (.*)$")
+_PROJECT_LINE = re.compile(r"^\s*([0-9]+) ([P-]) (.*)$")
 
 #: Hints for the errors a user can do something about (reference 1.9).
 _HINTS = {
@@ -97,14 +106,17 @@ def outcome_from_output(
     command: str,
     now: float,
     name: str | None = None,
+    pool: str | None = None,
 ) -> IdOutcome:
-    """Judge one `lfs quota` run for one ID: an entry (maybe with notes) or a failure."""
+    """Judge one `lfs quota` run for one ID (in `pool`): an entry (maybe with notes) or a
+    failure."""
     section = output.section(quota_type, quota_id)
     row = section.rows[0] if section is not None and section.rows else None
     status_name = status_error_name(output.status) if output.status else None
 
     def failed(error: str, message: str) -> IdOutcome:
-        return IdOutcome(quota_type, quota_id, failure=ProbeFailure(error, f"{command}: {message}"))
+        failure = ProbeFailure(error, f"{command}: {message}")
+        return IdOutcome(quota_type, quota_id, failure=failure, pool=pool)
 
     unexpected = output.message("unexpected_error")
     if status_name is not None and (row is None or unexpected is not None):
@@ -125,17 +137,26 @@ def outcome_from_output(
         name=name,
         bytes=usage_from_cells(row.blocks, now),
         inodes=usage_from_cells(row.inodes, now),
+        pool=pool,
     )
-    return IdOutcome(quota_type, quota_id, entry=entry, notes=tuple(notes))
+    return IdOutcome(quota_type, quota_id, entry=entry, notes=tuple(notes), pool=pool)
 
 
-def query(directory: str, quota_type: str, quota_id: int, binary: str, deadline: Deadline):
-    """Run `lfs quota` for one ID and judge it; every failure is returned, none raised."""
-    args = ("quota", _TYPE_FLAGS[quota_type], str(quota_id), directory)
+def query(
+    directory: str,
+    quota_type: str,
+    quota_id: int,
+    binary: str,
+    deadline: Deadline,
+    pool: str | None = None,
+) -> IdOutcome:
+    """Run `lfs quota` for one ID (in `pool`) and judge it; every failure is returned."""
+    selector = ("--pool", pool) if pool else ()
+    args = ("quota", *selector, _TYPE_FLAGS[quota_type], str(quota_id), directory)
     try:
         run = run_lfs(args, binary=binary, timeout=deadline.remaining())
     except (OSError, ProbeFailure) as error:
-        return IdOutcome(quota_type, quota_id, failure=ProbeFailure.of(error))
+        return IdOutcome(quota_type, quota_id, failure=ProbeFailure.of(error), pool=pool)
     output = parse_quota(run.stdout, run.stderr, run.status)
     return outcome_from_output(
         output,
@@ -144,46 +165,90 @@ def query(directory: str, quota_type: str, quota_id: int, binary: str, deadline:
         command=shlex.join(("lfs", *args)),
         now=run.started_at + run.duration,
         name=id_name(quota_type, quota_id),
+        pool=pool,
+    )
+
+
+def _limited(outcome: IdOutcome) -> bool:
+    """Whether a pool quota has any limit: one without is not configured for that ID."""
+    entry = outcome.entry
+    if entry is None:
+        return True  # a failure is reported
+    return any(
+        limit is not None
+        for usage in (entry.bytes, entry.inodes)
+        for limit in (usage.soft, usage.hard)
     )
 
 
 class LustreQuotaProvider(QuotaProvider):
     name = "lfs"
 
-    def __init__(self, cache: SingleFlight[IdOutcome] = QUOTA_CACHE) -> None:
+    def __init__(
+        self, cache: SingleFlight[IdOutcome] = QUOTA_CACHE, placements: Placements = PLACEMENTS
+    ) -> None:
         self.cache = cache
+        self.placements = placements
 
     def applies_to(self, mount: Mount | None) -> bool:
         return mount is not None and mount.fstype == "lustre"
 
-    def read(self, request: QuotaRequest) -> tuple[IdOutcome, ...]:
-        binary = lfs_binary(request.settings.lfs)
+    def _outcome(
+        self, request: QuotaRequest, binary: str, quota_type: str, quota_id: int, pool: str | None
+    ) -> IdOutcome:
+        if quota_id < 0:  # it would reach lfs as an option ("-5"), never as an ID
+            failure = ProbeFailure("EINVAL", f"{quota_type} ID {quota_id} is negative")
+            return IdOutcome(quota_type, quota_id, failure=failure, pool=pool)
         filesystem = (request.mount.device, request.mount.mountpoint) if request.mount else None
-        outcomes = []
-        for quota_type, quota_id in request.queries:
-            if quota_id < 0:  # it would reach lfs as an option ("-5"), never as an ID
-                failure = ProbeFailure("EINVAL", f"{quota_type} ID {quota_id} is negative")
-                outcomes.append(IdOutcome(quota_type, quota_id, failure=failure))
-                continue
-            key = (filesystem or request.directory, quota_type, quota_id, binary)
-            try:
-                outcome = self.cache.get(
-                    key,
-                    lambda t=quota_type, i=quota_id: query(
-                        request.directory, t, i, binary, request.deadline
-                    ),
-                    ttl=request.settings.cache_seconds,
-                    wait=request.deadline.remaining(),
-                )
-            except TimeoutError:
-                flag = _TYPE_FLAGS[quota_type]
-                message = f"lfs quota {flag} {quota_id}: another probe's call was still running"
-                outcome = IdOutcome(quota_type, quota_id, failure=ProbeFailure(TIMEOUT, message))
-            outcomes.append(outcome)
-        return tuple(outcomes)
+        key = (filesystem or request.directory, quota_type, quota_id, binary, pool)
+        try:
+            return self.cache.get(
+                key,
+                lambda: query(
+                    request.directory, quota_type, quota_id, binary, request.deadline, pool
+                ),
+                ttl=request.settings.cache_seconds,
+                wait=request.deadline.remaining(),
+            )
+        except TimeoutError:
+            flag = _TYPE_FLAGS[quota_type]
+            message = f"lfs quota {flag} {quota_id}: another probe's call was still running"
+            failure = ProbeFailure(TIMEOUT, message)
+            return IdOutcome(quota_type, quota_id, failure=failure, pool=pool)
 
-    def project_id(self, directory: str, settings: ServerProbeSettings, deadline: Deadline) -> int:
-        """``lfs project -d DIR`` prints ``<projid> <P or -> <path>``."""
+    def _pools(self, request: QuotaRequest, binary: str) -> tuple[tuple[str, ...], str | None]:
+        """The pools whose quotas apply to new files in the directory, or an error saying why
+        they could not be found; none where this `lfs` has no pool quotas."""
+        try:
+            if not self.placements.has_pool_quotas(binary, request.deadline):
+                return (), None
+            placement = self.placements.read(
+                request.directory, request.mount, binary, request.settings, request.deadline
+            )
+        except ProbeFailure as failure:
+            return (), f"pool quotas not read: {failure.error}: {failure.message}"
+        return placement.layout.pools, None
+
+    def read(self, request: QuotaRequest) -> QuotaReading:
+        binary = lfs_binary(request.settings.lfs)
+        outcomes = [
+            self._outcome(request, binary, quota_type, quota_id, None)
+            for quota_type, quota_id in request.queries
+        ]
+        if not any(outcome.entry is not None for outcome in outcomes):
+            return QuotaReading(tuple(outcomes))  # lfs answers nothing here: ask no more
+        pools, error = self._pools(request, binary)
+        for pool in pools:
+            for quota_type, quota_id in request.queries:
+                outcome = self._outcome(request, binary, quota_type, quota_id, pool)
+                if _limited(outcome):
+                    outcomes.append(outcome)
+        return QuotaReading(tuple(outcomes), (error,) if error else ())
+
+    def project(
+        self, directory: str, settings: ServerProbeSettings, deadline: Deadline
+    ) -> DirectoryProject:
+        """``lfs project -d DIR`` prints ``<projid> <P or -> <path>``; P is the inherit flag."""
         run = run_lfs(
             ("project", "-d", directory),
             binary=lfs_binary(settings.lfs),
@@ -196,4 +261,4 @@ class LustreQuotaProvider(QuotaProvider):
             raise ProbeFailure(status_error_name(run.status), f"{run.command}: {said}")
         if match is None:
             raise ProbeFailure(PARSE, f"{run.command}: cannot read {run.stdout.strip()!r}")
-        return int(match.group(1))
+        return DirectoryProject(int(match.group(1)), match.group(2) == "P")

@@ -1,0 +1,88 @@
+"""The default layout of a directory, from ``lfs getstripe -d -y DIR``: where new files land.
+
+A new file takes its directory's default layout (or, when the directory has none, the
+filesystem root's: the kernel returns that one unless ``--raw`` is given). What fsprobe needs
+of it is which OST pools the data can go to: a component with a pool places its stripes only on
+that pool's OSTs, one without a pool anywhere, and a Data-on-MDT component (pattern ``mdt``) on
+no OST at all. Composite (PFL, self-extending, mirrored) layouts have one sub-layout per
+component, each with its own pool.
+
+The YAML form (``-y``, in every version from 2.12 on) has one ``key: value`` per line. Up to
+2.15 a composite layout lists its components as ``  componentN:`` keys with two leading spaces
+on the header; from 2.16 (LU-15565) as a ``components:`` list of ``  - lcme_id: ...`` items
+without the leading spaces. A plain layout is the same in all: ``stripe_count``,
+``stripe_size``, ``pattern``, ``stripe_offset`` and ``pool`` when there is one. Every line that
+is not of that form is reported, not skipped; keys fsprobe does not need are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fsprobe.errors import PARSE, ProbeFailure
+from fsprobe.lustre.runner import LfsRun, status_error_name
+
+#: ``key: value`` or a bare ``key:`` (a component or a sub-layout), indented, maybe a list item.
+_LINE = re.compile(r"^\s*(?:- )?([A-Za-z_][A-Za-z0-9_.]*):(?:\s+(\S+))?\s*$")
+#: The key that opens a component in every version (``componentN:`` only up to 2.15).
+_COMPONENT_START = "lcme_id"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One component of a layout: the pool its stripes go to, or Data-on-MDT."""
+
+    pool: str | None
+    on_mdt: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A directory's default layout, as far as placement goes."""
+
+    components: tuple[Component, ...]
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        """The pools that OST components name, sorted, each once."""
+        return tuple(sorted({c.pool for c in self.components if c.pool and not c.on_mdt}))
+
+    @property
+    def anywhere(self) -> bool:
+        """Whether some component may place data on any OST (it names no pool)."""
+        return any(c.pool is None and not c.on_mdt for c in self.components)
+
+
+def _component(fields: dict[str, str]) -> Component:
+    return Component(pool=fields.get("pool") or None, on_mdt=fields.get("pattern") == "mdt")
+
+
+def parse_layout(run: LfsRun) -> Layout:
+    """The layout `lfs getstripe -d -y` printed; ProbeFailure for a failed run or a line that
+    is not YAML of the expected form (named, with the command)."""
+    if run.status != 0:
+        said = run.stderr.strip() or "no message"
+        raise ProbeFailure(status_error_name(run.status), f"{run.command}: {said}")
+    components: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    for line in run.stdout.splitlines():
+        if not line.strip():
+            continue
+        match = _LINE.match(line)
+        if match is None:
+            raise ProbeFailure(PARSE, f"{run.command}: cannot read {line.strip()!r}")
+        key, value = match.group(1), match.group(2)
+        if key == _COMPONENT_START:
+            if current:
+                components.append(current)
+            current = {}
+        if value is not None:
+            current[key] = value
+    if current:
+        components.append(current)
+    # The composite header (lcm_*) precedes the first component: it holds no sub-layout.
+    placed = [fields for fields in components if "pattern" in fields or "pool" in fields]
+    if not placed:
+        raise ProbeFailure(PARSE, f"{run.command}: printed no layout ({run.stdout.strip()!r})")
+    return Layout(tuple(_component(fields) for fields in placed))

@@ -1,0 +1,152 @@
+"""Where a new checkpoint in a directory can land: its layout's pools and their OSTs, cached.
+
+The quota probe (for pool quotas) and the `lfs df` probe (for the OSTs worth judging) both ask
+this. Each answer is kept for the quota interval (`ServerProbeSettings.cache_seconds`), and at
+least for one probe deadline so that the two probes of one round share it; a save never asks.
+Per directory that is one ``lfs getstripe -d -y`` (one getattr RPC to the MDS, two when the
+directory has no layout of its own and the root's applies); per filesystem and pool one
+``lfs pool_list`` (the client's own pool table: no RPC); per `lfs` binary one ``lfs --version``
+(no RPC), kept for an hour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from fsprobe.errors import ProbeFailure
+from fsprobe.lustre.layout import Layout, parse_layout
+from fsprobe.lustre.pools import (
+    POOL_QUOTA_VERSION,
+    fsname_from_mount,
+    parse_getname,
+    parse_pool_members,
+    parse_version,
+)
+from fsprobe.lustre.runner import run_lfs
+from fsprobe.model import TIMEOUT, LustreTarget, Mount
+from fsprobe.quota.cache import SingleFlight
+from fsprobe.quota.provider import Deadline
+from fsprobe.quota.settings import ServerProbeSettings
+
+#: How long a version answer is kept: an `lfs` binary is replaced only by an upgrade.
+VERSION_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A directory's default layout and the OSTs of each pool it names."""
+
+    layout: Layout
+    members: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def pools_of(self, ost: str) -> tuple[str, ...]:
+        """The layout's pools that hold `ost` (a name without ``_UUID``)."""
+        return tuple(pool for pool in self.layout.pools if ost in self.members.get(pool, ()))
+
+    def reaches(self, ost: str) -> bool:
+        """Whether a new file's data can land on `ost`."""
+        return self.layout.anywhere or bool(self.pools_of(ost))
+
+    def mark(self, targets: tuple[LustreTarget, ...]) -> tuple[LustreTarget, ...]:
+        """`targets` with each OST's pools and whether the layout reaches it."""
+        return tuple(
+            replace(t, pools=self.pools_of(t.name), in_layout=self.reaches(t.name))
+            if t.kind == "OST"
+            else t
+            for t in targets
+        )
+
+
+def _filesystem_key(directory: str, mount: Mount | None) -> object:
+    return (mount.device, mount.mountpoint) if mount is not None else directory
+
+
+class Placements:
+    """Reads placements and remembers them; one instance serves every target of a process."""
+
+    def __init__(self) -> None:
+        self._layouts: SingleFlight[Layout | ProbeFailure] = SingleFlight()
+        self._names: SingleFlight[str | ProbeFailure] = SingleFlight()
+        self._members: SingleFlight[frozenset[str] | ProbeFailure] = SingleFlight()
+        self._versions: SingleFlight[tuple[int, int] | ProbeFailure] = SingleFlight()
+
+    def clear(self) -> None:
+        for cache in (self._layouts, self._names, self._members, self._versions):
+            cache.clear()
+
+    def _get(self, cache: SingleFlight, key: object, compute, ttl: float, deadline: Deadline):
+        try:
+            value = cache.get(key, compute, ttl=ttl, wait=deadline.remaining())
+        except TimeoutError:
+            raise ProbeFailure(TIMEOUT, "another probe's lfs call was still running") from None
+        if isinstance(value, ProbeFailure):
+            raise value.again()
+        return value
+
+    @staticmethod
+    def _run(args: tuple[str, ...], binary: str, deadline: Deadline, parse):
+        """Run lfs and parse; failures are returned (they are cached and shared), not raised."""
+        try:
+            return parse(run_lfs(args, binary=binary, timeout=deadline.remaining()))
+        except (OSError, ProbeFailure) as error:
+            return ProbeFailure.of(error)
+
+    def read(
+        self,
+        directory: str,
+        mount: Mount | None,
+        binary: str,
+        settings: ServerProbeSettings,
+        deadline: Deadline,
+    ) -> Placement:
+        """The placement of new files in `directory`; ProbeFailure when it cannot be read."""
+        ttl = max(settings.cache_seconds, settings.timeout)
+        layout: Layout = self._get(
+            self._layouts,
+            (directory, binary),
+            lambda: self._run(("getstripe", "-d", "-y", directory), binary, deadline, parse_layout),
+            ttl,
+            deadline,
+        )
+        if not layout.pools:
+            return Placement(layout)
+        filesystem = _filesystem_key(directory, mount)
+        fsname = fsname_from_mount(mount) or self._get(
+            self._names,
+            (filesystem, binary),
+            lambda: self._run(("getname", directory), binary, deadline, parse_getname),
+            ttl,
+            deadline,
+        )
+        members = {
+            pool: self._get(
+                self._members,
+                (filesystem, pool, binary),
+                lambda pool=pool: self._run(
+                    ("pool_list", f"{fsname}.{pool}"),
+                    binary,
+                    deadline,
+                    lambda run, pool=pool: parse_pool_members(run, fsname, pool),
+                ),
+                ttl,
+                deadline,
+            )
+            for pool in layout.pools
+        }
+        return Placement(layout, members)
+
+    def has_pool_quotas(self, binary: str, deadline: Deadline) -> bool:
+        """Whether this `lfs` takes ``quota --pool`` (2.14+); ProbeFailure when it cannot tell."""
+        version: tuple[int, int] = self._get(
+            self._versions,
+            binary,
+            lambda: self._run(("--version",), binary, deadline, parse_version),
+            VERSION_SECONDS,
+            deadline,
+        )
+        return version >= POOL_QUOTA_VERSION
+
+
+#: The placements of this process (the quota and `lfs df` probes share them).
+PLACEMENTS = Placements()

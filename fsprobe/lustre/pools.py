@@ -1,0 +1,80 @@
+"""OST pools and the facts around them: which OSTs a pool holds, the filesystem's name, and
+whether this `lfs` has pool quotas.
+
+- ``lfs pool_list FSNAME.POOL`` prints ``Pool: FSNAME.POOL`` and then one OST UUID per line
+  (``lustre-OST0000_UUID``), the same from 2.12 to 2.16. It reads the client's own copy of the
+  pool table (``lov.*.pools.POOL``), so it sends no RPC. The path form (``lfs pool_list DIR``)
+  is not used: up to 2.12 it printed the path where the filesystem name belongs (LU-12473).
+- The filesystem name comes from the mount source (``mgsnid[:mgsnid]:/FSNAME[/subdir]``) or,
+  where the source does not show it, from ``lfs getname DIR`` (``FSNAME-<instance> DIR``, no RPC).
+- ``lfs --version`` prints ``lfs 2.15.3`` (with vendor suffixes such as ``2.15.3_ddn12``);
+  ``lfs quota --pool`` exists from 2.14 on (LU-11023).
+"""
+
+from __future__ import annotations
+
+import re
+
+from fsprobe.errors import PARSE, ProbeFailure
+from fsprobe.lustre.runner import LfsRun, status_error_name
+from fsprobe.model import Mount
+
+#: The first version whose `lfs quota` takes ``--pool``.
+POOL_QUOTA_VERSION = (2, 14)
+
+_SOURCE = re.compile(r":/([A-Za-z0-9_-]{1,8})(?:/.*)?$")
+_POOL_HEADER = re.compile(r"^Pool: (\S+)$")
+_MEMBER = re.compile(r"^(\S+)_UUID$")
+_VERSION = re.compile(r"^lfs (\d+)\.(\d+)(?:[.\w+~-]*)$")
+_GETNAME = re.compile(r"^(\S+)-[0-9a-f]+ \S.*$")
+
+
+def _failed(run: LfsRun) -> ProbeFailure:
+    said = run.stderr.strip() or "no message"
+    return ProbeFailure(status_error_name(run.status), f"{run.command}: {said}")
+
+
+def fsname_from_mount(mount: Mount | None) -> str | None:
+    """The filesystem name in a Lustre client mount's source, or None when it shows none."""
+    if mount is None:
+        return None
+    match = _SOURCE.search(mount.source)
+    return match.group(1) if match else None
+
+
+def parse_getname(run: LfsRun) -> str:
+    """The filesystem name from ``lfs getname DIR``."""
+    if run.status != 0:
+        raise _failed(run)
+    lines = run.stdout.splitlines()
+    match = _GETNAME.match(lines[0]) if len(lines) == 1 else None
+    if match is None:
+        raise ProbeFailure(PARSE, f"{run.command}: cannot read {run.stdout.strip()!r}")
+    return match.group(1)
+
+
+def parse_pool_members(run: LfsRun, fsname: str, pool: str) -> frozenset[str]:
+    """The OSTs (names without ``_UUID``) of `pool` from ``lfs pool_list FSNAME.POOL``."""
+    if run.status != 0:
+        raise _failed(run)
+    lines = [line for line in run.stdout.splitlines() if line.strip()]
+    header = _POOL_HEADER.match(lines[0]) if lines else None
+    if header is None or header.group(1) != f"{fsname}.{pool}":
+        first = lines[0] if lines else ""
+        raise ProbeFailure(PARSE, f"{run.command}: expected 'Pool: {fsname}.{pool}', not {first!r}")
+    members = set()
+    for line in lines[1:]:
+        member = _MEMBER.match(line.strip())
+        if member is None:
+            raise ProbeFailure(PARSE, f"{run.command}: cannot read {line.strip()!r}")
+        members.add(member.group(1))
+    return frozenset(members)
+
+
+def parse_version(run: LfsRun) -> tuple[int, int]:
+    """(major, minor) from ``lfs --version``."""
+    match = _VERSION.match(run.stdout.strip()) if run.status == 0 else None
+    if match is None:
+        said = (run.stdout.strip() or run.stderr.strip()) or "nothing"
+        raise ProbeFailure(PARSE, f"{run.command}: cannot read a version in {said!r}")
+    return int(match.group(1)), int(match.group(2))
