@@ -59,6 +59,16 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_write_step_seconds",
         "fsprobe_tmpdir_same_device",
         "fsprobe_redirected_pending_bytes",
+        "fsprobe_saves_total",
+        "fsprobe_save_failed_attempts_total",
+        "fsprobe_save_duration_seconds_bucket",
+        "fsprobe_save_duration_seconds_sum",
+        "fsprobe_save_duration_seconds_count",
+        "fsprobe_save_bytes_total",
+        "fsprobe_last_save_timestamp_seconds",
+        "fsprobe_last_successful_save_timestamp_seconds",
+        "fsprobe_save_interval_seconds",
+        "fsprobe_save_events_dropped_total",
     }
 )
 

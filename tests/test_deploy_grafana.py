@@ -63,6 +63,10 @@ def test_variables_datasource_instance_and_path(dashboard: dict) -> None:
     assert "$instance" in variables["path"]["query"], "path should follow instance"
 
 
+#: Families about the daemon itself, without a path label.
+DAEMON_WIDE = ("fsprobe_build_info", "fsprobe_save_events_dropped_total")
+
+
 def test_every_query_uses_the_datasource_variable_and_the_selection(dashboard: dict) -> None:
     for panel in _panels(dashboard):
         if panel["type"] == "row":
@@ -71,7 +75,7 @@ def test_every_query_uses_the_datasource_variable_and_the_selection(dashboard: d
         for target in panel["targets"]:
             assert target["datasource"] == DATASOURCE, panel["title"]
             assert 'instance=~"$instance"' in target["expr"], panel["title"]
-            if "build_info" not in target["expr"]:
+            if not any(daemon_wide in target["expr"] for daemon_wide in DAEMON_WIDE):
                 assert 'path=~"$path"' in target["expr"], panel["title"]
 
 
@@ -137,6 +141,10 @@ def test_headroom_gauges_have_the_alert_thresholds(dashboard: dict) -> None:
         ("timeseries", "sum by (probe, errno) (increase(fsprobe_probe_errors_total"),
         ("bargauge", "fsprobe:lustre_target_free:ratio"),
         ("timeseries", "fsprobe_redirected_pending_bytes"),
+        ("timeseries", "sum by (outcome) (increase(fsprobe_saves_total"),
+        ("timeseries", "sum by (errno) (increase(fsprobe_save_failed_attempts_total"),
+        ("timeseries", "fsprobe_save_duration_seconds_bucket"),
+        ("timeseries", "/ fsprobe_save_interval_seconds"),
     ],
 )
 def test_dashboard_has_the_promised_panel(dashboard: dict, panel_type: str, needle: str) -> None:

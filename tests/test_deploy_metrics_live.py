@@ -15,6 +15,8 @@ from pathlib import Path
 
 import deploy_metrics
 
+import fsprobe
+from fsprobe.saving.retry import Backoff
 from tests.daemon_process import DaemonProcess, clean_environment
 from tests.fakes.fake_lfs import FAKE_LFS
 
@@ -61,6 +63,18 @@ def test_rules_and_dashboard_use_only_metrics_the_daemon_exports(tmp_path, fault
         ):
             daemon.wait_for_present(name)
         daemon.wait_for_value("fsprobe_probe_errors_total", 1.0, probe="write", errno="EIO")
+        # Real saves, one of them retried, and one outside the target: every save series.
+        faultfs.ctl.fail("write", "EIO", path="*~ckpt.pt.tmp")
+        for directory in (target, target, target, tmp_path):
+            fsprobe.atomic_write(
+                directory / "ckpt.pt",
+                lambda f: f.write(b"x"),
+                state_dir=str(daemon.state_dir),
+                backoff=Backoff(sleep=lambda seconds: None),
+            )
+        daemon.wait_for_present("fsprobe_save_interval_seconds")
+        daemon.wait_for_present("fsprobe_save_events_dropped_total")
+        daemon.wait_for_present("fsprobe_save_failed_attempts_total")
         status, body = daemon.get()
     assert status == 200
     exposed = deploy_metrics.exposed_metric_names(body.decode())

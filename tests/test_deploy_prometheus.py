@@ -45,6 +45,10 @@ DESIGN_ALERTS = {
     "FsprobeTmpdirCrossDevice",
     "FsprobeRedirectedCheckpointsPending",
     "FsprobeDown",
+    "FsprobeSaveRetried",
+    "FsprobeSaveRedirected",
+    "FsprobeSaveFailed",
+    "FsprobeCheckpointOverdue",
 }
 #: Alerts about fsprobe itself, not about a watched path.
 SELF_ALERTS = {"FsprobeDown"}

@@ -26,6 +26,7 @@ from tests.support.ranks import run_ranks
 from tests.support.users import share
 
 HERE = "tests.test_save_events"
+RULES = REPO_ROOT / "deploy" / "prometheus" / "fsprobe.rules.yml"
 NO_WAIT = Backoff(sleep=lambda seconds: None)
 CHUNK = b"x" * 65536
 
@@ -341,3 +342,42 @@ def test_a_user_may_report_where_she_could_write():
     assert not may_report(alice, None, daemon)  # the directory not seen yet
     assert may_report(Sender(0, 0, 1), None, daemon)
     assert may_report(Sender(daemon, 7, 1), None, daemon)  # a sidecar's own user
+
+
+def overdue_alerts(prometheus, path: str) -> list[dict]:
+    return [
+        alert
+        for alert in prometheus.alerts()
+        if alert["labels"]["alertname"] == "FsprobeCheckpointOverdue"
+        and alert["labels"].get("path") == path
+    ]
+
+
+@pytest.mark.prometheus
+def test_prometheus_fires_checkpoint_overdue_when_a_saving_loop_stops(
+    tmp_path, prometheus_for, monkeypatch
+):
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        prometheus = prometheus_for(daemon.url.split("//")[1].split("/")[0], [RULES])
+        prometheus.wait_for('up{job="fsprobe"}', 1.0)
+        path = str(target)
+        for step in range(8):  # a trainer that checkpoints every 1.5 s
+            fsprobe.atomic_write(target / f"step-{step}.pt", lambda f: f.write(CHUNK))
+            if step >= 3:
+                assert overdue_alerts(prometheus, path) == []
+            time.sleep(1.5)
+        interval = prometheus.value(f'fsprobe_save_interval_seconds{{path="{path}"}}')
+        assert interval == pytest.approx(1.5, abs=0.5)
+        assert overdue_alerts(prometheus, path) == []
+        stopped = time.monotonic()  # the loop stops: the job hangs, fsprobe stays up
+        deadline = stopped + 30
+        while not [a for a in overdue_alerts(prometheus, path) if a["state"] == "firing"]:
+            assert time.monotonic() < deadline, prometheus.alerts()
+            time.sleep(0.2)
+        assert time.monotonic() - stopped >= 2 * interval  # not before it was overdue
+        (alert,) = overdue_alerts(prometheus, path)
+        assert alert["labels"]["severity"] == "critical"
+        assert "it is saved about every 1" in alert["annotations"]["description"]
