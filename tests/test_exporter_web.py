@@ -11,13 +11,15 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
 import bcrypt
 import pytest
 
-from fsprobe.exporters.auth import BasicAuth
+from fsprobe.exporters import auth as auth_module
+from fsprobe.exporters.auth import Admission, BasicAuth
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.webconfig import WebConfig, WebConfigError, load_web_config
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
@@ -269,3 +271,41 @@ def test_basic_auth_is_safe_to_use_from_many_threads():
     for thread in threads:
         thread.join()
     assert sorted(results) == [False] * 8 + [True] * 8
+
+
+def test_bcrypt_checks_are_admitted_within_a_queue_and_a_share_per_address():
+    """A wrong password must not hold a connection for its turn at bcrypt: what the bounded
+    queue (and one address's share of it) cannot take is refused at once, and a verdict
+    reached is remembered, so repeating a credential costs no bcrypt either way."""
+    auth = BasicAuth({"alice": hashed("right").encode()})
+    wrong = [basic("alice", f"wrong-{n}")["Authorization"] for n in range(auth_module.QUEUE + 1)]
+    first, second, third = wrong[:3]
+    assert auth.admit(first, "10.0.0.1") is Admission.CHECK
+    assert auth.admit(second, "10.0.0.1") is Admission.CHECK
+    assert auth.admit(third, "10.0.0.1") is Admission.BUSY  # that address's share is taken
+    others = [auth.admit(header, f"10.0.1.{n}") for n, header in enumerate(wrong[2:])]
+    assert others == [Admission.CHECK] * (auth_module.QUEUE - 2) + [Admission.BUSY]
+    assert not auth.check(first)
+    auth.release("10.0.0.1")
+    assert auth.admit(first, "10.0.0.1") is Admission.FAIL  # remembered: no bcrypt, no place
+    assert auth.admit(third, "10.0.0.1") is Admission.CHECK  # the place given back
+    right = basic("alice", "right")["Authorization"]
+    assert auth.admit(right, "10.0.0.1") is Admission.BUSY  # a first login waits its turn too
+    assert auth.check(right)
+    assert auth.admit(right, "10.0.0.1") is Admission.PASS  # and then never again
+    assert auth.admit(None, "10.0.0.1") is Admission.FAIL  # nothing to check: no bcrypt
+    assert BasicAuth({}).admit(None, "10.0.0.1") is Admission.PASS
+
+
+def test_a_failure_is_remembered_only_for_a_while_and_in_bounded_number(monkeypatch):
+    monkeypatch.setattr(auth_module, "FAILURES_KEPT", 2)
+    auth = BasicAuth({"alice": hashed("right").encode()})
+    headers = [basic("alice", f"wrong-{n}")["Authorization"] for n in range(3)]
+    for header in headers:
+        assert not auth.check(header)
+    assert auth.admit(headers[0], "a") is Admission.CHECK  # the oldest was forgotten
+    auth.release("a")
+    assert auth.admit(headers[2], "a") is Admission.FAIL
+    later = time.monotonic() + auth_module.FAILURE_MEMORY + 1
+    monkeypatch.setattr(auth_module.time, "monotonic", lambda: later)
+    assert auth.admit(headers[2], "a") is Admission.CHECK  # FAILURE_MEMORY is over

@@ -1,23 +1,52 @@
-"""Basic auth against bcrypt hashes, as the Prometheus exporters check it.
+"""Basic auth against bcrypt hashes, as the Prometheus exporters check it, without letting
+wrong passwords starve a scraper that knows the right one.
 
-A bcrypt check costs about 100 ms of CPU by design, and Prometheus sends the same credentials
-on every scrape; so a successful check is remembered (as a SHA-256 digest of user, password and
-hash, never the password) and later scrapes cost microseconds. Failed checks are not
-remembered: guessing stays as slow as bcrypt makes it. An unknown user is checked against a
-dummy hash, so that the answer takes as long as for a known one, and the digests are compared
-in constant time.
+A bcrypt check costs about 100-300 ms of CPU by design, and Prometheus sends the same
+credentials on every scrape; so the verdict on credentials is remembered (as a SHA-256 digest
+of user, password and hash, never the password): a success for good (until the web config is
+reloaded), a failure for `FAILURE_MEMORY` seconds, so a scraper with a stale password costs one
+bcrypt, not one a scrape. An unknown user is checked against a dummy hash, so that the answer
+takes as long as for a known one, and the digests are compared in constant time.
+
+What is not remembered needs a bcrypt, and those are admitted in a bounded order (`admit`):
+at most `QUEUE` checks wait or run at once, at most `PER_ADDRESS` of them for one client
+address; any other is refused at once (the server answers 429, "retry later"), so it holds its
+connection's slot for microseconds, not for its turn at bcrypt. 1,000 connections with distinct
+wrong passwords had filled every slot of the server while they queued for the two bcrypt
+threads, and the known scraper waited 8-9 s in the kernel's backlog behind them.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import hashlib
 import hmac
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 
 from fsprobe.exporters.webconfig import import_extra
+
+#: bcrypt checks that may wait or run at once, from all clients together.
+QUEUE = 8
+#: Of those, how many one client address may hold: a flood from one host leaves the rest of
+#: the queue to others (a scraper's first scrape after a restart, from its own address).
+PER_ADDRESS = 2
+#: Seconds a failed credential is answered from memory, and how many are remembered.
+FAILURE_MEMORY = 60.0
+FAILURES_KEPT = 4096
+
+
+class Admission(enum.Enum):
+    """What `BasicAuth.admit` decided for a request."""
+
+    PASS = "pass"  # no users configured, or these credentials passed before
+    FAIL = "fail"  # no usable credentials, or these failed recently
+    BUSY = "busy"  # needs a bcrypt, and the queue (or this address's share) is full
+    CHECK = "check"  # needs a bcrypt: run `check`, then `release` the place
 
 
 class BasicAuth:
@@ -31,51 +60,74 @@ class BasicAuth:
         )
         self._lock = threading.Lock()
         self._verified: dict[str, bytes] = {}  # user -> digest of the last password that passed
+        self._failed: OrderedDict[bytes, float] = OrderedDict()  # digest -> remembered until
+        self._queued = 0  # admitted bcrypt checks not yet released (the event loop's only)
+        self._queued_by: dict[str, int] = {}  # the same, per client address
 
     @property
     def required(self) -> bool:
         return bool(self._users)
 
-    def remembered(self, header: str | None) -> bool:
-        """Whether the request may pass without a bcrypt check: no users are configured, or
-        these credentials passed one before.
+    def admit(self, header: str | None, client: str) -> Admission:
+        """What to do with a request from `client` carrying `header`, in microseconds.
 
-        Microseconds, so the server asks this on its event loop and sends only the rest to
-        the bcrypt threads: a flood of wrong passwords then queues nobody who knows the
-        right one (Prometheus scraping, after its first scrape).
+        Called on the server's event loop (as is `release`), so that only what needs a bcrypt
+        goes to the bcrypt threads, and only as much of it as the queue holds.
         """
         if not self._users:
-            return True
+            return Admission.PASS
         credentials = _parse(header)
-        return credentials is not None and self._remembered(*credentials)
+        if credentials is None:
+            return Admission.FAIL
+        digest = self._digest(*credentials)
+        with self._lock:
+            if hmac.compare_digest(self._verified.get(credentials[0], b""), digest):
+                return Admission.PASS
+            if self._failed.get(digest, 0.0) > time.monotonic():
+                return Admission.FAIL
+        if self._queued >= QUEUE or self._queued_by.get(client, 0) >= PER_ADDRESS:
+            return Admission.BUSY
+        self._queued += 1
+        self._queued_by[client] = self._queued_by.get(client, 0) + 1
+        return Admission.CHECK
+
+    def release(self, client: str) -> None:
+        """The bcrypt check admitted for `client` is over."""
+        self._queued -= 1
+        left = self._queued_by.pop(client, 1) - 1
+        if left:
+            self._queued_by[client] = left
 
     def _digest(self, user: str, password: bytes) -> bytes:
         hashed = self._users.get(user) or b""
         return hashlib.sha256(b"\0".join((user.encode(), password, hashed))).digest()
 
-    def _remembered(self, user: str, password: bytes) -> bool:
-        with self._lock:
-            known = self._verified.get(user)
-        return known is not None and hmac.compare_digest(known, self._digest(user, password))
-
     def check(self, header: str | None) -> bool:
-        """Whether the request may pass: always when no users are configured."""
+        """Whether the request may pass (always when no users are configured): the bcrypt
+        check, which also records its verdict for `admit`."""
         if not self._users:
             return True
         credentials = _parse(header)
         if credentials is None:
             return False
         user, password = credentials
-        if self._remembered(user, password):
-            return True
+        digest = self._digest(user, password)
+        with self._lock:
+            if hmac.compare_digest(self._verified.get(user, b""), digest):
+                return True
         hashed = self._users.get(user)
         try:
             valid = self._bcrypt.checkpw(password, hashed or self._dummy) and hashed is not None
         except ValueError:  # a password longer than bcrypt's 72 bytes
-            return False
-        if valid:
-            with self._lock:
-                self._verified[user] = self._digest(user, password)
+            valid = False
+        with self._lock:
+            if valid:
+                self._verified[user] = digest
+            else:
+                self._failed[digest] = time.monotonic() + FAILURE_MEMORY
+                self._failed.move_to_end(digest)
+                while len(self._failed) > FAILURES_KEPT:
+                    self._failed.popitem(last=False)
         return valid
 
 

@@ -5,9 +5,10 @@ hostile client can exhaust. A thread per connection (prometheus_client's server)
 connections that never finish their headers hold 1,500 threads. Here:
 
 - one thread runs an asyncio loop that serves every connection; the bcrypt check of basic
-  auth, the only slow step, runs in a pool of `AUTH_THREADS`, and only for credentials that
-  have not passed before (those are answered on the loop: a flood of wrong passwords queues
-  no scraper that knows the right one);
+  auth, the only slow step, runs in a pool of `AUTH_THREADS`, and only for credentials whose
+  verdict is not remembered, within the bounded queue of `auth.BasicAuth.admit` (the rest are
+  answered 429 at once: a flood of wrong passwords holds no slot for its turn at bcrypt, and
+  queues no scraper that knows the right one);
 - at most `MAX_CONNECTIONS` are open at once; when full, the oldest connection that has not
   sent its whole request head within `MIN_HEAD_AGE` gives way to a new one (a real scraper
   sends its head at once, a slow-header client never does); with no such connection, new
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from fsprobe.exporters.auth import BasicAuth
+from fsprobe.exporters.auth import Admission, BasicAuth
 from fsprobe.exporters.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -226,16 +227,26 @@ class _Connection(asyncio.Protocol):
             method, path, headers = _parse_head(head)
             security = self.server.security
             credentials = headers.get("authorization")
-            allowed = security.auth.remembered(credentials)  # no users, or a known scraper
-            if not allowed:
-                allowed = await self.loop.run_in_executor(
-                    self.server.auth_pool, security.auth.check, credentials
-                )
+            admission = security.auth.admit(credentials, self.client)
+            allowed = admission is Admission.PASS
+            if admission is Admission.CHECK:
+                try:
+                    allowed = await self.loop.run_in_executor(
+                        self.server.auth_pool, security.auth.check, credentials
+                    )
+                finally:
+                    security.auth.release(self.client)
         except _ClientFailed as failure:
             await self.answer_error(failure)
             return
         extra = list(security.web.headers.items())
-        if not allowed:
+        if admission is Admission.BUSY:
+            await self.send(
+                "429 Too Many Requests",
+                [*extra, ("Retry-After", "1"), ("Content-Type", "text/plain; charset=utf-8")],
+                [b"Too many password checks at once: retry later\n"],
+            )
+        elif not allowed:
             await self.send(
                 "401 Unauthorized",
                 [*extra, ("WWW-Authenticate", 'Basic realm="fsprobe"'),
