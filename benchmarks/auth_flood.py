@@ -145,7 +145,7 @@ def measure(tree: Path, clients: int, duration: float, per_client: int) -> None:
         latencies = [seconds for seconds, _ in results]
         failed = sum(1 for _, status in results if status != 200)
         print(
-            f"{str(tree):<24} {name:<14} scrapes={len(results):<4} failed={failed:<3} "
+            f"{tree!s:<24} {name:<14} scrapes={len(results):<4} failed={failed:<3} "
             f"p50={percentile(latencies, 0.5) * 1000:8.1f} ms  "
             f"p99={percentile(latencies, 0.99) * 1000:8.1f} ms  "
             f"max={max(latencies) * 1000:8.1f} ms",

@@ -228,21 +228,6 @@ def same_version(first: os.stat_result, second: os.stat_result) -> bool:
     )
 
 
-def publish_file(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so that a reader sees the old content or the new, never half.
-
-    For what fsprobe publishes for others to read (the state file, the node_exporter textfile):
-    a temp file of ours in the same directory, then a rename. No fsync: these files are
-    rewritten every few seconds, and after a crash the next probe round writes them again.
-    """
-    directory, name = os.path.split(path)
-    with TempFile(None, os.path.join(directory, temp_name(name)), mode) as temporary:
-        os.fchmod(temporary.fd, mode)  # exactly `mode`, whatever the umask
-        with open(temporary.fd, "wb", closefd=False) as stream:
-            stream.write(data)
-        temporary.rename(path)
-
-
 def fsync_directory(path: str) -> None:
     """Make a rename in `path` durable: without this a crash can undo it."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

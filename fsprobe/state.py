@@ -11,17 +11,16 @@ Redirect destinations never come from this file; they are always the caller's ow
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsprobe.atomic import lock_within, publish_file
+from fsprobe.atomic import lock_within
 from fsprobe.model import LastSave
+from fsprobe.outputdir import OutputDirectory, check_trusted
 from fsprobe.paths import is_under
 from fsprobe.report import Report, ReportFormatError, last_save_from_dict, last_save_to_dict
 from fsprobe.version import __version__
@@ -62,9 +61,12 @@ def ensure_state_dir(state_dir: str) -> None:
     In a shared /tmp another user could create ``/tmp/fsprobe-<uid>`` first; writing into it
     would hand them our state, so that is refused rather than worked around.
     """
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(state_dir, 0o755)
-    _check_trusted(os.lstat(state_dir), state_dir, "state directory", directory=True)
+    open_state_dir(state_dir).close()
+
+
+def open_state_dir(state_dir: str) -> OutputDirectory:
+    """The state dir, created if missing, opened once and checked (`UntrustedStateFile`)."""
+    return OutputDirectory(state_dir, "state directory", create=True, refusal=UntrustedStateFile)
 
 
 #: The lock file of a state dir's one writer; never removed (a new file would be a new lock).
@@ -84,20 +86,8 @@ def _open_in_state_dir(state_dir: str, name: str, what: str, flags: int, mode: i
     Relative to a descriptor of the directory, so that a rename of the path in between cannot
     send us elsewhere; O_NONBLOCK so that a fifo planted there cannot block the open.
     """
-    directory = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        _check_trusted(os.fstat(directory), state_dir, "state directory", directory=True)
-        fd = os.open(
-            name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=directory
-        )
-    finally:
-        os.close(directory)
-    try:
-        _check_trusted(os.fstat(fd), os.path.join(state_dir, name), what, directory=False)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    with OutputDirectory(state_dir, "state directory", refusal=UntrustedStateFile) as directory:
+        return directory.open(name, flags, what, mode)
 
 
 class WriterLock:
@@ -113,18 +103,24 @@ class WriterLock:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self._fd: int | None = None
+        #: The state dir, opened once when the lock is taken: the writer writes its state
+        #: file relative to it for as long as it holds the lock.
+        self.directory: OutputDirectory | None = None
 
     def acquire(self) -> None:
         """Take the lock; `StateDirBusy` if another process holds it."""
-        ensure_state_dir(self.state_dir)
-        # Readable by its owner only: anyone who can open it can hold a lock on it, and a
-        # shared lock held by another user would keep the daemon from ever starting again.
-        fd = _open_in_state_dir(
-            self.state_dir, LOCK_FILE, "lock file", os.O_RDWR | os.O_CREAT, mode=0o600
-        )
+        directory = open_state_dir(self.state_dir)
+        try:
+            # Readable by its owner only: anyone who can open it can hold a lock on it, and a
+            # shared lock held by another user would keep the daemon from ever starting again.
+            fd = directory.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, "lock file", mode=0o600)
+        except BaseException:
+            directory.close()
+            raise
         if not lock_within(fd, LOCK_PATIENCE_SECONDS, 0.02):
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             os.close(fd)
+            directory.close()
             raise StateDirBusy(
                 f"{self.state_dir} is the state dir of another running fsprobe "
                 f"(pid {holder or 'unknown'}), which writes its {STATE_FILE}: stop that "
@@ -134,11 +130,15 @@ class WriterLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        self.directory = directory
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing drops the lock
             self._fd = None
+        if self.directory is not None:
+            self.directory.close()
+            self.directory = None
 
 
 def writer_running(state_dir: str) -> bool | None:
@@ -158,42 +158,32 @@ def writer_running(state_dir: str) -> bool | None:
 
 
 def _check_trusted(info: os.stat_result, path: str, what: str, directory: bool) -> None:
-    expected = stat.S_ISDIR if directory else stat.S_ISREG
-    if not expected(info.st_mode):
-        raise UntrustedStateFile(f"{what} {path} is not a {'directory' if directory else 'file'}")
-    if info.st_uid not in (os.getuid(), 0):
-        raise UntrustedStateFile(
-            f"{what} {path} belongs to uid {info.st_uid}, not to you ({os.getuid()}) or root"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UntrustedStateFile(
-            f"{what} {path} is writable by group or others (mode {stat.filemode(info.st_mode)})"
-        )
+    check_trusted(info, path, what, directory, UntrustedStateFile)
 
 
 def write_state(
-    state_dir: str, generated_at: float, writer: Writer, targets: Mapping[str, str]
+    state_dir: str | OutputDirectory,
+    generated_at: float,
+    writer: Writer,
+    targets: Mapping[str, str],
 ) -> str:
     """Replace the state file atomically: a reader sees the old file or the new, never half.
 
-    `targets` maps each target path to its `TargetState` as JSON text: the daemon rewrites the
-    file after every probe result, yet only one target changed, so it keeps each target's text
-    until that target changes (at 100 targets, encoding them all every time would cost
-    milliseconds; joining their texts costs microseconds).
+    `state_dir` is the writer's open state dir (`WriterLock.directory`), or a path to open for
+    this one write. `targets` maps each target path to its `TargetState` as JSON text: the
+    daemon rewrites the file after every probe result, yet only one target changed, so it
+    keeps each target's text until that target changes (at 100 targets, encoding them all
+    every time would cost milliseconds; joining their texts costs microseconds).
     """
     head = json.dumps(
         {"schema": SCHEMA, "generated_at": generated_at, **writer.header()}, separators=(",", ":")
     )
     body = ",".join(f"{json.dumps(path)}:{text}" for path, text in targets.items())
-    return _replace_state_file(state_dir, f'{head[:-1]},"targets":{{{body}}}}}'.encode())
-
-
-def _replace_state_file(state_dir: str, data: bytes) -> str:
-    """Write `data` as the state file, atomically (temporary file in the same dir, rename)."""
-    ensure_state_dir(state_dir)
-    path = os.path.join(state_dir, STATE_FILE)
-    publish_file(path, data, 0o644)  # world-readable: a node daemon running as root serves all
-    return path
+    data = f'{head[:-1]},"targets":{{{body}}}}}'.encode()
+    if isinstance(state_dir, OutputDirectory):
+        return state_dir.publish(STATE_FILE, data)  # world-readable: root's daemon serves all
+    with open_state_dir(state_dir) as directory:
+        return directory.publish(STATE_FILE, data)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from fsprobe.events.admission import Sender
 from fsprobe.events.event import Failure, SaveEvent
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.metrics import BUILD_INFO, CACHED, FAMILIES, target_samples
-from fsprobe.exporters.textfile import TEXTFILE_NAME, write_textfile
+from fsprobe.exporters.textfile import TEXTFILE_NAME, open_textfile_dir, write_textfile
 from fsprobe.model import (
     FilesystemInfo,
     LustreTarget,
@@ -437,7 +437,8 @@ def test_textfile_is_replaced_atomically_without_timestamps(tmp_path):
     target = tmp_path / TEXTFILE_NAME
     target.write_text("old content\n")
     os.chmod(tmp_path, 0o755)
-    path = write_textfile(str(tmp_path), exposition.fsprobe_text())
+    with open_textfile_dir(str(tmp_path)) as directory:
+        path = write_textfile(directory, exposition.fsprobe_text())
     assert path == str(target)
     assert target.read_bytes() == exposition.fsprobe_text()
     assert os.listdir(tmp_path) == [TEXTFILE_NAME]  # no temporary file left behind
@@ -449,12 +450,15 @@ def test_textfile_is_replaced_atomically_without_timestamps(tmp_path):
 def test_textfile_write_refuses_to_follow_a_planted_symlink(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    write_textfile(str(tmp_path), b"fsprobe_build_info 1\n")
+    os.chmod(tmp_path, 0o755)
+    directory = open_textfile_dir(str(tmp_path))
+    write_textfile(directory, b"fsprobe_build_info 1\n")
     # The temporary name is random; whatever is at the final name is replaced, not written
     # through: a symlink there is replaced by the file, its target is untouched.
     (tmp_path / TEXTFILE_NAME).unlink()
     (tmp_path / TEXTFILE_NAME).symlink_to(victim)
-    write_textfile(str(tmp_path), b"fsprobe_build_info 1\n")
+    write_textfile(directory, b"fsprobe_build_info 1\n")
+    directory.close()
     assert victim.read_text() == "precious"
     assert not (tmp_path / TEXTFILE_NAME).is_symlink()
 

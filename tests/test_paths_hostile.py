@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fsprobe.paths import escaped
 from tests.daemon_process import clean_environment
+from tests.test_redirect_sync import Setup
 
 FSPROBE = [sys.executable, "-m", "fsprobe"]
 
@@ -126,3 +127,31 @@ def test_paths_that_differ_only_in_undecodable_bytes_keep_distinct_series(tmp_pa
     assert len(health) == 2
     assert any("ckpt\\\\xff" in line for line in health)
     assert any("ckpt\\\\xfe" in line for line in health)
+
+
+def test_a_newline_in_a_redirected_path_cannot_forge_a_line_of_sync(tmp_path):
+    """`fsprobe sync` escaped the requested path but printed each outcome's message as it
+    came, and messages name paths: a checkpoint directory with a newline in its name forged
+    a line of root's human output (the daemon's log escaped it)."""
+    forged = "synced            model.pt"
+    setup = Setup(tmp_path)
+    setup.target = tmp_path / f"evil\n{forged}"
+    setup.target.mkdir()
+    result = setup.save_redirected({"epoch": 1})
+    os.unlink(result.path)  # the copy is gone: the message names it
+    done = fsprobe(
+        "sync", "--fallback-dir", str(setup.fallback), "--state-dir", str(setup.state),
+        env=clean_environment(TMPDIR=str(tmp_path)),
+    )  # fmt: skip
+    lines = done.stdout.decode().splitlines()
+    assert any(line.startswith("missing") for line in lines), lines
+    assert not any(line.lstrip().startswith(forged) for line in lines), lines
+    assert sum(f"evil\\n{forged}" in line for line in lines) == 2, lines  # path and message
+
+
+def test_nothing_to_sync_names_the_fallback_dirs_escaped(tmp_path):
+    fallback = tmp_path / "fallback\nOK  fake line"
+    fallback.mkdir()
+    done = fsprobe("sync", "--fallback-dir", str(fallback))
+    lines = done.stdout.decode().splitlines()
+    assert lines == [f"nothing to sync in {tmp_path}/fallback\\nOK  fake line"], lines

@@ -43,12 +43,9 @@ def _lookup_in_worker(path: str, settings: ServerProbeSettings) -> ProbeResult:
 
 def _not_applicable(path: str, lookup: QuotaLookup, provider: str) -> str:
     if provider == "none":
-        return f"{escaped(path)}: quota provider is 'none': no quota read"
+        return f"{path}: quota provider is 'none': no quota read"
     fstype = lookup.mount.fstype if lookup.mount is not None else "an unknown filesystem"
-    return (
-        f"{escaped(path)} is on {fstype}, not Lustre: no lfs quota; "
-        "use --quota-provider lfs to force"
-    )
+    return f"{path} is on {fstype}, not Lustre: no lfs quota; use --quota-provider lfs to force"
 
 
 @click.command()
@@ -93,12 +90,12 @@ def quota(
     )
     result = _lookup_in_worker(path, settings)
     if not result.ok:
-        message = f"cannot read the quota of {escaped(path)}: {result.error}: {result.message}"
+        message = f"cannot read the quota of {path}: {result.error}: {result.message}"
         if json_output:
             document = as_json(path, None, settings.provider, None)
             document["errors"] = [message]
             click.echo(json.dumps(document, indent=2))
-        click.echo(f"fsprobe quota: {message}", err=True)
+        click.echo(f"fsprobe quota: {escaped(message)}", err=True)
         return EXIT_UNREAD
     lookup: QuotaLookup = result.value
     mount = lookup.mount
@@ -110,7 +107,7 @@ def quota(
             document = as_json(path, mountpoint, None, None)
             document["errors"] = [message]
             click.echo(json.dumps(document, indent=2))
-        click.echo(f"fsprobe quota: {message}", err=True)
+        click.echo(f"fsprobe quota: {escaped(message)}", err=True)
         return EXIT_UNREAD
 
     if json_output:
@@ -119,5 +116,5 @@ def quota(
         fstype = mount.fstype if mount is not None else None
         click.echo(render(path, mountpoint, fstype, lookup.report, time.time()))
     for error in lookup.report.errors:
-        click.echo(f"fsprobe quota: warning: {error}", err=True)
+        click.echo(f"fsprobe quota: warning: {escaped(str(error))}", err=True)
     return 0

@@ -135,10 +135,14 @@ def _write_line(report: Report) -> list[str]:
     if result is None:
         return []
     if result.stuck:
-        return [_line("write", click.style(f"stuck: {result.message}", fg="red"))]
+        return [_line("write", click.style(f"stuck: {escaped(result.message or '')}", fg="red"))]
     write = result.value
     if write is None:
-        return [_line("write", click.style(result.message or result.error or "failed", fg="red"))]
+        return [
+            _line(
+                "write", click.style(escaped(result.message or result.error or "failed"), fg="red")
+            )
+        ]
     steps = sorted(
         ((step, seconds) for step, seconds in write.latency_seconds.items() if step != "total"),
         key=lambda item: -item[1],
@@ -147,7 +151,7 @@ def _write_line(report: Report) -> list[str]:
     if write.ok:
         text = f"{format_bytes(write.bytes)} atomic save in {format_seconds(write.total_seconds)}"
         return [_line("write", f"{text}  ({detail})")]
-    return [_line("write", click.style(write.message or "failed", fg="red"))]
+    return [_line("write", click.style(escaped(write.message or "failed"), fg="red"))]
 
 
 def _need_line(report: Report) -> list[str]:
@@ -170,7 +174,7 @@ def reason_lines(reasons: tuple[Reason, ...], indent: str = "  ") -> list[str]:
     for reason in reasons:
         label = reason.severity.label
         severity = click.style(f"{label:<9}", fg=STATUS_COLORS.get(label))
-        lines.append(f"{indent}{severity} {reason.code:<{width}}  {reason.message}")
+        lines.append(f"{indent}{severity} {reason.code:<{width}}  {escaped(reason.message)}")
     return lines
 
 

@@ -238,7 +238,8 @@ def _problem(path: str, message: str, as_json: bool) -> int:
             json.dumps({"state_file": path, "status": "unknown", "error": message}, indent=2)
         )
     else:
-        click.echo(f"{click.style(' UNKNOWN ', fg='black', bg='magenta')} {message}", err=True)
+        badge = click.style(" UNKNOWN ", fg="black", bg="magenta")
+        click.echo(f"{badge} {escaped(message)}", err=True)
     return int(Status.UNKNOWN)
 
 
@@ -296,7 +297,9 @@ def status(state_dir: str | None, as_json: bool) -> int:
     warning = _warning(state, assessment, now)
     if warning is not None:
         badge = " NOT RUNNING " if assessment.gone else " STALE "
-        click.echo(click.style(badge, fg="black", bg="magenta") + f" {warning}\n", err=True)
+        click.echo(
+            click.style(badge, fg="black", bg="magenta") + f" {escaped(warning)}\n", err=True
+        )
     else:
         age = short_age(now - state.generated_at)
         click.echo(f"{_describe(state.writer)}, state written {age} ago\n")

@@ -31,7 +31,8 @@ _COLORS = {
 
 def _line(outcome: SyncOutcome) -> str:
     label = click.style(f"{outcome.action:<17}", fg=_COLORS.get(outcome.action))
-    return f"{label} {escaped(outcome.entry.requested)}\n{'':<17}   {outcome.message}"
+    # Each part escaped (messages name paths too): a name cannot forge a line of the output.
+    return f"{label} {escaped(outcome.entry.requested)}\n{'':<17}   {escaped(outcome.message)}"
 
 
 def exit_status(outcomes: list[SyncOutcome]) -> int:
@@ -120,5 +121,5 @@ def sync(
     elif outcomes:
         click.echo("\n".join(_line(outcome) for outcome in outcomes))
     else:
-        click.echo(f"nothing to sync in {', '.join(directories)}")
+        click.echo(f"nothing to sync in {', '.join(map(escaped, directories))}")
     return exit_status(outcomes)

@@ -34,8 +34,10 @@ from fsprobe.daemon.tasks import run_tasks_once
 from fsprobe.events.receive import Receiver
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
+from fsprobe.exporters.textfile import open_textfile_dir
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
 from fsprobe.model import Status
+from fsprobe.outputdir import UntrustedOutput
 from fsprobe.probing.plan import run_plans
 from fsprobe.probing.worker import shared_runner
 from fsprobe.state import StateFileError, WriterLock, ensure_state_dir
@@ -52,8 +54,13 @@ def _check_outputs(config: Config) -> None:
         ensure_state_dir(config.state_dir)
     except (OSError, StateFileError) as error:
         raise StartupError(f"state dir {config.state_dir}: {error}") from None
-    if config.textfile_dir and not os.access(config.textfile_dir, os.W_OK | os.X_OK):
-        raise StartupError(f"textfile dir {config.textfile_dir} is not a writable directory")
+    if config.textfile_dir:
+        try:
+            open_textfile_dir(config.textfile_dir).close()
+        except (OSError, UntrustedOutput) as error:
+            raise StartupError(f"textfile dir {config.textfile_dir}: {error}") from None
+        if not os.access(config.textfile_dir, os.W_OK | os.X_OK):
+            raise StartupError(f"textfile dir {config.textfile_dir} is not a writable directory")
 
 
 def _lock_state_dir(state_dir: str) -> WriterLock:
@@ -94,6 +101,7 @@ class Daemon:
         except WebConfigError as error:
             raise StartupError(str(error)) from None
         self._lock = _lock_state_dir(self.config.state_dir)
+        self.publisher.state_dir = self._lock.directory
         try:
             self.server = MetricsServer(self.config.listen_address, self.exposition.render, web)
         except OSError as error:
@@ -143,8 +151,8 @@ class Daemon:
                 self._lock.release()
             self._lock = lock
             self._listen_for_saves(config.state_dir)
+            self.publisher.state_dir = lock.directory
         logs.configure(config.log_level)
-        self.publisher.state_dir = config.state_dir
         self.publisher.textfile_dir = config.textfile_dir
         if self.server is not None:
             self.server.reconfigure(web)
@@ -180,6 +188,7 @@ class Daemon:
             self.server.stop()
         if self._lock is not None:
             self.publisher.publish_stopped()
+            self.publisher.close()
             self._lock.release()
             self._lock = None
         event(logging.INFO, "stopped", pid=os.getpid())
@@ -234,7 +243,7 @@ def run_once(config: Config) -> Status:
         store = Store()
         exposition = Exposition(store.views, process_metrics=False)
         publisher = Publisher(
-            store.views, exposition, config.state_dir, config.textfile_dir, once=True
+            store.views, exposition, lock.directory, config.textfile_dir, once=True
         )
         store.configure(target_spec(target) for target in config.targets)
         plans = {target.path: planned_probes(target) for target in config.targets}
@@ -247,6 +256,7 @@ def run_once(config: Config) -> Status:
                     log_result(before, after, result)
         run_tasks_once(config.targets, store, runner.executor)
         publisher.publish(store.views())
+        publisher.close()
     finally:
         lock.release()
     return max(view.verdict.status for view in store.views())

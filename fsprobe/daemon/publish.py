@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from fsprobe.daemon.logs import event
 from fsprobe.errors import name_of
 from fsprobe.exporters.exposition import Exposition
-from fsprobe.exporters.textfile import write_textfile
+from fsprobe.exporters.textfile import open_textfile_dir, write_textfile
 from fsprobe.exporters.view import TargetView
+from fsprobe.outputdir import OutputDirectory, UntrustedOutput
 from fsprobe.report import Report
 from fsprobe.state import StateFileError, TargetState, Writer, write_state
 from fsprobe.version import __version__
@@ -43,15 +44,17 @@ class Publisher:
         self,
         views: Callable[[], Sequence[TargetView]],
         exposition: Exposition,
-        state_dir: str,
+        state_dir: str | OutputDirectory,
         textfile_dir: str | None = None,
         clock: Callable[[], float] = time.time,
         once: bool = False,
     ) -> None:
+        """`state_dir` is the writer lock's open state dir once the lock is taken."""
         self._views = views
         self.exposition = exposition
         self.state_dir = state_dir
-        self.textfile_dir = textfile_dir
+        self._textfile_dir = textfile_dir
+        self._textfile: OutputDirectory | None = None  # opened at its first write, then kept
         self._clock = clock
         self._writer = Writer(socket.gethostname(), os.getpid(), __version__, once=once)
         self._texts: dict[str, tuple[int, str]] = {}
@@ -62,11 +65,30 @@ class Publisher:
         self.exposition.warm(changed)
         views = self._views()
         self._write_state(views, self._writer)
-        if self.textfile_dir:
-            directory = self.textfile_dir
-            self._write(
-                "textfile", lambda: write_textfile(directory, self.exposition.fsprobe_text())
-            )
+        if self._textfile_dir:
+            self._write("textfile", self._write_textfile)
+
+    @property
+    def textfile_dir(self) -> str | None:
+        return self._textfile_dir
+
+    @textfile_dir.setter
+    def textfile_dir(self, path: str | None) -> None:
+        if path != self._textfile_dir:
+            self.close()
+            self._textfile_dir = path
+
+    def _write_textfile(self) -> str:
+        if self._textfile is None:
+            assert self._textfile_dir is not None
+            self._textfile = open_textfile_dir(self._textfile_dir)
+        return write_textfile(self._textfile, self.exposition.fsprobe_text())
+
+    def close(self) -> None:
+        """Close the textfile dir (the next write opens it again)."""
+        if self._textfile is not None:
+            self._textfile.close()
+            self._textfile = None
 
     def publish_stopped(self) -> None:
         """Write the state once more, saying that its writer stops now: `fsprobe status` then
@@ -96,7 +118,7 @@ class Publisher:
     def _write(self, output: str, write: Callable[[], str]) -> None:
         try:
             path = write()
-        except (OSError, StateFileError) as error:
+        except (OSError, StateFileError, UntrustedOutput) as error:
             errno = name_of(error) if isinstance(error, OSError) else "UNTRUSTED"
             if self._failing.get(output) != errno:
                 self._failing[output] = errno

@@ -8,15 +8,17 @@ over the old file. No timestamps: node_exporter refuses samples that carry one.
 
 from __future__ import annotations
 
-import os
-
-from fsprobe.atomic import publish_file
+from fsprobe.outputdir import OutputDirectory
 
 TEXTFILE_NAME = "fsprobe.prom"
 
 
-def write_textfile(directory: str, exposition: bytes) -> str:
-    """Replace ``<directory>/fsprobe.prom`` with `exposition`; returns its path."""
-    path = os.path.join(directory, TEXTFILE_NAME)
-    publish_file(path, exposition, 0o644)  # node_exporter usually runs as another user
-    return path
+def open_textfile_dir(path: str) -> OutputDirectory:
+    """The textfile directory, opened once and checked like the state dir: a directory of
+    root's (or of the daemon's user) that nobody else may write, never through a symlink."""
+    return OutputDirectory(path, "textfile dir")
+
+
+def write_textfile(directory: OutputDirectory, exposition: bytes) -> str:
+    """Replace ``fsprobe.prom`` in `directory` with `exposition`; returns its path."""
+    return directory.publish(TEXTFILE_NAME, exposition, 0o644)  # node_exporter: another user
