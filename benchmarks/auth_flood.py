@@ -21,7 +21,6 @@ import base64
 import collections
 import http.client
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 import bcrypt
+from daemon_footprint import wait_for_address  # beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "s3cret"
@@ -54,17 +54,8 @@ def start_daemon(tree: Path, home: Path) -> tuple[subprocess.Popen, str, int]:
              "--listen", "127.0.0.1:0", "--state-dir", str(home / "state")],
             cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        match = re.search(r"metrics=\"?http://([^/\"]+)/metrics", log.read_text())
-        if match:
-            host, port = match[1].rsplit(":", 1)
-            return proc, host, int(port)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"fsprobe run did not start:\n{log.read_text()}")
+    host, port = wait_for_address(proc, log)
+    return proc, host, port
 
 
 def scrape(host: str, port: int) -> tuple[float, int]:

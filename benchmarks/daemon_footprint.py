@@ -62,12 +62,18 @@ def start_daemon(home: Path, targets: int) -> tuple[subprocess.Popen, str, int]:
              "--listen", "127.0.0.1:0", "--state-dir", str(home / "state")],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
         )  # fmt: skip
+    host, port = wait_for_address(proc, log)
+    return proc, host, port
+
+
+def wait_for_address(proc: subprocess.Popen, log: Path) -> tuple[str, int]:
+    """The address a starting daemon says it listens on, in its log (exits if it did not)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         match = re.search(r"metrics=\"?http://([^/\"]+)/metrics", log.read_text())
         if match:
             host, port = match[1].rsplit(":", 1)
-            return proc, host, int(port)
+            return host, int(port)
         if proc.poll() is not None:
             break
         time.sleep(0.05)

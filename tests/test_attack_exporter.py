@@ -7,9 +7,11 @@ tests/test_exporter_bounds.py; these are the attacks that found a way around the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import time
+from collections.abc import Iterator
 
 import bcrypt
 
@@ -21,11 +23,9 @@ ROUNDS = 12
 GUESSES = 16
 
 
-def test_wrong_passwords_do_not_queue_the_scraper_that_knows_the_right_one(tmp_path):
-    """Every basic-auth check went through the two bcrypt threads, also those of credentials
-    that had passed before and are answered from memory: a burst of wrong guesses (a bcrypt
-    each, 0.2-0.3 s) queued Prometheus' own scrape behind all of them, and a few hundred held
-    it past its deadline."""
+@contextlib.contextmanager
+def scraped_daemon(tmp_path) -> Iterator[DaemonProcess]:
+    """A daemon whose basic auth knows the scraper `prometheus` (password s3cret) already."""
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=ROUNDS)).decode()
     web = tmp_path / "web.yml"
     web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
@@ -34,6 +34,15 @@ def test_wrong_passwords_do_not_queue_the_scraper_that_knows_the_right_one(tmp_p
     env = clean_environment(TMPDIR=str(ckpt))
     with DaemonProcess(tmp_path, str(ckpt), "--web-config", str(web), env=env) as daemon:
         assert daemon.get(headers=basic("prometheus", "s3cret"))[0] == 200  # now remembered
+        yield daemon
+
+
+def test_wrong_passwords_do_not_queue_the_scraper_that_knows_the_right_one(tmp_path):
+    """Every basic-auth check went through the two bcrypt threads, also those of credentials
+    that had passed before and are answered from memory: a burst of wrong guesses (a bcrypt
+    each, 0.2-0.3 s) queued Prometheus' own scrape behind all of them, and a few hundred held
+    it past its deadline."""
+    with scraped_daemon(tmp_path) as daemon:
         answered: list[int] = []
 
         def guess(number: int) -> None:
@@ -93,14 +102,7 @@ def test_a_thousand_wrong_passwords_hold_no_slot_for_a_whole_bcrypt(tmp_path):
     the guessers were cut without an answer. A guess now waits for bcrypt only within a
     bounded queue (and a per-address share of it); the rest are told at once to retry later
     (429), so no connection waits its deadline and the scraper is answered among them."""
-    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=ROUNDS)).decode()
-    web = tmp_path / "web.yml"
-    web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    env = clean_environment(TMPDIR=str(ckpt))
-    with DaemonProcess(tmp_path, str(ckpt), "--web-config", str(web), env=env) as daemon:
-        assert daemon.get(headers=basic("prometheus", "s3cret"))[0] == 200  # now remembered
+    with scraped_daemon(tmp_path) as daemon:
         statuses: list[int] = []
         flood = threading.Thread(
             target=lambda: statuses.extend(asyncio.run(_flood(daemon.url, FLOOD, 60.0)))
