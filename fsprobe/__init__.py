@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from fsprobe.version import __version__
+__version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _API = {
@@ -43,11 +43,12 @@ _API = {
     "SaveResult": "fsprobe.saving.retry",
     "save_async": "fsprobe.saving.background",
     "wait_saves": "fsprobe.saving.background",
-    "locate": "fsprobe.saving.resume",
+    "locate": "fsprobe.redirect.locate",
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads these
     from fsprobe.checking import check as check
+    from fsprobe.redirect.locate import locate as locate
     from fsprobe.report import Report as Report
     from fsprobe.saving.background import save_async as save_async
     from fsprobe.saving.background import wait_saves as wait_saves
@@ -56,7 +57,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from fsprobe.saving.file import save as save
     from fsprobe.saving.preflight import Decision as Decision
     from fsprobe.saving.preflight import preflight as preflight
-    from fsprobe.saving.resume import locate as locate
     from fsprobe.saving.retry import SaveError as SaveError
     from fsprobe.saving.retry import SaveResult as SaveResult
 

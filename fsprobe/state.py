@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsprobe.atomic import lock_within
+from fsprobe import __version__
 from fsprobe.model import LastSave
-from fsprobe.outputdir import OutputDirectory, check_trusted
-from fsprobe.paths import is_under
+from fsprobe.posix.atomic import lock_within
+from fsprobe.posix.outputdir import OutputDirectory, check_trusted
+from fsprobe.posix.paths import is_under
 from fsprobe.report import Report, ReportFormatError, last_save_from_dict, last_save_to_dict
-from fsprobe.version import __version__
 
 SCHEMA = 1
 STATE_FILE = "state.json"

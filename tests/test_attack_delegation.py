@@ -1,4 +1,4 @@
-"""Root acting for users (`fsprobe.saving.delegate`), attacked and as bad luck would have it.
+"""Root acting for users (`fsprobe.redirect.delegate`), attacked and as bad luck would have it.
 
 Root's sync (`fsprobe sync` as root, the root daemon's sync task) acts on a user's fallback area
 only through ``fsprobe sync`` run as that user. These tests attack that run from both sides:

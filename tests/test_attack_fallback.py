@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fsprobe.saving import manifest
-from fsprobe.saving.fallback import own_area, prepare_directory, redirect_path
+from fsprobe.redirect import manifest
+from fsprobe.redirect.fallback import own_area, prepare_directory, redirect_path
 from tests.support.users import REPO, share
 from tests.test_trust_fallback import make_dir, save_as
 
@@ -70,7 +70,7 @@ def test_an_area_an_earlier_version_left_open_is_closed_at_the_next_save(local_u
 #: process of its own: (bytes counted, how much its peak memory grew in MiB).
 COUNT = """
 import resource, sys
-from fsprobe.saving.manifest import pending_bytes
+from fsprobe.redirect.manifest import pending_bytes
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 counted = pending_bytes([sys.argv[1]], under=sys.argv[2])
 grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before

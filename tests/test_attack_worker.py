@@ -3,7 +3,7 @@
 Every process of fsprobe has a probe worker: its child, of the same user, that makes the
 filesystem calls and sends back the results, pickled, over a socket pair nobody else holds.
 One case makes that worker hostile: a run of ``fsprobe sync`` that root started as a user
-(`fsprobe.saving.delegate`) gave up root itself, so its user cannot trace it; its worker,
+(`fsprobe.redirect.delegate`) gave up root itself, so its user cannot trace it; its worker,
 started with ``exec``, is the user's own process, which they can trace and make send anything.
 Whatever the worker sends must therefore be nothing more than data to the process it serves.
 """

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 
 import fsprobe
-from fsprobe.saving.fallback import prepare_directory, redirect_path
-from fsprobe.saving.manifest import new_entry, pending, record
+from fsprobe.redirect.fallback import prepare_directory, redirect_path
+from fsprobe.redirect.manifest import new_entry, pending, record
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
 

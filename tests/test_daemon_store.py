@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 from fsprobe.daemon.store import Store, TargetSpec
-from fsprobe.exporters.view import LATENCY_BUCKETS, Histogram
 from fsprobe.model import (
     FilesystemInfo,
     ProbeResult,
@@ -13,6 +12,7 @@ from fsprobe.model import (
     WriteProbeResult,
 )
 from fsprobe.policy import Policy
+from fsprobe.view import LATENCY_BUCKETS, Histogram
 
 NOW = 1_700_000_000.0
 

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name
+from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.probing.write import probe_write
-from fsprobe.saving import manifest, sync
+from fsprobe.redirect import manifest, sync
+from fsprobe.saving.preflight import preflight_readiness
 from fsprobe.saving.retry import Backoff
 from tests.support.durability import (
     NotDurable,
@@ -131,7 +132,7 @@ def test_sync_back_publishes_the_copy_durably(faultfs, tmp_path):
     assert saved.redirected
     faultfs.ctl.set_readonly(False)
     faultfs.ctl.clear_journal()
-    [outcome] = sync.sync([str(fallback)])
+    [outcome] = sync.sync([str(fallback)], ready=preflight_readiness())
     assert outcome.action == "synced", outcome
     assert_file_saved(faultfs, target)
 

@@ -363,7 +363,7 @@ def test_labels_survive_awkward_paths():
     store.configure([TargetSpec(path)])
     store.record(path, result("statvfs", FS))
     families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
-    # Escaped as in the human output: the backslash doubled, the newline as \n (fsprobe.paths).
+    # As in the human output: the backslash doubled, the newline as \n (fsprobe.posix.paths).
     label = '/data/we"ird\\\\name\\nx # HELP y'
     assert one(families, "fsprobe_health_status", path=label) == 0
     assert one(families, "fsprobe_filesystem_inodes", path=label) == 1_000_000

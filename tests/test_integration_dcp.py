@@ -22,8 +22,8 @@ import torch.distributed.checkpoint as torch_dcp
 
 import fsprobe
 from fsprobe.integrations import dcp
-from fsprobe.saving.fallback import own_area
-from fsprobe.saving.manifest import read_manifest
+from fsprobe.redirect.fallback import own_area
+from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
 from tests.support.crash import a_while_ago, leftovers
 from tests.support.durability import assert_directory_saved

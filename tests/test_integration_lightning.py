@@ -16,8 +16,8 @@ from lightning import LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from fsprobe.atomic import parse_temp_name  # noqa: E402
 from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
+from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
 from fsprobe.saving.retry import Backoff  # noqa: E402
 from tests.support.state import daemon_view, publish  # noqa: E402
 

@@ -20,7 +20,7 @@ from fsprobe.integrations.lightning_strategies import (  # noqa: E402
     FsprobeFSDPStrategy,
     FsprobeModelParallelStrategy,
 )
-from fsprobe.saving.manifest import pending  # noqa: E402
+from fsprobe.redirect.manifest import pending  # noqa: E402
 from tests.support.lightning_job import RESULT  # noqa: E402
 from tests.support.torchrun import torchrun_job  # noqa: E402
 

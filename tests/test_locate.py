@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fsprobe
+from fsprobe.redirect.sync import sync
 from fsprobe.saving.retry import Backoff
-from fsprobe.saving.sync import sync
 
 
 def quick() -> Backoff:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsprobe.paths import escaped
+from fsprobe.posix.paths import escaped
 from tests.daemon_process import clean_environment
 from tests.test_redirect_sync import Setup
 

@@ -17,16 +17,27 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name
 from fsprobe.model import QuotaState
-from fsprobe.owned import NotTrusted
-from fsprobe.saving import manifest, sync
-from fsprobe.saving.fallback import open_root
+from fsprobe.posix.atomic import parse_temp_name
+from fsprobe.posix.owned import NotTrusted
+from fsprobe.redirect import manifest, sync
+from fsprobe.redirect.fallback import open_root
+from fsprobe.saving.preflight import preflight_readiness
 from fsprobe.saving.retry import Backoff
 from tests.support.durability import assert_file_saved
 from tests.support.state import daemon_view, publish, quota_entry
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _sync_back(setup, **options):
+    """`fsprobe sync` of the scenario's fallback, its targets judged by a preflight."""
+    return sync.sync(
+        [str(setup.fallback)],
+        state_dir=str(setup.state),
+        ready=preflight_readiness(str(setup.state)),
+        **options,
+    )
 
 
 def no_sleep() -> Backoff:
@@ -175,7 +186,7 @@ def test_a_newer_original_is_never_overwritten(setup):
     assert_same_state(torch.load(setup.target / "model.pt"), newer)
     assert os.path.exists(result.path) and len(manifest_lines(setup.fallback)) == 1
 
-    outcomes = sync.sync([str(setup.fallback)], prune_superseded=True, state_dir=str(setup.state))
+    outcomes = _sync_back(setup, prune_superseded=True)
     assert [o.action for o in outcomes] == ["pruned"]
     assert_same_state(torch.load(setup.target / "model.pt"), newer)
     assert os.listdir(setup.fallback) == []
@@ -192,7 +203,7 @@ def test_a_copy_that_does_not_match_its_checksum_is_not_put_in_place(setup):
         damaged.write(bytes([byte[0] ^ 0xFF]))
     os.utime(setup.target / "model.pt", (1, 1))  # old, so that only the checksum stops it
 
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = _sync_back(setup)
     assert [o.action for o in outcomes] == ["checksum_mismatch"]
     assert torch.load(setup.target / "model.pt") == previous
     assert sorted(os.listdir(setup.target)) == ["model.pt"]  # no temp file left
@@ -216,7 +227,7 @@ def test_dry_run_changes_nothing(setup):
 def test_an_unhealthy_target_keeps_its_entries_waiting(setup):
     result = setup.save_redirected(model_state())
     setup.mark_target(quota=(quota_entry(QuotaState.HARD_REACHED, kind="project"),))
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = _sync_back(setup)
     assert [o.action for o in outcomes] == ["waiting"]
     assert "quota_hard_reached" in outcomes[0].message
     assert os.path.exists(result.path) and os.listdir(setup.target) == []
@@ -252,7 +263,7 @@ def test_a_later_save_of_the_same_path_replaces_the_earlier_entry(setup):
     setup.save_redirected(latest)
     assert len(manifest_lines(setup.fallback)) == 2
     assert len(manifest.pending([str(setup.fallback)])) == 1
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = _sync_back(setup)
     assert sorted(o.action for o in outcomes) == ["replaced", "synced"]
     assert_same_state(torch.load(setup.target / "model.pt"), latest)
     assert os.listdir(setup.fallback) == []
@@ -261,7 +272,7 @@ def test_a_later_save_of_the_same_path_replaces_the_earlier_entry(setup):
 def test_an_entry_whose_copy_is_gone_is_dropped(setup):
     result = setup.save_redirected(model_state())
     os.unlink(result.path)
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = _sync_back(setup)
     assert [o.action for o in outcomes] == ["missing"]
     assert manifest_lines(setup.fallback) == []
 
@@ -270,7 +281,7 @@ def test_a_manifest_others_can_write_is_not_acted_on(setup, caplog):
     result = setup.save_redirected(model_state())
     os.chmod(area(setup.fallback) / manifest.MANIFEST, 0o666)
     with caplog.at_level(logging.WARNING, logger="fsprobe.saving.redirect"):
-        assert sync.sync([str(setup.fallback)], state_dir=str(setup.state)) == []
+        assert _sync_back(setup) == []
     assert "writable by group or others" in caplog.text
     assert manifest.pending([str(setup.fallback)]) == []
     assert os.path.exists(result.path)
@@ -284,7 +295,7 @@ def test_an_entry_pointing_outside_its_fallback_is_skipped(setup, tmp_path):
             str(setup.fallback), str(setup.target / "x.pt"), str(outside), 27, sha256(outside)
         )
     )
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = _sync_back(setup)
     assert [o.action for o in outcomes] == ["skipped"]
     assert outside.exists() and not (setup.target / "x.pt").exists()
 
@@ -418,9 +429,7 @@ def test_a_checkpoint_saved_during_the_copy_back_is_not_overwritten(faultfs, tmp
     result = setup.save_redirected(model_state(seed=1))
     faultfs.ctl.delay("read", 0.05)
     outcomes = []
-    syncing = threading.Thread(
-        target=lambda: outcomes.extend(sync.sync([str(setup.fallback)], state_dir=str(setup.state)))
-    )
+    syncing = threading.Thread(target=lambda: outcomes.extend(_sync_back(setup)))
     syncing.start()
     try:
         deadline = time.monotonic() + 30
@@ -456,9 +465,7 @@ def _scenario(faultfs, tmp_path, name: str) -> Setup:
 
 
 def _sync_in_thread(setup: Setup, outcomes: list) -> threading.Thread:
-    syncing = threading.Thread(
-        target=lambda: outcomes.extend(sync.sync([str(setup.fallback)], state_dir=str(setup.state)))
-    )
+    syncing = threading.Thread(target=lambda: outcomes.extend(_sync_back(setup)))
     syncing.start()
     return syncing
 
@@ -474,9 +481,7 @@ def test_a_save_that_lands_during_any_fsync_of_the_copy_back_is_never_overwritte
     copy_fsyncs = f"*~{os.getpid()}~*~model.pt.tmp"  # the sync's temp files, not the trainer's
     setup = _scenario(faultfs, tmp_path, "counting")
     counting = faultfs.ctl.delay("fsync", 0.001, path=copy_fsyncs)
-    assert [o.action for o in sync.sync([str(setup.fallback)], state_dir=str(setup.state))] == [
-        "synced"
-    ]
+    assert [o.action for o in _sync_back(setup)] == ["synced"]
     fsyncs = faultfs.ctl.rule(counting)["seen"]
     faultfs.ctl.remove(counting)
     assert fsyncs >= 1
@@ -510,7 +515,7 @@ def test_the_checkpoint_synced_back_keeps_its_mode_and_sync_leaks_no_descriptor(
     for index, result in enumerate(saved):
         os.chmod(result.path, 0o640 if index % 2 else 0o604)
     before = set(os.listdir("/proc/self/fd"))
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = _sync_back(setup)
     assert [o.action for o in outcomes] == ["synced"] * 3
     assert set(os.listdir("/proc/self/fd")) == before
     for index, result in enumerate(saved):
@@ -528,7 +533,7 @@ def test_a_sync_never_copies_into_an_unhealthy_target_even_with_fallbacks_in_the
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.setenv("FSPROBE_FALLBACK_DIRS", str(elsewhere))
-    [outcome] = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    [outcome] = _sync_back(setup)
     assert outcome.action == "waiting", outcome
     assert not os.path.exists(result.requested_path) and os.path.exists(result.path)
 

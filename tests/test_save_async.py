@@ -22,8 +22,8 @@ import torch
 import fsprobe
 from fsprobe.saving import background
 from fsprobe.saving.background import BackgroundSaves
+from fsprobe.saving.cpu_copy import cpu_copy
 from fsprobe.saving.retry import Backoff, SaveResult
-from fsprobe.saving.snapshot import snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def assert_same(loaded, expected) -> None:
 def test_the_snapshot_shares_no_memory_with_the_original_and_keeps_its_shape():
     model, optimizer = trained()
     original = checkpoint(model, optimizer)
-    copied = snapshot(original)
+    copied = cpu_copy(original)
     assert_same(copied, original)
     originals = {t.untyped_storage().data_ptr() for t in tensors_of(original)}
     assert all(t.untyped_storage().data_ptr() not in originals for t in tensors_of(copied))
@@ -116,7 +116,7 @@ def test_the_snapshot_shares_no_memory_with_the_original_and_keeps_its_shape():
 def test_an_object_met_twice_is_copied_once():
     weights = torch.ones(4)
     shared = [weights]
-    copied = snapshot({"a": weights, "b": weights, "list": shared, "again": shared})
+    copied = cpu_copy({"a": weights, "b": weights, "list": shared, "again": shared})
     assert copied["a"] is copied["b"]
     assert copied["list"] is copied["again"] and copied["list"][0] is copied["a"]
 
@@ -127,7 +127,7 @@ def test_other_objects_are_deep_copied():
             self.steps = [1, 2]
 
     settings = Settings()
-    copied = snapshot({"settings": settings, "ids": {1, 2}})
+    copied = cpu_copy({"settings": settings, "ids": {1, 2}})
     settings.steps.append(3)
     assert copied["settings"].steps == [1, 2]
     assert copied["ids"] == {1, 2}

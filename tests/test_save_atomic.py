@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name
+from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.saving.file import AtomicFile
 from fsprobe.saving.retry import Backoff, FailedAttempt, SaveError
 

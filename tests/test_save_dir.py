@@ -19,12 +19,12 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name, temp_name
-from fsprobe.saving.fallback import own_area
-from fsprobe.saving.manifest import read_manifest
+from fsprobe.posix.atomic import parse_temp_name, temp_name
+from fsprobe.posix.swap import exchange, parse_retired_name
+from fsprobe.posix.tree import digest_tree, open_directory, opened
+from fsprobe.redirect.fallback import own_area
+from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
-from fsprobe.saving.swap import exchange, parse_retired_name
-from fsprobe.saving.tree import digest_tree, open_directory, opened
 from tests.support.capability import need_module
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_directory_saved
@@ -272,7 +272,7 @@ def test_saver_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_save_
 
 _RETIRE_AND_DIE = """
 import os, sys
-from fsprobe.saving.swap import retired_name
+from fsprobe.posix.swap import retired_name
 os.chdir(sys.argv[1])
 os.rename("ckpt", retired_name("ckpt"))  # the first of the two renames, then a crash
 os._exit(0)

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 import fsprobe.distributed
-from fsprobe.saving.fallback import own_area
-from fsprobe.saving.manifest import read_manifest
+from fsprobe.redirect.fallback import own_area
+from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.retry import Backoff
 from tests.support.crash import leftovers
 from tests.support.durability import assert_directory_saved

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe.atomic import parse_temp_name
+from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.saving.retry import Backoff, FailedAttempt, deciding, first_os_error
 from fsprobe.units import format_seconds
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import fsprobe
-from fsprobe.atomic import TempFile, hostname, is_live_here, parse_temp_name, temp_name
+from fsprobe.posix.atomic import TempFile, hostname, is_live_here, parse_temp_name, temp_name
 from fsprobe.probing.write import probe_write
 from fsprobe.saving.stale import (
     FOREIGN_STALE_SECONDS,
@@ -34,7 +34,7 @@ from tests.support.users import REPO, share
 #: A writer that holds its temp file (locked, as every fsprobe writer does) until killed.
 _WRITER = """
 import sys, time
-from fsprobe.atomic import TempFile, temp_name
+from fsprobe.posix.atomic import TempFile, temp_name
 temp = TempFile(None, sys.argv[1] + "/" + temp_name("model.pt"))
 print(temp.name, flush=True)
 time.sleep(300)

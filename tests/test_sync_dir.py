@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import fsprobe
-from fsprobe.saving import manifest, sync
-from fsprobe.saving.swap import replace_if_unchanged
-from fsprobe.saving.tree import opened
+from fsprobe.posix.swap import replace_if_unchanged
+from fsprobe.posix.tree import opened
+from fsprobe.redirect import manifest, sync
+from fsprobe.saving.preflight import preflight_readiness
 from tests.daemon_process import clean_environment, run_fsprobe
 from tests.support.capability import need_root
 from tests.support.crash import leftovers
@@ -70,7 +71,14 @@ class Redirected:
         return result
 
     def sync(self) -> list[str]:
-        return [o.action for o in sync.sync([str(self.fallback)], state_dir=str(self.state))]
+        return [
+            o.action
+            for o in sync.sync(
+                [str(self.fallback)],
+                state_dir=str(self.state),
+                ready=preflight_readiness(str(self.state)),
+            )
+        ]
 
     def located(self) -> str:
         return fsprobe.locate(self.requested, fallback_dirs=[self.fallback])
@@ -116,7 +124,11 @@ def test_a_symlink_in_the_copy_is_refused_and_nothing_is_published(tmp_path):
     setup = Redirected(tmp_path, tmp_path)
     result = setup.save("epoch 2")
     os.symlink("/etc/shadow", Path(result.path, "optim", "link"))
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = sync.sync(
+        [str(setup.fallback)],
+        state_dir=str(setup.state),
+        ready=preflight_readiness(str(setup.state)),
+    )
     assert [o.action for o in outcomes] == ["failed"]
     assert "symbolic link" in outcomes[0].message or "neither" in outcomes[0].message
     assert not setup.requested.exists() and leftovers(setup.target) == []
@@ -220,7 +232,11 @@ def test_a_directory_copy_handed_to_another_user_is_not_brought_back(tmp_path):
     result = setup.save("epoch 2")
     os.chown(result.path, 65534, 65534)
     before = set(os.listdir("/proc/self/fd"))
-    outcomes = sync.sync([str(setup.fallback)], state_dir=str(setup.state))
+    outcomes = sync.sync(
+        [str(setup.fallback)],
+        state_dir=str(setup.state),
+        ready=preflight_readiness(str(setup.state)),
+    )
     assert set(os.listdir("/proc/self/fd")) == before  # the refused copy was closed too
     assert [o.action for o in outcomes] == ["skipped"], outcomes
     assert "belongs to uid 65534" in outcomes[0].message

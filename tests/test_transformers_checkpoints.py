@@ -21,12 +21,12 @@ need_module("accelerate")
 
 from transformers import GPT2LMHeadModel, Trainer  # noqa: E402
 
-from fsprobe.atomic import parse_temp_name  # noqa: E402
 from fsprobe.integrations.transformers import (  # noqa: E402
     last_checkpoint,
     protect,
     protected_results,
 )
+from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
 from fsprobe.saving.retry import Backoff  # noqa: E402
 from tests.support.durability import assert_directory_saved  # noqa: E402
 from tests.support.torchrun import torchrun_job  # noqa: E402

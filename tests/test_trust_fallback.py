@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fsprobe.saving import manifest
+from fsprobe.redirect import manifest
 from tests.support.users import REPO, LocalUser, share
 
 MANIFEST = manifest.MANIFEST
@@ -35,7 +35,7 @@ print(json.dumps({"path": result.path, "redirected": result.redirected, "errors"
 
 NEWEST_COPY = """
 import sys
-from fsprobe.saving.manifest import newest_copy
+from fsprobe.redirect.manifest import newest_copy
 print(newest_copy(sys.argv[1], sys.argv[2:]))
 """
 
@@ -125,8 +125,8 @@ def root_daemon_sync(python: str, target: Path, fallback: Path) -> subprocess.Co
     verdict lets through, count what waits), in a process of its own."""
     code = (
         "import sys\n"
-        "from fsprobe.saving.manifest import pending_bytes\n"
-        "from fsprobe.saving.sync import sync\n"
+        "from fsprobe.redirect.manifest import pending_bytes\n"
+        "from fsprobe.redirect.sync import sync\n"
         "sync([sys.argv[2]], under=sys.argv[1], ready=lambda entry: None)\n"
         "print(pending_bytes([sys.argv[2]], under=sys.argv[1]))\n"
     )

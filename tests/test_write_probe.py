@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from fsprobe.atomic import open_exclusive, parse_temp_name, temp_name
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import WRITE_STEPS
+from fsprobe.posix.atomic import open_exclusive, parse_temp_name, temp_name
 from fsprobe.probing.write import probe_write
 from tests.support.capability import need_root
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from fsprobe import __version__
 from fsprobe.cli import check, quota, run, status, sync
 from fsprobe.cli.exits import EXIT_USAGE
-from fsprobe.version import __version__
 
 
 class _Group(click.Group):

@@ -12,7 +12,7 @@ import click
 from fsprobe.cli.options import DIRECTORY, SECONDS, quota_options
 from fsprobe.cli.render_quota import as_json, render
 from fsprobe.model import ProbeResult
-from fsprobe.paths import escaped
+from fsprobe.posix.paths import escaped
 from fsprobe.probing.plan import LFS_KILL_SLACK
 from fsprobe.probing.quota import QuotaLookup, lookup_quota
 from fsprobe.probing.runner import ProbeRunner

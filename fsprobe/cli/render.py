@@ -9,8 +9,8 @@ from __future__ import annotations
 import click
 
 from fsprobe.model import FilesystemInfo, QuotaEntry, QuotaReport, QuotaState, QuotaUsage
-from fsprobe.paths import escaped
 from fsprobe.policy import Headroom, Reason
+from fsprobe.posix.paths import escaped
 from fsprobe.report import Report
 from fsprobe.units import (
     format_bytes,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 from fsprobe.model import QuotaEntry, QuotaReport, QuotaState, QuotaUsage
-from fsprobe.paths import escaped
+from fsprobe.posix.paths import escaped
 from fsprobe.report import quota_entry_to_dict
 from fsprobe.units import format_bytes, format_count, format_duration, format_percent
 

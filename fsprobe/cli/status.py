@@ -22,7 +22,7 @@ import click
 
 from fsprobe.cli.render import STATUS_COLORS, reason_lines
 from fsprobe.model import LastSave, QuotaReport, Status, WriteProbeResult
-from fsprobe.paths import escaped
+from fsprobe.posix.paths import escaped
 from fsprobe.state import (
     StateFile,
     StateFileError,

@@ -7,10 +7,11 @@ import json
 import click
 
 from fsprobe.cli.options import DIRECTORY, SECONDS
-from fsprobe.paths import escaped
-from fsprobe.saving.fallback import FALLBACK_ENV, all_fallback_dirs
-from fsprobe.saving.sync import SyncOutcome
-from fsprobe.saving.sync import sync as run_sync
+from fsprobe.posix.paths import escaped
+from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
+from fsprobe.redirect.sync import SyncOutcome
+from fsprobe.redirect.sync import sync as run_sync
+from fsprobe.saving.preflight import preflight_readiness
 
 #: Outcomes that need a person: the copy failed or does not match what was saved.
 _TROUBLE = frozenset({"failed", "checksum_mismatch", "skipped"})
@@ -110,6 +111,7 @@ def sync(
         state_dir=state_dir,
         timeout=timeout,
         under=under,
+        ready=preflight_readiness(state_dir, timeout),
     )
     if as_json:
         document = {

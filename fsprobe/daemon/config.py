@@ -27,7 +27,7 @@ from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.ids import id_of
-from fsprobe.saving.fallback import all_fallback_dirs
+from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.state import default_state_dir
 from fsprobe.units import format_bytes, parse_size
 

@@ -24,6 +24,7 @@ import select
 import signal
 from collections.abc import Callable
 
+from fsprobe import __version__
 from fsprobe.daemon import logs
 from fsprobe.daemon.config import Config, ConfigError
 from fsprobe.daemon.logs import event
@@ -37,11 +38,10 @@ from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.textfile import open_textfile_dir
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
 from fsprobe.model import Status
-from fsprobe.outputdir import UntrustedOutput
+from fsprobe.posix.outputdir import UntrustedOutput
 from fsprobe.probing.plan import run_plans
 from fsprobe.probing.worker import shared_runner
 from fsprobe.state import StateFileError, WriterLock, ensure_state_dir
-from fsprobe.version import __version__
 
 
 class StartupError(Exception):

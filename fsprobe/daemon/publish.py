@@ -16,15 +16,15 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from fsprobe import __version__
 from fsprobe.daemon.logs import event
 from fsprobe.errors import name_of
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.textfile import open_textfile_dir, write_textfile
-from fsprobe.exporters.view import TargetView
-from fsprobe.outputdir import OutputDirectory, UntrustedOutput
+from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
 from fsprobe.report import Report
 from fsprobe.state import StateFileError, TargetState, Writer, write_state
-from fsprobe.version import __version__
+from fsprobe.view import TargetView
 
 
 def target_state(view: TargetView) -> TargetState:

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 from fsprobe.model import Status
 from fsprobe.policy import Verdict, judge_need
-from fsprobe.saving.manifest import Entry
+from fsprobe.redirect.manifest import Entry
 
 
 @dataclass(frozen=True)
 class VerdictReadiness:
-    """A `saving.sync.Readiness`: ready when the verdict, judged for the entry's size, can take
-    a save (the policy's `can_take_save`: nothing refuses it, nothing unhealthy is in the way).
+    """A `fsprobe.redirect.sync.Readiness`: ready when the verdict, judged for the entry's size,
+    can take a save (the policy's `can_take_save`: nothing refuses it, nothing unhealthy is in
+    the way).
 
     Degraded is good enough: the copy retries transient errors like any save. A target not
     judged yet (unknown) waits for its first probes.

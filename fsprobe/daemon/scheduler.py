@@ -34,11 +34,11 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.daemon.tasks import Tasks
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import SaveEvent
-from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
 from fsprobe.probing.plan import PlannedProbe, plan
 from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
+from fsprobe.view import TargetView
 
 #: Wake this long after a run's deadline, so that the run reads as overdue when checked.
 _DEADLINE_SLACK = 0.01

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.event import SaveEvent
-from fsprobe.exporters.view import Histogram, LastSave, SaveStats, TargetView
 from fsprobe.model import DirectoryOwner, FilesystemInfo, ProbeResult, Snapshot, WriteProbeResult
-from fsprobe.paths import is_under
 from fsprobe.policy import Policy, evaluate
+from fsprobe.posix.paths import is_under
+from fsprobe.view import Histogram, LastSave, SaveStats, TargetView
 
 #: Successful saves whose gaps give a target's regular save interval (their median).
 INTERVAL_SAVES = 9

@@ -30,11 +30,11 @@ from fsprobe.daemon.logs import event
 from fsprobe.daemon.readiness import VerdictReadiness
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store
-from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
 from fsprobe.probing.runner import Executor
-from fsprobe.saving.manifest import pending_bytes
-from fsprobe.saving.sync import SyncOutcome, sync
+from fsprobe.redirect.manifest import pending_bytes
+from fsprobe.redirect.sync import SyncOutcome, sync
+from fsprobe.view import TargetView
 
 #: How long copying checkpoints back may take before the task is reported overdue: copying
 #: gigabytes is slow, not hung.

@@ -94,8 +94,7 @@ def decode(data: bytes) -> SaveEvent:
     landed = document.get("landed")
     failures = _field(document, "failures", list)
     if len(failures) > MAX_FAILURES or not all(
-        isinstance(f, list) and len(f) == 2 and all(_is_name(part) for part in f)
-        for f in failures
+        isinstance(f, list) and len(f) == 2 and all(_is_name(part) for part in f) for f in failures
     ):
         raise MalformedEvent("failures must be at most 16 [errno, step] pairs of names")
     event = SaveEvent(

@@ -25,6 +25,7 @@ from prometheus_client import (
 )
 from prometheus_client.utils import floatToGoString
 
+from fsprobe import __version__
 from fsprobe.exporters.metrics import (
     BUILD_INFO,
     CACHED,
@@ -35,8 +36,7 @@ from fsprobe.exporters.metrics import (
     dropped_samples,
     target_samples,
 )
-from fsprobe.exporters.view import TargetView
-from fsprobe.version import __version__
+from fsprobe.view import TargetView
 
 
 def _escape_label(value: str) -> str:

@@ -28,7 +28,6 @@ from typing import NamedTuple
 from prometheus_client.utils import floatToGoString
 
 from fsprobe.events.event import OUTCOMES
-from fsprobe.exporters.view import SaveStats, TargetView
 from fsprobe.model import (
     PROBE_KINDS,
     FilesystemInfo,
@@ -38,7 +37,8 @@ from fsprobe.model import (
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.paths import escaped
+from fsprobe.posix.paths import escaped
+from fsprobe.view import SaveStats, TargetView
 
 CACHED = "Cached from fsprobe's background probes; a scrape never probes."
 
@@ -295,7 +295,7 @@ _SELF_SELECTING = frozenset({"quota", "lfs_df"})
 
 def _label(text: str) -> str:
     """A label value that encodes as UTF-8 even for a path with undecodable bytes, and stays
-    distinct for paths that differ only in them (see `fsprobe.paths.escaped`)."""
+    distinct for paths that differ only in them (see `fsprobe.posix.paths.escaped`)."""
     return escaped(text)
 
 

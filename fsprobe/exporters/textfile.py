@@ -8,7 +8,7 @@ over the old file. No timestamps: node_exporter refuses samples that carry one.
 
 from __future__ import annotations
 
-from fsprobe.outputdir import OutputDirectory
+from fsprobe.posix.outputdir import OutputDirectory
 
 TEXTFILE_NAME = "fsprobe.prom"
 

@@ -64,25 +64,25 @@ with extra_imports("torch", __name__, "torch"):
     from torch.futures import Future
 
 from fsprobe.errors import ErrorClass, classify
+from fsprobe.posix.tree import sync_file_at
+from fsprobe.redirect.locate import locate
+from fsprobe.redirect.manifest import sha256_of_directory
 from fsprobe.saving.deadline import Progress
 from fsprobe.saving.directory import Staging, clean_directory
 from fsprobe.saving.distributed import collective_failure
-from fsprobe.saving.manifest import sha256_of_directory
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT, NEED_MARGIN
-from fsprobe.saving.resume import locate
 from fsprobe.saving.retry import (
     DEFAULT_ATTEMPTS,
-    Attempts,
     Backoff,
     FailedAttempt,
-    Plan,
+    NextAttempt,
+    RetryState,
     SaveError,
     SaveOptions,
     SaveResult,
     deciding,
     failure_of,
 )
-from fsprobe.saving.tree import sync_file_at
 
 log = logging.getLogger("fsprobe.save")
 
@@ -169,7 +169,7 @@ class FsprobeWriter(FileSystemWriter):
             timeout=timeout,
         )
         self.last_result: SaveResult | None = None
-        self._attempts: Attempts | None = None  # the coordinator's, for one checkpoint
+        self._attempts: RetryState | None = None  # the coordinator's, for one checkpoint
         self._staging: Staging | None = None  # the coordinator's, until published or dropped
         self._continuing = False
         self._cleaned: set[str] = set()
@@ -182,13 +182,13 @@ class FsprobeWriter(FileSystemWriter):
         super().reset(checkpoint_id)
         self.fs.checkpoint, self.fs.staging = Path(self.path), None
 
-    def decide(self, failure: FailedAttempt | None) -> Plan | None:
+    def decide(self, failure: FailedAttempt | None) -> NextAttempt | None:
         """On the coordinator, after a failed attempt: what next (None: give up)."""
         self.drop_staging()
         assert self._attempts is not None and failure is not None
         return self._attempts.failed(failure)
 
-    def follow(self, plan: Plan | None) -> None:
+    def follow(self, plan: NextAttempt | None) -> None:
         """On every rank: the next `dcp.save` is the next attempt at this checkpoint."""
         if self._attempts is not None and plan is not None:
             self._attempts.follow(plan)
@@ -228,7 +228,7 @@ class FsprobeWriter(FileSystemWriter):
             options = dataclasses.replace(
                 self.options, need_bytes=need_bytes, need_inodes=need_inodes
             )
-            attempts = Attempts(str(self.path), options, ranks=len(plans))
+            attempts = RetryState(str(self.path), options, ranks=len(plans))
             attempts.preflight()  # SaveError: not this checkpoint, not anywhere
             self._attempts = attempts
         self._continuing = False
@@ -334,7 +334,7 @@ class FsprobeWriter(FileSystemWriter):
 # -- save, async_save, load -------------------------------------------------------------------
 
 
-def _verdict(writer: FsprobeWriter, error: CheckpointException) -> Plan | SaveError | None:
+def _verdict(writer: FsprobeWriter, error: CheckpointException) -> NextAttempt | SaveError | None:
     """On the coordinator, after a failed `dcp.save`: the next attempt's plan, the error to
     give up with, or None when some rank failed for another reason than I/O (a bug)."""
     failures = []
@@ -402,7 +402,7 @@ def save(
         except CheckpointException as error:
             verdict = _verdict(writer, error) if _is_coordinator(process_group) else None
             verdict = _broadcast(verdict, process_group)
-            if isinstance(verdict, Plan):
+            if isinstance(verdict, NextAttempt):
                 writer.follow(verdict)
                 continue
             if verdict is None:

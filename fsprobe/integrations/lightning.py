@@ -26,10 +26,10 @@ from collections.abc import Iterable
 from typing import Any, Callable
 
 from fsprobe.extras import import_extra, is_missing, missing_extra
-from fsprobe.saving.fallback import all_fallback_dirs
+from fsprobe.redirect.fallback import all_fallback_dirs
+from fsprobe.redirect.locate import locate
+from fsprobe.redirect.manifest import forget
 from fsprobe.saving.file import DEFAULT_ATTEMPTS, SaveResult, atomic_write
-from fsprobe.saving.manifest import forget
-from fsprobe.saving.resume import locate
 
 torch = import_extra("torch", "lightning", __name__)
 try:

@@ -41,9 +41,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from fsprobe.errors import errno_code
 from fsprobe.integrations.lightning import FsprobeCheckpointIO
+from fsprobe.redirect.locate import locate
 from fsprobe.saving import distributed as collective
 from fsprobe.saving.directory import save_dir
-from fsprobe.saving.resume import locate
 from fsprobe.saving.retry import SaveResult, failure_of
 
 #: What a `FsprobeCheckpointIO` option means for a directory too (a file's own need, its

@@ -3,7 +3,7 @@
 `lfs` talks to the metadata server; on a hung filesystem it blocks, and so may any helper it
 starts. It therefore runs in a session of its own, and when the run ends (at its deadline, or
 normally) its process group is sent SIGKILL, so nothing it started survives; helpers that left
-the group are reaped as orphans (`fsprobe.lustre.children`). A process stuck in the kernel
+the group are reaped as orphans (`fsprobe.posix.children`). A process stuck in the kernel
 (state D) only dies when the kernel lets go of it; it is then reaped by a background thread
 instead of blocking the probe, which reports TIMEOUT at once.
 
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure, errno_name
-from fsprobe.lustre import children
 from fsprobe.model import TIMEOUT
+from fsprobe.posix import children
 
 #: Environment variable naming the `lfs` binary when no --lfs/config value is given.
 ENV_LFS = "FSPROBE_LFS"

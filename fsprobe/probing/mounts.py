@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 
 from fsprobe.model import Mount
-from fsprobe.paths import is_under
+from fsprobe.posix.paths import is_under
 
 MOUNTINFO = "/proc/self/mountinfo"
 

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from fsprobe.lustre import children
 from fsprobe.model import ProbeResult
+from fsprobe.posix import children
 from fsprobe.probing.runner import ProbeRunner, timed_call
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class ResultUnpickler(pickle.Unpickler):
 
     A worker runs as the user of the process it serves, and is usually no less trusted. Except
     in one case: a run of ``fsprobe sync`` that root starts as a user gives up root itself, so
-    that the user cannot trace it (`fsprobe.saving.delegate`), while its worker, started with
+    that the user cannot trace it (`fsprobe.redirect.delegate`), while its worker, started with
     ``exec``, is the user's own process. A pickle naming ``os.system`` would run it in the run.
     """
 

@@ -13,9 +13,9 @@ import os
 import time
 from collections.abc import Callable
 
-from fsprobe.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.errors import ProbeFailure, name_of
 from fsprobe.model import WriteProbeResult
+from fsprobe.posix.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.probing.mounts import nearest_existing
 
 DEFAULT_WRITE_BYTES = 1024 * 1024

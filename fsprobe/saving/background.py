@@ -1,6 +1,6 @@
 """`fsprobe.save_async()` and `fsprobe.wait_saves()`: checkpoints written in the background.
 
-The training thread pays for a snapshot only (`fsprobe.saving.snapshot`: the tensors copied to
+The training thread pays for a snapshot only (`fsprobe.saving.cpu_copy`: the tensors copied to
 CPU memory, so that the optimizer's next in-place update cannot reach the checkpoint); the
 preflight, the write, its retries and its redirect run in a background thread, exactly as
 `fsprobe.save` runs them. The rules, and why:
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsprobe.extras import import_extra
+from fsprobe.saving.cpu_copy import cpu_copy
 from fsprobe.saving.file import save
 from fsprobe.saving.retry import SaveError, SaveResult
-from fsprobe.saving.snapshot import snapshot
 from fsprobe.units import format_seconds
 
 log = logging.getLogger("fsprobe.save")
@@ -261,7 +261,7 @@ def save_async(obj: object, path: str | os.PathLike[str], **save_kwargs: Any) ->
     requested = os.path.abspath(os.fspath(path))  # now: the cwd may change before the write
 
     def prepare() -> Callable[[], SaveResult]:
-        copied = snapshot(obj)
+        copied = cpu_copy(obj)
         return lambda: save(copied, requested, **save_kwargs)
 
     return _saves.submit(requested, prepare)

@@ -49,7 +49,7 @@ class Progress:
 
 
 def bounded(timeout: float | None, attempt: Callable[[str, Progress], int]) -> Callable[[str], int]:
-    """`attempt(destination, progress)` as one attempt of a save (`fsprobe.saving.retry.Attempt`)
+    """`attempt(destination, progress)` as one attempt of a save (`fsprobe.saving.retry.SaveSteps`)
     with at most `timeout` seconds for it; inline when None.
 
     The attempt raises `FailedAttempt` (``TIMEOUT``, at the step it is stuck in) past the

@@ -12,7 +12,7 @@ save, then per attempt (DESIGN §7, "One decision for all ranks"):
 4. every rank's outcome is gathered on the coordinator: all succeeded, so it fsyncs the
    directories, publishes the staging directory with one rename and fsyncs the parent; any
    rank failed, so it removes the staging directory and takes the retry decision for all
-   (`Attempts.failed`: the same errno classes, backoff and redirects as any save);
+   (`RetryState.failed`: the same errno classes, backoff and redirects as any save);
 5. the coordinator broadcasts the result, the error, or (implicitly, by starting over) the
    next attempt.
 
@@ -38,22 +38,22 @@ from fsprobe.extras import extra_imports
 with extra_imports("torch", "fsprobe.distributed", "torch"):
     import torch.distributed as dist
 
+from fsprobe.posix.tree import open_directory, opened, sync_file_at, sync_tree
+from fsprobe.redirect.manifest import sha256_of_directory
 from fsprobe.saving.deadline import Progress
 from fsprobe.saving.directory import Staging, clean_directory
-from fsprobe.saving.manifest import sha256_of_directory
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
     DEFAULT_ATTEMPTS,
-    Attempts,
     Backoff,
     FailedAttempt,
+    RetryState,
     SaveError,
     SaveOptions,
     SaveResult,
     deciding,
     failure_of,
 )
-from fsprobe.saving.tree import open_directory, opened, sync_file_at, sync_tree
 
 log = logging.getLogger("fsprobe.save")
 
@@ -167,7 +167,7 @@ def _commit(staging: Staging, fsync: bool) -> tuple[int, FailedAttempt | None]:
 
 def _coordinate(
     group: _Group,
-    tries: Attempts,
+    tries: RetryState,
     write: Callable[[str], Written],
     fsync: bool,
 ) -> SaveResult:
@@ -268,7 +268,7 @@ def save_dir(
         state_dir=state_dir,
         timeout=timeout,
     )
-    tries = Attempts(group.requested, options, ranks=group.size)
+    tries = RetryState(group.requested, options, ranks=group.size)
     try:
         tries.preflight()
     except SaveError as error:

@@ -23,18 +23,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
-from fsprobe.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.extras import import_extra
+from fsprobe.posix.atomic import TempFile, fsync_directory, temp_name
+from fsprobe.redirect.manifest import sha256_of
 from fsprobe.saving.deadline import Progress, bounded
-from fsprobe.saving.manifest import sha256_of
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT
 from fsprobe.saving.retry import (
     DEFAULT_ATTEMPTS,
-    Attempt,
     Backoff,
     FailedAttempt,
     SaveOptions,
     SaveResult,
+    SaveSteps,
     failure_of,
     run_attempts,
 )
@@ -240,7 +240,7 @@ def atomic_write(
     return run_attempts(
         path,
         options,
-        Attempt(
+        SaveSteps(
             write=bounded(
                 options.save_timeout,
                 lambda destination, progress: _write_once(destination, write, fsync, progress),

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsprobe.model import Snapshot, Status
 from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, write_errno
@@ -50,10 +50,13 @@ from fsprobe.probing.plan import ProbeSettings, plan, run_plans
 from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import ServerProbeSettings
+from fsprobe.redirect.fallback import all_fallback_dirs, redirect_path
 from fsprobe.report import reason_to_dict
-from fsprobe.saving.fallback import all_fallback_dirs, redirect_path
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
+
+if TYPE_CHECKING:  # a type only: the manifest is not loaded for a save that is not redirected
+    from fsprobe.redirect.manifest import Entry
 
 log = logging.getLogger("fsprobe.preflight")
 
@@ -537,6 +540,26 @@ def preflight(
     )
     _log_decision(decision)
     return decision
+
+
+def preflight_readiness(
+    state_dir: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> Callable[[Entry], str | None]:
+    """Whether a target can take a redirected copy back now, for `fsprobe.redirect.sync`: None
+    if it can, else why not. A bounded preflight that neither waits nor redirects."""
+
+    def ready(entry: Entry) -> str | None:
+        decision = preflight(
+            entry.requested,
+            need_bytes=entry.bytes,
+            redirect=False,
+            on_unhealthy="fail",
+            state_dir=state_dir,
+            timeout=timeout,
+        )
+        return decision.summary() if decision.action == "fail" else None
+
+    return ready
 
 
 def _log_decision(decision: Decision) -> None:

@@ -12,10 +12,10 @@ the errno (`fsprobe.errors.classify`) and decide:
 A redirect that fails too goes back to the target or on to the next fallback. `SaveError`
 after the last attempt, with every attempt's errno.
 
-`Attempts` holds those decisions for one save, apart from the attempt itself, so that a
+`RetryState` holds those decisions for one save, apart from the attempt itself, so that a
 collective save can take them once on its coordinator and send them to every rank;
 `run_attempts` is the loop for a save made by one process. A save that lands in a fallback is
-entered in that fallback's manifest when it succeeds (`Attempts.succeeded`), whatever kind of
+entered in that fallback's manifest when it succeeds (`RetryState.succeeded`), whatever kind of
 save it is, so that `fsprobe sync` finds it.
 """
 
@@ -35,13 +35,13 @@ from fsprobe.checking import check
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.events.emit import report
 from fsprobe.events.event import Failure, SaveEvent
-from fsprobe.saving.fallback import (
+from fsprobe.redirect.fallback import (
     all_fallback_dirs,
     prepare_directory,
     redirect_path,
     remove_mirrored_dirs,
 )
-from fsprobe.saving.manifest import new_entry, record
+from fsprobe.redirect.manifest import new_entry, record
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
 from fsprobe.saving.preflight import preflight as run_preflight
 from fsprobe.units import format_bytes, format_seconds
@@ -240,14 +240,14 @@ class SaveOptions:
         )
 
 
-class Plan(NamedTuple):
+class NextAttempt(NamedTuple):
     """What follows a failed attempt: the next attempt's destination, after `wait` seconds."""
 
     destination: str
     wait: float
 
 
-class Attempts:
+class RetryState:
     """The attempts of one save of `requested`: the decisions between them, not the writing.
 
     `destination` is where the current attempt goes (the requested path, or its mirror in a
@@ -323,7 +323,7 @@ class Attempts:
             cleaned.add(directory)
             clean(directory)
 
-    def failed(self, failure: FailedAttempt) -> Plan | None:
+    def failed(self, failure: FailedAttempt) -> NextAttempt | None:
         """Record a failed attempt and decide the next one; None means give up."""
         fallback = self.fallback
         if fallback is not None:  # leave no empty mirrored directories in a fallback
@@ -333,7 +333,7 @@ class Attempts:
         if self.number == self.options.attempts:
             self._log(failure, kind, "giving up")
             return None
-        plan = Plan(self.destination, self.options.backoff.delay(self.number))
+        plan = NextAttempt(self.destination, self.options.backoff.delay(self.number))
         if kind is not ErrorClass.TRANSIENT:
             if fallback is not None:
                 self._given_up.add(fallback)
@@ -346,9 +346,11 @@ class Attempts:
                 timeout=self.options.timeout,
             )
             if alternative is not None:
-                plan = Plan(alternative, 0.0)
+                plan = NextAttempt(alternative, 0.0)
             elif fallback is not None:  # back to the target: it may take it after all
-                plan = Plan(self.requested, plan.wait if kind is ErrorClass.CAPACITY else 0.0)
+                plan = NextAttempt(
+                    self.requested, plan.wait if kind is ErrorClass.CAPACITY else 0.0
+                )
             elif kind is ErrorClass.PERMANENT:
                 self._log(failure, kind, "giving up")
                 return None
@@ -358,7 +360,7 @@ class Attempts:
         self._log(failure, kind, what)
         return plan
 
-    def follow(self, plan: Plan) -> None:
+    def follow(self, plan: NextAttempt) -> None:
         """Wait as planned; the next attempt goes where planned."""
         if plan.wait:
             self.options.backoff.sleep(plan.wait)
@@ -463,7 +465,7 @@ class Attempts:
         )
 
 
-class Attempt(NamedTuple):
+class SaveSteps(NamedTuple):
     """What one kind of save does in the loop of `run_attempts`.
 
     `write(destination)` makes one attempt and returns the bytes written, raising
@@ -479,24 +481,24 @@ class Attempt(NamedTuple):
 
 
 def run_attempts(
-    path: str | os.PathLike[str], options: SaveOptions, attempt: Attempt
+    path: str | os.PathLike[str], options: SaveOptions, steps: SaveSteps
 ) -> SaveResult:
     """Save `path`: preflight, then attempt until one succeeds or the attempts give up
     (`SaveError`, also when the preflight says ``fail``)."""
-    attempts = Attempts(os.path.abspath(os.fspath(path)), options)
-    attempts.preflight()
+    state = RetryState(os.path.abspath(os.fspath(path)), options)
+    state.preflight()
     cleaned: set[str] = set()
     while True:
         try:
             try:
-                attempts.prepare(attempt.clean, cleaned)
+                state.prepare(steps.clean, cleaned)
             except OSError as error:
                 raise FailedAttempt.of(error, "mkdir") from error
-            nbytes = attempt.write(attempts.destination)
+            nbytes = steps.write(state.destination)
         except FailedAttempt as failure:
-            plan = attempts.failed(failure)
+            plan = state.failed(failure)
             if plan is None:
-                raise attempts.error() from None
-            attempts.follow(plan)
+                raise state.error() from None
+            state.follow(plan)
             continue
-        return attempts.succeeded(nbytes, attempt.digest)
+        return state.succeeded(nbytes, steps.digest)

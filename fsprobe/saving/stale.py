@@ -6,11 +6,11 @@ writing, `fsprobe.save` removes such leftovers from the destination directory, a
 
 A file is removed only when all of this holds:
 
-- its name is one that `fsprobe.atomic.temp_name` makes, and it is a regular file;
+- its name is one that `fsprobe.posix.atomic.temp_name` makes, and it is a regular file;
 - it belongs to the user cleaning up: nobody, root included, removes another user's file;
 - it is not one that this very process is writing (another thread may be saving);
 - its writer is gone. Every writer holds a lock (``flock``) on its temp file for as long as it
-  may write it (`fsprobe.atomic.TempFile`); a lock that can be taken proves the writer dead.
+  may write it (`fsprobe.posix.atomic.TempFile`); a lock that can be taken proves the writer dead.
   That holds across PID namespaces (two containers of a pod share the host name, not the pids)
   and whatever ``/proc`` hides, where a pid proves nothing. It is trusted for writers on this
   host only: a lock of another node may be invisible here (Lustre ``localflock``). A file from
@@ -28,7 +28,7 @@ import os
 import stat
 import time
 
-from fsprobe.atomic import LOCK_UNSUPPORTED, TempName, hostname, is_live_here, parse_temp_name
+from fsprobe.posix.atomic import LOCK_UNSUPPORTED, TempName, hostname, is_live_here, parse_temp_name
 
 log = logging.getLogger("fsprobe.save")
 
@@ -58,7 +58,7 @@ def is_stale(name: TempName, mtime: float, alive: bool | None, now: float) -> bo
     """Whether a temp of ours (by name and owner) was certainly abandoned by its writer.
 
     `mtime` is when it was last written, `alive` what `writer_alive` said. A temp that this
-    process is writing (`fsprobe.atomic.is_live_here`) is the caller's to rule out first.
+    process is writing (`fsprobe.posix.atomic.is_live_here`) is the caller's to rule out first.
     """
     age = now - mtime
     if alive or age < MIN_AGE_SECONDS:

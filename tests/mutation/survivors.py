@@ -40,7 +40,7 @@ EXPLAINED: dict[str, str] = {
         "unreachable: AtomicFile records the step together with the first error, so the step "
         "is never missing when the error is there"
     ),
-    "fsprobe/saving/sync.py _copy_back: 384 -> 385 in "
+    "fsprobe/redirect/sync.py _copy_back: 384 -> 385 in "
     "`with TempFile(target_dir, temp_name(final), 0o600, readable=True) as temp:`": (
         "no effect a reader can meet: the next statement sets the copy's own mode with fchmod "
         "before a byte is written, and the extra other-execute bit grants no read meanwhile"
@@ -49,85 +49,86 @@ EXPLAINED: dict[str, str] = {
         "equivalent: discard() releases in its own finally, and release is idempotent; the "
         "probe closes its file either way (tests/test_write_probe_faults.py counts descriptors)"
     ),
-    "fsprobe/saving/sync.py _sync_open: > -> >= in "
+    "fsprobe/redirect/sync.py _sync_open: > -> >= in "
     "`if seen is not None and seen.st_mtime > entry.time:`": (
         "no meaning at the boundary: a checkpoint written at the very nanosecond its "
         "redirected copy was recorded cannot be told older or newer, and no test can make one"
     ),
-    "fsprobe/saving/manifest.py OpenCopy.remove: False -> True in `return False`": (
+    "fsprobe/redirect/manifest.py OpenCopy.remove: False -> True in `return False`": (
         "only reachable in a race inside forget(): the fallback copy replaced between its open "
         "and its removal; forget() would then list a file it left in place (nothing is lost), "
         "and no test can time that window"
     ),
-    "fsprobe/saving/retry.py Attempts.prepare: call deleted in `cleaned.add(directory)`": (
+    "fsprobe/saving/retry.py RetryState.prepare: call deleted in `cleaned.add(directory)`": (
         "no effect a test can see: the leftovers of crashed saves are then looked for before "
         "every attempt instead of once per directory; a second look removes only what the rules "
         "allow and costs one directory scan per retry (why it is done once)"
     ),
-    "fsprobe/atomic.py TempFile.__init__: 384 -> 385 in "
+    "fsprobe/posix/atomic.py TempFile.__init__: 384 -> 385 in "
     "`self, dir_fd: int | None, name: str, mode: int = 0o600, readable: bool = False`": (
         "no effect a reader can meet: only the write probe takes the default, for a file of "
         "junk bytes it removes when the probe ends; an extra other-execute bit grants no read"
     ),
-    "fsprobe/atomic.py TempFile.__init__: False -> True in "
+    "fsprobe/posix/atomic.py TempFile.__init__: False -> True in "
     "`self, dir_fd: int | None, name: str, mode: int = 0o600, readable: bool = False`": (
         "equivalent: only the write probe takes the default, and it never reads its file; a "
         "descriptor open for reading too writes the same bytes"
     ),
-    "fsprobe/atomic.py TempFile.__init__: call deleted in `self.discard()`": (
+    "fsprobe/posix/atomic.py TempFile.__init__: call deleted in `self.discard()`": (
         "only reachable in a race: another process taking the lock of a file created an instant "
         "before with O_EXCL (a cleanup testing liveness in that instant); no test can time it"
     ),
-    "fsprobe/atomic.py TempFile.replace_if_unchanged: True -> False in `self.renamed = True`": (
+    "fsprobe/posix/atomic.py TempFile.replace_if_unchanged: True -> False in "
+    "`self.renamed = True`": (
         "equivalent: the temp name was unlinked just before, so the discard() that a temp not "
         "renamed gets on the way out finds nothing under that name (each name has its own token)"
     ),
-    "fsprobe/atomic.py TempFile.release: 1 -> 2 in `fd, self.fd = self.fd, -1`": (
+    "fsprobe/posix/atomic.py TempFile.release: 1 -> 2 in `fd, self.fd = self.fd, -1`": (
         "equivalent: a released TempFile's descriptor is only ever compared with 0; -1 and -2 "
         "both say closed"
     ),
-    "fsprobe/atomic.py TempFile.replace_if_unchanged: False -> True in "
+    "fsprobe/posix/atomic.py TempFile.replace_if_unchanged: False -> True in "
     "`moved = os.stat(aside, dir_fd=self.dir_fd, follow_symlinks=False)`": (
         "no effect: followed, a symlink put at the final name compares equal only when it points "
         "at the very version seen before the copy, and the copy then replaces the link itself "
         "(unlink and link never follow one); not followed, the link is put back and the copy "
         "waits. Either way nothing is written through the link"
     ),
-    "fsprobe/saving/manifest.py record: > -> >= in `if size > COMPACT_BYTES:`": (
+    "fsprobe/redirect/manifest.py record: > -> >= in `if size > COMPACT_BYTES:`": (
         "no meaning at the boundary: compacting a manifest of exactly 1 MiB or one line later "
         "keeps the same entries (the latest per file), a quarter of the read cap away"
     ),
-    "fsprobe/saving/directory.py Staging.swap_in: True -> False in `self.published = True`": (
+    "fsprobe/posix/staging.py Staging.swap_in: True -> False in `self.published = True`": (
         "equivalent at all three places: `published` only decides whether close() removes the "
         "staging name, and after any publish that name is gone (renamed) or held the replaced "
         "checkpoint, which publish() removes itself (tests/test_save_dir.py checks both paths "
         "leave nothing and log nothing)"
     ),
-    "fsprobe/saving/directory.py Staging.swap_in: False -> True in "
+    "fsprobe/posix/staging.py Staging.swap_in: False -> True in "
     "`os.stat(self.name, dir_fd=self.parent_fd, follow_symlinks=False)`": (
         "equivalent: a symlink at the checkpoint's path is refused either way, by the "
         "O_NOFOLLOW open of the old checkpoint or by rename(2) of a directory onto a "
         "non-directory (ENOTDIR); test_a_symlink_where_the_checkpoint_goes_is_not_replaced"
     ),
-    "fsprobe/saving/manifest.py _read: + -> - in "
+    "fsprobe/redirect/manifest.py _read: + -> - in "
     "`while line := stream.readline(left + 1):  # never more than the cap, even in one line`": (
         "equivalent: the file was checked to be within the cap before reading, so the bound "
         "only matters for the last line of a manifest exactly at the cap, and then it leaves "
         "unread only that line's newline (the entry is still read whole; "
         "test_a_manifest_up_to_its_size_limit_is_read_and_one_byte_more_is_not pads before it)"
     ),
-    "fsprobe/saving/manifest.py _read: 1 -> 2 in "
+    "fsprobe/redirect/manifest.py _read: 1 -> 2 in "
     "`while line := stream.readline(left + 1):  # never more than the cap, even in one line`": (
         "equivalent: one byte more or two past what is left is refused all the same by the "
         "`left < 0` check that follows the read"
     ),
-    "fsprobe/saving/manifest.py OpenCopy.remove: False -> True in "
+    "fsprobe/redirect/manifest.py OpenCopy.remove: False -> True in "
     "`named = os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)`": (
         "no effect a neighbour can use: the copy's directory is inside an area proven to be "
         "its user's alone on the way in, so a symlink there is the user's own, and the unlink "
         "that follows removes the name, never what it points to"
     ),
-    "fsprobe/saving/manifest.py OpenCopy._open: False -> True in "
+    "fsprobe/redirect/manifest.py OpenCopy._open: False -> True in "
     "`info = os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)`": (
         "equivalent in what it allows: a symlink taken for a directory is then opened with "
         "O_NOFOLLOW and refused all the same (only the error's wording differs)"

@@ -99,30 +99,38 @@ TARGETS = (
     target(
         "save-retry",
         "fsprobe/saving/retry.py",
-        "Backoff.delay first_os_error failure_of deciding Attempts.fallback Attempts.failed "
-        "Attempts.follow Attempts.prepare run_attempts",
+        "Backoff.delay first_os_error failure_of deciding RetryState.fallback RetryState.failed "
+        "RetryState.follow RetryState.prepare run_attempts",
         *_SAVE_TESTS,
     ),
     target(
         "save-atomic",
-        "fsprobe/atomic.py",
+        "fsprobe/posix/atomic.py",
         "fsync_directory TempFile.__init__ TempFile.rename TempFile.replace_if_unchanged "
         "TempFile.discard TempFile.release same_version",
         *_SAVE_TESTS,
     ),
-    target("save-redirect", "fsprobe/saving/fallback.py", "*", *_SAVE_TESTS),
-    target("save-sync", "fsprobe/saving/sync.py", "_copy_back _sync_open", *_SAVE_TESTS),
-    target("save-copy", "fsprobe/saving/tree.py", "copy_bytes", *_SAVE_TESTS),
+    target("save-redirect", "fsprobe/redirect/fallback.py", "*", *_SAVE_TESTS),
+    target("save-sync", "fsprobe/redirect/sync.py", "_copy_back _sync_open", *_SAVE_TESTS),
+    target("save-copy", "fsprobe/redirect/copies.py", "copy_bytes", *_SAVE_TESTS),
     target(
         "save-manifest",
-        "fsprobe/saving/manifest.py",
+        "fsprobe/redirect/manifest.py",
         "sha256_of_fd OpenCopy._open OpenCopy.digest OpenCopy.remove _read record",
         *_SAVE_TESTS,
     ),
     target(
+        "save-staging",
+        "fsprobe/posix/staging.py",
+        "Staging.sync Staging.swap_in Staging.sync_parent Staging.publish",
+        "tests/test_save_dir.py",
+        "tests/test_durability.py",
+        "tests/test_save_deadline.py",
+    ),
+    target(
         "save-dir",
         "fsprobe/saving/directory.py",
-        "Staging.sync Staging.swap_in Staging.sync_parent Staging.publish write_directory_once",
+        "write_directory_once",
         "tests/test_save_dir.py",
         "tests/test_durability.py",
         "tests/test_save_deadline.py",

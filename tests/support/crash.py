@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from fsprobe.atomic import parse_temp_name
+from fsprobe.posix.atomic import parse_temp_name
+from fsprobe.posix.swap import parse_retired_name
 from fsprobe.saving.stale import MIN_AGE_SECONDS
-from fsprobe.saving.swap import parse_retired_name
 
 REPO = Path(__file__).resolve().parents[2]
 

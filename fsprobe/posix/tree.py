@@ -18,13 +18,10 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from fsprobe.owned import NotTrusted, check_owned, open_file
-
 log = logging.getLogger("fsprobe.save")
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Directories deeper than this are refused: no checkpoint nests that far, a loop might.
 MAX_DEPTH = 64
 READ_CHUNK = 4 * 1024 * 1024
@@ -72,7 +69,7 @@ def opened(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def _entries(dir_fd: int) -> list[tuple[str, os.stat_result]]:
+def entries(dir_fd: int) -> list[tuple[str, os.stat_result]]:
     """The entries of a directory with their `lstat`, sorted by name (a stable order)."""
     found = []
     for name in sorted(os.listdir(dir_fd)):
@@ -97,7 +94,7 @@ def _walk(
     if depth > MAX_DEPTH:
         raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories", prefix)
     total = TreeSize(0, 0, 1, os.fstat(dir_fd).st_mtime)
-    for name, info in _entries(dir_fd):
+    for name, info in entries(dir_fd):
         relative = f"{prefix}{name}"
         if stat.S_ISREG(info.st_mode):
             on_file(dir_fd, name, relative)
@@ -176,58 +173,6 @@ def tree_digest(files: dict[str, str]) -> str:
 
     listing = "".join(f"{name}\0{digest}\n" for name, digest in sorted(files.items()))
     return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def copy_tree(source_fd: int, target_fd: int, owner: int, limit: int, depth: int = 0) -> TreeSize:
-    """Copy the tree below `source_fd` into the empty directory `target_fd`, modes kept.
-
-    At most `limit` bytes of files in all (what the manifest recorded): a tree that holds
-    more is refused with EFBIG as soon as it shows, never copied to its end.
-
-    Every file and directory copied must be `owner`'s (`fsprobe.owned`): anything else, and
-    anything that is neither (a symlink, a FIFO), is refused with `NotTrusted`, and nothing
-    of it is read. New files are created exclusively, never through a symlink. Nothing is
-    fsynced here (`sync_tree` does that once, for the whole copy).
-    """
-    if depth > MAX_DEPTH:
-        raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories")
-    total = TreeSize(0, 0, 1, os.fstat(source_fd).st_mtime)
-    for name, info in _entries(source_fd):
-        mode = stat.S_IMODE(info.st_mode)
-        if stat.S_ISDIR(info.st_mode):
-            with opened(open_directory(name, source_fd)) as source:
-                check_owned(os.fstat(source), owner, name, private=False)
-                os.mkdir(name, stat.S_IRWXU, dir_fd=target_fd)
-                with opened(open_directory(name, target_fd)) as target:
-                    total += copy_tree(source, target, owner, limit - total.bytes, depth + 1)
-                    os.fchmod(target, mode)
-        elif stat.S_ISREG(info.st_mode):
-            with opened(open_file(source_fd, name, os.O_RDONLY, owner, private=False)) as source:
-                new = os.open(name, _NEW_FILE_FLAGS, stat.S_IRUSR | stat.S_IWUSR, dir_fd=target_fd)
-                with opened(new) as target:
-                    copied = copy_bytes(source, target, limit - total.bytes)
-                    os.fchmod(target, mode)
-            total += TreeSize(copied, 1, 0, info.st_mtime)
-        else:
-            raise NotTrusted(f"{name} is neither a regular file nor a directory; not copying it")
-    return total
-
-
-def copy_bytes(source: int, target: int, limit: int) -> int:
-    """The bytes of the open file `source`, from its start, appended to `target`; their count.
-
-    At most `limit` of them: a source that holds more (grown since it was recorded, by whoever
-    could write it) is refused with EFBIG after `limit` bytes, never copied to its end.
-    """
-    offset = 0
-    while chunk := os.pread(source, min(READ_CHUNK, limit - offset + 1), offset):
-        if offset + len(chunk) > limit:
-            raise OSError(errno.EFBIG, f"holds more than the {limit} bytes recorded")
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(target, view) :]
-        offset += len(chunk)
-    return offset
 
 
 def remove_tree(parent_fd: int, name: str) -> bool:

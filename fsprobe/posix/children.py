@@ -1,4 +1,4 @@
-"""The processes started to run `lfs`, and the helpers they leave behind.
+"""The processes fsprobe starts (`lfs`, runs as a user), and the helpers they leave behind.
 
 `lfs` runs in a session of its own and is killed with its process group at its deadline. A
 helper it starts can still escape both (``setpgid``, ``setsid``) and outlive it, holding the
@@ -10,7 +10,7 @@ So the process that runs `lfs` (the probe worker) makes itself a *child subreape
 to us instead of to init, and after each run every child of ours that is not a run in progress
 is killed and reaped. Runs in progress are known because every child is started through
 `start`: the `lfs` runs, and the sync task's runs of ``fsprobe sync`` as a user
-(`fsprobe.saving.delegate`), which must not die with an `lfs` that ends beside them. A process
+(`fsprobe.redirect.delegate`), which must not die with an `lfs` that ends beside them. A process
 that did not adopt orphans (a test calling `run_lfs` directly) still gets the group kill, only
 not this.
 """

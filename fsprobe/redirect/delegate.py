@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fsprobe.lustre import children
+from fsprobe.posix import children
 
 #: More than any report of a real run; a run that says more is killed and disbelieved.
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
@@ -53,7 +53,7 @@ _PR_SET_DUMPABLE = 4
 #: What the run executes: as root, it imports fsprobe from root's own installation and becomes
 #: the user (`become`); only then does it run ``fsprobe ARGUMENTS``, as ``python -m`` would.
 _BOOTSTRAP = (
-    "import sys; from fsprobe.saving.delegate import become; "
+    "import sys; from fsprobe.redirect.delegate import become; "
     "become(int(sys.argv[1]), int(sys.argv[2]), [int(g) for g in sys.argv[3].split(',') if g]); "
     "import runpy; sys.argv[:4] = ['fsprobe']; runpy.run_module('fsprobe', run_name='__main__')"
 )

@@ -30,8 +30,8 @@ import platform
 import re
 from collections.abc import Callable
 
-from fsprobe.atomic import TempName, hostname, same_version
-from fsprobe.saving.tree import remove_tree
+from fsprobe.posix.atomic import TempName, hostname, same_version
+from fsprobe.posix.tree import remove_tree
 
 log = logging.getLogger("fsprobe.save")
 

@@ -2,7 +2,7 @@
 
 A background save must write the checkpoint as it was when the save was asked for: the optimizer
 updates the weights in place a moment later, and without a copy the file would hold some tensors
-from before that step and some from after. So `snapshot` copies every tensor into fresh CPU
+from before that step and some from after. So `cpu_copy` copies every tensor into fresh CPU
 memory and rebuilds the containers around the copies. The copy is made to be exactly what
 `torch.save` would have written from the original:
 
@@ -35,7 +35,7 @@ from typing import Any
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, range)
 
 
-def snapshot(obj: object) -> Any:
+def cpu_copy(obj: object) -> Any:
     """A copy of `obj` that no later change of the original reaches; see the module docstring."""
     import torch  # lazily: see the module docstring
 

@@ -12,7 +12,7 @@ Mirroring the whole path (not only the file name) keeps two runs that both save 
 from overwriting each other and tells a person at a glance where a file belongs. The area per
 user (``uid-<uid>``, holding that user's copies and manifest) is what lets a team share one
 fallback directory: nobody reads or writes another member's directories, and every name in an area
-provably belongs to its user (`fsprobe.owned`): the area and every directory below it are
+provably belongs to its user (`fsprobe.posix.owned`): the area and every directory below it are
 owned by the user and writable by nobody else, and each is opened without following symlinks.
 
 A fallback directory that others may write (a team's, a scratch root) must have the sticky
@@ -31,7 +31,7 @@ import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fsprobe.owned import NotTrusted, components, walk
+from fsprobe.posix.owned import NotTrusted, components, walk
 
 FALLBACK_ENV = "FSPROBE_FALLBACK_DIRS"
 #: The name of a user's area: ``uid-<uid>``.

@@ -1,10 +1,10 @@
 """`fsprobe.locate()`: where the newest committed copy of a checkpoint is, for a resume.
 
-A save that could not go to its target went to a fallback directory (`fsprobe.saving.fallback`)
+A save that could not go to its target went to a fallback directory (`fsprobe.redirect.fallback`)
 and is recorded in that fallback's manifest until `fsprobe sync` brings it home. A trainer that
 resumes must load that copy when it is newer than what is at the requested path (which may not
 even exist), and the requested path otherwise. The manifest decides, with its trust rules
-(`fsprobe.saving.manifest.newest_copy`): a copy counts only if it is this user's own and still
+(`fsprobe.redirect.manifest.newest_copy`): a copy counts only if it is this user's own and still
 holds the checksum recorded when it was saved; a file checkpoint and a directory checkpoint
 alike.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from fsprobe.saving.fallback import all_fallback_dirs
-from fsprobe.saving.manifest import newest_copy
+from fsprobe.redirect.fallback import all_fallback_dirs
+from fsprobe.redirect.manifest import newest_copy
 
 
 def locate(

@@ -6,7 +6,7 @@ with a single ``write`` on an ``O_APPEND`` descriptor under an exclusive lock an
 concurrent savers never interleave and a crash leaves either the whole line or none.
 
 The manifest decides what `fsprobe sync` copies where and what a resume loads, so it is
-trusted only as far as it is provably its user's (`fsprobe.owned`): a regular file (never
+trusted only as far as it is provably its user's (`fsprobe.posix.owned`): a regular file (never
 opened through a symlink, never waited on as a FIFO), owned by the area's user, writable by
 nobody else, in an area that is the user's. And a line can only ever speak for that area: its
 ``actual`` must be exactly the mirrored path of its ``requested`` in the area, so no line can
@@ -27,10 +27,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fsprobe.atomic import TempFile, hostname, lock_within, temp_name
-from fsprobe.owned import NotTrusted, check_owned, components, open_file, walk
-from fsprobe.paths import is_under
-from fsprobe.saving.fallback import (
+from fsprobe.posix.atomic import TempFile, hostname, lock_within, temp_name
+from fsprobe.posix.owned import NotTrusted, check_owned, components, open_file, walk
+from fsprobe.posix.paths import is_under
+from fsprobe.posix.tree import (
+    digest_tree,
+    measure_tree,
+    open_directory,
+    opened,
+    remove_tree,
+    tree_digest,
+)
+from fsprobe.redirect.fallback import (
     AREA_NAME,
     Area,
     area_name,
@@ -38,14 +46,6 @@ from fsprobe.saving.fallback import (
     own_area,
     remove_area_if_empty,
     remove_empty_parents,
-)
-from fsprobe.saving.tree import (
-    digest_tree,
-    measure_tree,
-    open_directory,
-    opened,
-    remove_tree,
-    tree_digest,
 )
 
 log = logging.getLogger("fsprobe.redirect")

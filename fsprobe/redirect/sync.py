@@ -1,9 +1,9 @@
 """`fsprobe sync`: copy redirected checkpoints back once their target can take them again.
 
 Who acts on what, as whom: `sync` acts on its own user's area of each fallback directory only
-(`fsprobe.saving.fallback`), through what that user's manifest says and nothing else. Run as
+(`fsprobe.redirect.fallback`), through what that user's manifest says and nothing else. Run as
 root, it syncs root's own area itself and every other user's area *as that user*, by running
-``fsprobe sync`` with the user's identity (`fsprobe.saving.delegate`): root never copies,
+``fsprobe sync`` with the user's identity (`fsprobe.redirect.delegate`): root never copies,
 writes or deletes anything of a user's with root's rights.
 
 One entry goes back like this:
@@ -16,7 +16,7 @@ One entry goes back like this:
 5. the copy is written to a locked temp file beside the original, fsynced, and read back:
    its sha256 must be the one recorded at the save;
 6. it replaces the original only if the original is still the one seen in step 4
-   (`fsprobe.atomic.TempFile.replace_if_unchanged`): a trainer save that lands while the copy
+   (`fsprobe.posix.atomic.TempFile.replace_if_unchanged`): a trainer save that lands while the copy
    was being made is never overwritten, however slow the copy was;
 7. the directory is fsynced, then the fallback copy and its entry are removed.
 """
@@ -30,14 +30,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fsprobe.atomic import TempFile, temp_name
 from fsprobe.errors import name_of
-from fsprobe.owned import NotTrusted
-from fsprobe.paths import is_under
-from fsprobe.saving import delegate
-from fsprobe.saving.directory import Staging
-from fsprobe.saving.fallback import Area, area_name
-from fsprobe.saving.manifest import (
+from fsprobe.posix.atomic import TempFile, temp_name
+from fsprobe.posix.owned import NotTrusted
+from fsprobe.posix.paths import is_under
+from fsprobe.posix.staging import Staging
+from fsprobe.posix.tree import digest_tree, tree_digest
+from fsprobe.redirect import delegate
+from fsprobe.redirect.copies import copy_bytes, copy_tree
+from fsprobe.redirect.fallback import Area, area_name
+from fsprobe.redirect.manifest import (
     Entry,
     OpenCopy,
     areas,
@@ -47,15 +49,14 @@ from fsprobe.saving.manifest import (
     rewrite,
     sha256_of_fd,
 )
-from fsprobe.saving.preflight import preflight
-from fsprobe.saving.tree import copy_bytes, copy_tree, digest_tree, tree_digest
 from fsprobe.state import default_state_dir
 
 log = logging.getLogger("fsprobe.redirect")
 
 #: Whether the target can take `entry` now: None if it can, else why not. The daemon's sync task
 #: answers from its own verdict of the target (it runs in the probe worker, where a preflight
-#: that probes inline would have to start a worker of its own); `fsprobe sync` asks a preflight.
+#: that probes inline would have to start a worker of its own); `fsprobe sync` asks a preflight
+#: (`fsprobe.saving.preflight.preflight_readiness`): the save path is above this package.
 Readiness = Callable[[Entry], Optional[str]]
 
 #: Outcomes after which the entry leaves the manifest.
@@ -177,28 +178,14 @@ def _sync_open(
     *,
     dry_run: bool,
     prune_superseded: bool,
-    state_dir: str | None,
-    timeout: float,
-    ready: Readiness | None,
+    ready: Readiness,
 ) -> SyncOutcome:
     entry = copy.entry
 
     def outcome(action: str, message: str) -> SyncOutcome:
         return SyncOutcome(entry, action, message)
 
-    # The target may be the hung mount: ask before touching it.
-    if ready is None:
-        decision = preflight(
-            entry.requested,
-            need_bytes=entry.bytes,
-            redirect=False,
-            on_unhealthy="fail",
-            state_dir=state_dir,
-            timeout=timeout,
-        )
-        not_ready = decision.summary() if decision.action == "fail" else None
-    else:
-        not_ready = ready(entry)
+    not_ready = ready(entry)  # the target may be the hung mount: ask before touching it
     if not_ready is not None:
         return outcome("waiting", f"{entry.requested} not ready: {not_ready}")
     final = os.path.basename(entry.requested)
@@ -313,7 +300,7 @@ def sync(
     state_dir: str | None = None,
     timeout: float = 10.0,
     under: str | None = None,
-    ready: Readiness | None = None,
+    ready: Readiness,
 ) -> list[SyncOutcome]:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
@@ -321,15 +308,11 @@ def sync(
     in place and is reported as superseded instead of overwriting it. Settled entries (synced,
     pruned, replaced, missing) leave the manifest; the rest stay for the next run. With `under`,
     only the checkpoints that were meant for that directory (or below it) are handled. `ready`
-    decides whether a target can take an entry now; without it, a bounded preflight does. As
-    root, every other user's area is synced by a run as that user, which asks its own preflight.
+    decides whether a target can take an entry now (`fsprobe.saving.preflight.preflight_readiness`
+    asks a bounded preflight). As root, every other user's area is synced by a run as that user,
+    which asks its own preflight (`state_dir` and `timeout` are passed on to it).
     """
-    options: dict[str, Any] = {
-        "dry_run": dry_run,
-        "prune_superseded": prune_superseded,
-        "state_dir": state_dir,
-        "timeout": timeout,
-    }
+    options: dict[str, Any] = {"dry_run": dry_run, "prune_superseded": prune_superseded}
     outcomes: list[SyncOutcome] = []
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
         for area in own_areas(fallback):
@@ -337,7 +320,9 @@ def sync(
         if os.geteuid() == 0:
             others = {area.owner for area in _areas_or_none(fallback)} - {0}
             for owner in sorted(others):
-                outcomes += _sync_as_owner(fallback, owner, under, **options)
+                outcomes += _sync_as_owner(
+                    fallback, owner, under, state_dir=state_dir, timeout=timeout, **options
+                )
     return outcomes
 
 

@@ -17,7 +17,7 @@ import errno
 import os
 import stat
 
-from fsprobe.atomic import TempFile, temp_name
+from fsprobe.posix.atomic import TempFile, temp_name
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
