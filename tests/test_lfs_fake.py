@@ -20,7 +20,7 @@ from tests.fakes.fake_lfs import FAKE_LFS, load_fixtures
 
 CASES = [
     (name, case)
-    for kind in ("quota", "df")
+    for kind in ("quota", "df", "layout")
     for name, case in load_fixtures(kind)
     if "state" in case
 ]
