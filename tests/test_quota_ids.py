@@ -13,10 +13,12 @@ import contextlib
 import errno
 import fcntl
 import grp
+import json
 import os
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +26,12 @@ import pytest
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.lustre.provider import LustreQuotaProvider
+from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.ids import (
     FS_IOC_FSGETXATTR,
     FSXATTR,
+    DirectoryProject,
     id_name,
     id_of,
     read_project,
@@ -225,3 +229,119 @@ def test_reading_the_project_id_leaves_no_descriptor_open(tmp_path: Path):
         with contextlib.suppress(OSError):
             read_project(str(tmp_path))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def xfs_io(*commands: str, path: Path) -> str:
+    """Run xfs_io's commands on `path` (chproj, chattr +P, lsproj: the admin's own tools)."""
+    argv = ["xfs_io"]
+    for command in commands:
+        argv += ["-c", command]
+    done = subprocess.run([*argv, str(path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def project_of(path: Path) -> int:
+    """The project ID a file or directory got, as `xfs_io -c lsproj` shows it."""
+    (line,) = xfs_io("lsproj", path=path).splitlines()
+    assert line.startswith("projid = "), line
+    return int(line.removeprefix("projid = "))
+
+
+@pytest.mark.mount
+def test_a_project_without_its_inherit_flag_is_not_the_project_of_new_files(xfs: Path):
+    plain, inheriting = xfs / "p42", xfs / "p43"
+    plain.mkdir()
+    inheriting.mkdir()
+    xfs_io("chproj 42", path=plain)
+    xfs_io("chproj 43", "chattr +P", path=inheriting)
+    for directory in (plain, inheriting):
+        (directory / "model.pt").write_bytes(b"x")
+    # What the kernel does (the issue's measurement): only the inherit flag passes it on.
+    assert (project_of(plain / "model.pt"), project_of(inheriting / "model.pt")) == (0, 43)
+
+    assert read_project(str(plain)) == DirectoryProject(42, inherit=False)
+    assert read_project(str(inheriting)) == DirectoryProject(43, inherit=True)
+    ids = resolve_ids(str(plain))
+    assert ids.project is None and ids.queries()[-1][0] == "group"
+    assert ids.notes == (
+        f"{plain} has project 42 but not its inherit flag: new files get no project",
+    )
+    assert ids.errors == ()
+    inherited = resolve_ids(str(inheriting))
+    assert (inherited.project, inherited.notes) == (43, ())
+
+
+@pytest.mark.mount
+def test_the_quota_probe_asks_no_project_without_the_flag_and_says_why(
+    xfs: Path, fake_lfs: FakeLfs
+):
+    plain, inheriting = xfs / "p42", xfs / "p43"
+    plain.mkdir()
+    inheriting.mkdir()
+    xfs_io("chproj 42", path=plain)
+    xfs_io("chproj 43", "chattr +P", path=inheriting)
+    fake_lfs.configure(state={"mountpoint": str(xfs)})
+    settings = ServerProbeSettings(provider="lfs", user=1000, cache_seconds=0)
+
+    report = probe_quota(str(plain / "run7"), settings)  # run7 does not exist: p42 stands in
+    assert report is not None
+    assert [entry.type for entry in report.entries] == ["user", "group"]
+    assert report.notes == (
+        f"{plain} has project 42 but not its inherit flag: new files get no project",
+    )
+    assert report.errors == ()
+    assert not [call for call in fake_lfs.quota_calls() if "-p" in call["argv"]]
+
+    report = probe_quota(str(inheriting), settings)
+    assert report is not None and report.notes == ()
+    assert [(e.type, e.id) for e in report.entries][-1] == ("project", 43)
+
+
+@pytest.mark.mount
+def test_check_and_quota_say_in_one_line_why_no_project_is_asked(xfs: Path, fake_lfs: FakeLfs):
+    plain = xfs / "p42"
+    plain.mkdir()
+    xfs_io("chproj 42", path=plain)
+    fake_lfs.configure(state={"mountpoint": str(xfs)})
+    line = f"{plain} has project 42 but not its inherit flag: new files get no project"
+    base = [sys.executable, "-m", "fsprobe"]
+    lfs = ["--quota-provider", "lfs", "--user", "1000"]
+    quota = subprocess.run(
+        [*base, "quota", str(plain), "--json", *lfs], capture_output=True, text=True, timeout=60
+    )
+    assert json.loads(quota.stdout)["notes"] == [line]
+    human = subprocess.run(
+        [*base, "quota", str(plain), *lfs], capture_output=True, text=True, timeout=60
+    )
+    assert f"Note: {line}." in human.stdout.splitlines()
+    check = subprocess.run(
+        [*base, "check", str(plain), "--json", "--no-write-probe", *lfs],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    document = json.loads(check.stdout)
+    assert document["quota_notes"] == [line]
+    notes = [r for r in document["reasons"] if r["code"] == "quota_note"]
+    assert [(r["severity"], r["message"]) for r in notes] == [("notice", line)]
+    assert check.returncode == 0, document["reasons"]  # a notice leaves the status as it is
+
+
+@pytest.mark.mount
+def test_lfs_project_fallback_reads_the_inherit_flag(faultfs, fake_lfs: FakeLfs):
+    directory = faultfs.mountpoint / "ckpt"
+    directory.mkdir()
+    provider, settings = LustreQuotaProvider(), ServerProbeSettings()
+
+    def fallback(path: str) -> DirectoryProject:
+        return provider.project(path, settings, Deadline.after(20))
+
+    fake_lfs.configure(state={"project": 77, "project_inherit": False})
+    ids = resolve_ids(str(directory), project_fallback=fallback)
+    assert (ids.project, ids.errors) == (None, ())
+    assert ids.notes == (
+        f"{directory} has project 77 but not its inherit flag: new files get no project",
+    )
+    fake_lfs.configure(state={"project": 77, "project_inherit": True})
+    assert resolve_ids(str(directory), project_fallback=fallback).project == 77
