@@ -49,6 +49,8 @@ def test_a_path_alone_needs_no_file(tmp_path):
     assert target.settings.deadline == 10.0
     assert target.settings.write_bytes == 1024 * 1024
     assert target.settings.policy.intervals == target.intervals
+    # lfs answers (quota, lfs df, the layout and its pools) are renewed once per quota round
+    assert target.settings.server_probes.cache_seconds == 0.8 * 300.0
     assert config.listen == DEFAULT_LISTEN
     assert config.state_dir == os.path.join("/tmp", f"fsprobe-{os.getuid()}")
     assert config.textfile_dir is None and config.web_config is None

@@ -190,6 +190,47 @@ def test_every_family_of_the_contract_is_there_with_its_labels():
     assert families["fsprobe_write_latency_seconds"].type == "histogram"
 
 
+#: The families whose series carry a `pool` label where they have one (a pool quota, an OST
+#: in the target directory's layout pools): one series per pool, nothing added elsewhere.
+POOLED = {name for name in CONTRACT if name.startswith(("fsprobe_quota_", "fsprobe_lustre_"))}
+
+
+def test_pool_quotas_and_pooled_osts_carry_a_pool_label():
+    path = "/lustre/ckpt"
+    pooled = QuotaEntry(
+        "user", 1000, "alice", QuotaUsage(used=2 * 2**30, hard=4 * 2**30), QuotaUsage(10),
+        pool="flash",
+    )  # fmt: skip
+    quota = QuotaReport("lfs", (*QUOTA.entries, pooled))
+    targets = (
+        OSTS[0],
+        LustreTarget("scratch-OST0000", "OST", 0, 2**40, 2**39, None, None, pools=("flash",)),
+        LustreTarget("scratch-OST0003", "OST", 3, 2**40, 2**30, None, None, in_layout=False),
+    )
+    store = Store(clock=lambda: NOW + 1)
+    intervals = {"statvfs": 15.0, "quota": 300.0, "lfs_df": 300.0}
+    store.configure([TargetSpec(path, Policy(intervals=intervals), intervals)])
+    for probe, value in (("statvfs", FS), ("quota", quota), ("lfs_df", targets)):
+        store.record(path, result(probe, value))
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    hard = samples(families, "fsprobe_quota_hard_limit_bytes")
+    flash = frozenset({"path": path, "type": "user", "id": "1000", "pool": "flash"}.items())
+    assert hard[flash] == 4 * 2**30
+    assert [dict(labels)["type"] for labels in hard if "pool" not in dict(labels)] == ["project"]
+    used = samples(families, "fsprobe_quota_used_bytes")
+    assert {dict(labels).get("pool") for labels in used} == {None, "flash"}
+    avail = {
+        dict(labels)["target"]: dict(labels)
+        for labels in samples(families, "fsprobe_lustre_target_avail_bytes")
+    }
+    assert avail["scratch-OST0000"]["pool"] == "flash"
+    assert "pool" not in avail["scratch-OST0003"] and "pool" not in avail["scratch-MDT0000"]
+    for name, family in families.items():
+        for sample in family.samples:
+            extra = {"pool"} if name in POOLED else set()
+            assert set(sample.labels) - {"le"} - extra == CONTRACT[name], sample
+
+
 def test_values_of_a_fully_probed_lustre_target():
     families = parse(Exposition(full_store().views, process_metrics=False).fsprobe_text())
     path = "/lustre/ckpt"

@@ -27,6 +27,7 @@ from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.ids import id_of
+from fsprobe.quota.settings import cache_seconds_for
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.state import default_state_dir
 from fsprobe.units import format_bytes, parse_size
@@ -538,6 +539,7 @@ def _target(
         group=values.get("group"),
         project=values.get("project"),
         timeout=values.get("quota_timeout", base_quota.timeout),
+        cache_seconds=cache_seconds_for(intervals["quota"]),
     )
     base = ProbeSettings()
     settings = ProbeSettings(

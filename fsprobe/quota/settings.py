@@ -12,6 +12,16 @@ from dataclasses import dataclass
 #: The values of --quota-provider: "auto" picks the provider for the target's filesystem.
 PROVIDER_CHOICES = ("auto", "lfs", "none")
 
+#: The share of the quota interval an answer is kept: the next round comes at least 90 % of
+#: the interval later (the schedule's jitter is 10 %), and then asks again.
+CACHE_SHARE = 0.8
+
+
+def cache_seconds_for(quota_interval: float) -> float:
+    """How long a daemon reuses a server answer: shared by every target of one filesystem
+    (and one directory, for its layout) within a round, renewed every round."""
+    return CACHE_SHARE * quota_interval
+
 
 @dataclass(frozen=True)
 class ServerProbeSettings:
