@@ -19,6 +19,10 @@ PROBE_KINDS = ("statvfs", "quota", "lfs_df", "write", "tmpdir")
 
 #: The error name a probe reports when it overran its deadline (an errno name otherwise).
 TIMEOUT = "TIMEOUT"
+#: The error name of a probe that raised something other than an OSError: a bug of fsprobe's,
+#: contained in that probe (the policy's reason ``internal_error``), never a fact about the
+#: filesystem.
+INTERNAL = "INTERNAL"
 
 
 L = TypeVar("L", bound="Level")
@@ -54,8 +58,10 @@ class Status(Level):
 class ProbeResult(Generic[T]):
     """One run of one probe: when, how long, and either a value or an error.
 
-    `error` is an errno name (``"EIO"``) or ``"TIMEOUT"``; `stuck` means the run overran its
-    deadline and its worker is still blocked in the kernel (a hung mount).
+    `error` is an errno name (``"EIO"``), ``"TIMEOUT"`` or ``"INTERNAL"``; `stuck` means the
+    run overran its deadline and its worker is still blocked in the kernel (a hung mount).
+    `detail` is the traceback of an ``INTERNAL`` error, for the log of whoever records it (a
+    probe worker has no log of its own).
     """
 
     probe: str
@@ -65,6 +71,7 @@ class ProbeResult(Generic[T]):
     error: str | None = None
     message: str = ""
     stuck: bool = False
+    detail: str = ""
 
     @property
     def ok(self) -> bool:

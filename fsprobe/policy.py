@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from fsprobe.errors import ErrorClass, classify
 from fsprobe.model import (
+    INTERNAL,
     TIMEOUT,
     FilesystemInfo,
     Level,
@@ -549,6 +550,25 @@ def _write_reasons(
     return reasons
 
 
+_STAGE_WORDS = {"probe": "probing", "judge": "judging", "publish": "publishing"}
+
+
+def internal_error(stage: str, summary: str) -> Reason:
+    """The reason for a bug of fsprobe's contained at a target's boundary (`stage`: probe,
+    judge or publish): the target's status is unknown until that stage gets through again."""
+    return Reason(
+        "internal_error",
+        Severity.DEGRADED,
+        f"fsprobe failed {_STAGE_WORDS.get(stage, stage)} this target ({summary}): a bug, "
+        "logged with its traceback; the status is unknown, not measured",
+    )
+
+
+def unjudged(stage: str, summary: str) -> Verdict:
+    """The verdict on a target that a bug kept from being judged: unknown, nothing measured."""
+    return Verdict(Status.UNKNOWN, (internal_error(stage, summary),), Headroom())
+
+
 def evaluate(
     snapshot: Snapshot,
     policy: Policy,
@@ -573,6 +593,12 @@ def evaluate(
                     transient=True,
                 )
             )
+
+    bugs = {probe: result for probe, result in fresh.items() if result.error == INTERNAL}
+    for probe, result in bugs.items():
+        reasons.append(internal_error("probe", f"the {probe} probe raised {result.message}"))
+    judged = fresh
+    fresh = {probe: result for probe, result in fresh.items() if probe not in bugs}
 
     stuck = sorted(probe for probe, result in fresh.items() if result.stuck)
     if stuck:
@@ -652,9 +678,8 @@ def evaluate(
             )
         )
 
-    return Verdict(
-        _status(reasons, fresh), _ordered(reasons), headroom, fits, _fresh_until(fresh, policy)
-    )
+    status = Status.UNKNOWN if bugs else _status(reasons, fresh)
+    return Verdict(status, _ordered(reasons), headroom, fits, _fresh_until(judged, policy))
 
 
 #: The probes whose success says something about the target's health on its own; the $TMPDIR

@@ -228,13 +228,15 @@ class TargetState:
 @dataclass(frozen=True)
 class Writer:
     """Who wrote the state file: host, pid and version, whether it was a one-off `--once`
-    run, and when it stopped if it stopped cleanly."""
+    run, when it stopped if it stopped cleanly, and why it is not probing if it is not (its
+    scheduler died or stalled: `failure`, absent from files of earlier versions)."""
 
     host: str | None
     pid: int | None
     version: str | None
     once: bool = False
     stopped_at: float | None = None
+    failure: str | None = None
 
     def header(self) -> dict[str, Any]:
         return {
@@ -243,6 +245,7 @@ class Writer:
             "version": self.version,
             "once": self.once,
             "stopped_at": self.stopped_at,
+            "failure": self.failure,
         }
 
 
@@ -257,18 +260,21 @@ class StateFile:
         self.path = path
         self.generated_at = _number(document, "generated_at", path)
         host, pid, version = (document.get(key) for key in ("host", "pid", "version"))
-        stopped_at = document.get("stopped_at")
+        stopped_at, failure = document.get("stopped_at"), document.get("failure")
         if (
             not isinstance(host, (str, type(None)))
             or not isinstance(pid, (int, type(None)))
             or not isinstance(version, (str, type(None)))
             or not isinstance(document.get("once", False), bool)
             or not isinstance(stopped_at, (int, float, type(None)))
+            or not isinstance(failure, (str, type(None)))
         ):
             raise CorruptStateFile(
-                f"state file {path}: host, pid, version, once or stopped_at of the wrong type"
+                f"state file {path}: host, pid, version, once, stopped_at or failure of the "
+                "wrong type"
             )
-        self.writer = Writer(host, pid, version, document.get("once", False), stopped_at)
+        once = document.get("once", False)
+        self.writer = Writer(host, pid, version, once, stopped_at, failure)
         targets = document.get("targets", {})
         if not isinstance(targets, dict):
             raise CorruptStateFile(f"state file {path}: 'targets' is not an object")

@@ -71,9 +71,11 @@ class DaemonProcess:
         *args: str,
         env: dict[str, str] | None = None,
         python: str = sys.executable,
+        program: tuple[str, ...] = ("-m", "fsprobe"),
     ) -> None:
         self.home = home
         self.python = python  # another one where other users must run it too (SharedPython)
+        self.program = program  # what runs `run ARGS...` (tests.support.sabotage plants a bug)
         self.state_dir = home / "state"
         self.log_path = home / "daemon.log"
         self.args = ["--listen", "127.0.0.1:0", "--state-dir", str(self.state_dir), *args]
@@ -89,7 +91,7 @@ class DaemonProcess:
     def start(self, timeout: float = 15.0) -> DaemonProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "fsprobe", "run", *self.args],
+                [self.python, *self.program, "run", *self.args],
                 cwd=REPO_ROOT,
                 env=self.env,
                 stdin=subprocess.DEVNULL,

@@ -15,7 +15,13 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import Failure, SaveEvent
 from fsprobe.exporters.exposition import Exposition
-from fsprobe.exporters.metrics import BUILD_INFO, CACHED, FAMILIES, target_samples
+from fsprobe.exporters.metrics import (
+    BUILD_INFO,
+    CACHED,
+    FAMILIES,
+    INTERNAL_ERRORS,
+    target_samples,
+)
 from fsprobe.exporters.textfile import TEXTFILE_NAME, open_textfile_dir, write_textfile
 from fsprobe.model import (
     FilesystemInfo,
@@ -78,6 +84,7 @@ CONTRACT = {
     "fsprobe_last_save_timestamp_seconds": {"path"},
     "fsprobe_last_successful_save_timestamp_seconds": {"path"},
     "fsprobe_save_interval_seconds": {"path"},
+    "fsprobe_internal_errors": {"path", "stage"},
 }
 
 FS = FilesystemInfo(
@@ -424,6 +431,11 @@ def oracle(views) -> bytes:
             for sample in by_family.get(family.name, ()):
                 metric.add_sample(sample.name, dict(sample.labels), sample.value)
         families.append(metric)
+    bugs = Metric(INTERNAL_ERRORS.name, f"{INTERNAL_ERRORS.help} {CACHED}", "counter")
+    for view in views:
+        for stage in ("probe", "judge", "publish"):
+            bugs.add_sample(f"{INTERNAL_ERRORS.name}_total", {"path": view.path, "stage": stage}, 0)
+    families.append(bugs)
 
     class Collector:
         def collect(self):

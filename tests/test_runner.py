@@ -36,7 +36,9 @@ def test_timed_call_turns_outcomes_into_results():
     def bug():
         raise KeyError("oops")
 
-    assert timed_call("write", bug).error == "EUNKNOWN"
+    crashed = timed_call("write", bug)  # a bug, not a fact about the filesystem
+    assert (crashed.error, crashed.message) == ("INTERNAL", "KeyError: 'oops'")
+    assert 'raise KeyError("oops")' in crashed.detail  # its traceback, for the daemon's log
 
 
 def test_a_blocked_probe_returns_stuck_at_its_deadline_and_blocks_its_target():

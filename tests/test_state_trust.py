@@ -269,6 +269,7 @@ def test_targets_are_joined_as_json_text_whatever_their_names(tmp_path, view_tex
         "version",
         "once",
         "stopped_at",
+        "failure",
         "targets",
     ]
     assert document["targets"] == dict.fromkeys(names, json.loads(view_text))

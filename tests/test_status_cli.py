@@ -158,6 +158,7 @@ def test_without_a_lock_a_dead_writer_is_guessed_from_its_pid(tmp_path, ckpt):
         "version": fsprobe.__version__,
         "once": False,
         "stopped_at": None,
+        "failure": None,
         "alive": False,
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fsprobe.cli.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+from fsprobe.cli.exits import EXIT_SOFTWARE, EXIT_UNAVAILABLE, EXIT_USAGE
 from fsprobe.daemon import config as configuration
 from fsprobe.daemon import logs
 from fsprobe.daemon.lifecycle import Daemon, StartupError, run_once
@@ -94,7 +94,8 @@ def run(
     Settings come from the config file, then FSPROBE_* variables, then these flags. SIGHUP
     reloads the config file (a bad one is logged and the running one kept); SIGTERM or SIGINT
     stop within a second. Exit status: 64 for a bad config or usage, 69 when it cannot start
-    (address in use, state dir not yours).
+    (address in use, state dir not yours), 70 when its scheduler died of a bug (/metrics
+    answered 503 meanwhile; restart it).
 
     \b
     Examples:
@@ -124,7 +125,7 @@ def run(
     try:
         if once:
             return int(run_once(config))
-        Daemon(config, reload=lambda: configuration.load(overrides)).run_until_signalled()
+        died = Daemon(config, reload=lambda: configuration.load(overrides)).run_until_signalled()
     except StartupError as error:
         raise _CannotStart(str(error)) from None
-    return 0
+    return EXIT_SOFTWARE if died else 0

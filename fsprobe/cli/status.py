@@ -188,9 +188,8 @@ def _assess(
     fresh_until = None if None in ends else min(ends, default=None)
     stale = any(not t.report.verdict.is_fresh(now) for t in targets.values())
     worst = max((t.report.status for t in targets.values()), default=Status.UNKNOWN)
-    return _Assessment(
-        running, gone, stale, fresh_until, Status.UNKNOWN if gone or stale else worst
-    )
+    unknown = gone or stale or writer.failure is not None
+    return _Assessment(running, gone, stale, fresh_until, Status.UNKNOWN if unknown else worst)
 
 
 def _clock(moment: float, now: float) -> str:
@@ -206,6 +205,14 @@ def _describe(writer: Writer) -> str:
 def _warning(state: StateFile, assessment: _Assessment, now: float) -> str | None:
     """The line that says why the numbers below cannot be taken as current, if they cannot."""
     writer = state.writer
+    if writer.failure is not None:
+        since = writer.stopped_at if writer.stopped_at is not None else state.generated_at
+        doing = "stopped" if assessment.gone else "is running but not probing"
+        return (
+            f"{_describe(writer)} {doing} since {_clock(since, now)}: {writer.failure}. "
+            "The numbers below are its last view, not current"
+            + ("." if assessment.gone else "; restart it (and report the bug in its log).")
+        )
     if assessment.gone:
         if writer.stopped_at is not None:
             return (

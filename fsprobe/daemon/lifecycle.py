@@ -8,6 +8,13 @@ never one of ours), and the state file — always replaced atomically — stays 
 re-reads the configuration; a configuration that does not pass its checks is logged and the
 running one kept.
 
+Supervision: the main thread also watches the scheduler (`Scheduler.health`). While its loop
+has stalled or after it died, /metrics answers 503 (Prometheus' `up` is 0, FsprobeDown fires)
+and the state file says why (`fsprobe status` exits 3); a stalled loop that turns again is
+healthy again. A loop that died is not restarted in place: whatever killed it is a bug that
+left its state in doubt, so the daemon stops and exits 70 (EX_SOFTWARE), for systemd
+(`Restart=on-failure`) or Kubernetes to start a fresh one.
+
 A daemon, and a `--once` run, is the one writer of its state dir for as long as it lives
 (`fsprobe.state.WriterLock`): a second one on the same dir refuses to start instead of
 overwriting the first one's state file. A daemon that stops cleanly says so in a last write of
@@ -42,6 +49,9 @@ from fsprobe.posix.outputdir import UntrustedOutput
 from fsprobe.probing.plan import run_plans
 from fsprobe.probing.worker import shared_runner
 from fsprobe.state import StateFileError, WriterLock, ensure_state_dir
+
+#: How often the main thread looks at the scheduler's health, in seconds.
+SUPERVISE_EVERY = 1.0
 
 
 class StartupError(Exception):
@@ -81,7 +91,11 @@ class Daemon:
         self.config = config
         self._reload = reload
         self.store = Store()
-        self.exposition = Exposition(self.store.views, dropped_events=self._dropped_events)
+        self.exposition = Exposition(
+            self.store.views,
+            dropped_events=self._dropped_events,
+            internal_errors=self.store.internal_errors,
+        )
         self.publisher = Publisher(
             self.store.views, self.exposition, config.state_dir, config.textfile_dir
         )
@@ -89,6 +103,7 @@ class Daemon:
         self.server: MetricsServer | None = None
         self.receiver: Receiver | None = None
         self._lock: WriterLock | None = None
+        self._trouble: str | None = None
 
     def start(self) -> None:
         """Check the outputs, lock the state dir, bind the endpoint, start probing.
@@ -103,7 +118,9 @@ class Daemon:
         self._lock = _lock_state_dir(self.config.state_dir)
         self.publisher.state_dir = self._lock.directory
         try:
-            self.server = MetricsServer(self.config.listen_address, self.exposition.render, web)
+            self.server = MetricsServer(
+                self.config.listen_address, self.exposition.render, web, self.scheduler.health
+            )
         except OSError as error:
             self._lock.release()
             raise StartupError(f"cannot listen on {self.config.listen}: {error}") from None
@@ -193,32 +210,49 @@ class Daemon:
             self._lock = None
         event(logging.INFO, "stopped", pid=os.getpid())
 
-    def run_until_signalled(self) -> None:
-        """Start, then serve until SIGTERM or SIGINT; SIGHUP reloads."""
+    def supervise(self) -> bool:
+        """Look at the scheduler once: say when it stops (or starts again) turning; True when
+        its loop died and the daemon must go."""
+        trouble = self.scheduler.health()
+        if trouble != self._trouble:
+            self.publisher.publish_failure(trouble)
+            self._trouble = trouble
+            if trouble is not None:
+                event(logging.ERROR, "not_probing", message=trouble)
+            else:
+                event(logging.INFO, "probing_again")
+        return self.scheduler.died
+
+    def run_until_signalled(self) -> str | None:
+        """Start, then serve until SIGTERM or SIGINT (None) or until the scheduler's loop died
+        (why it did); SIGHUP reloads."""
         with _signal_pipe((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)) as signals:
             self.start()
             try:
                 while True:
-                    received = signals()
+                    received = signals(SUPERVISE_EVERY)
                     if signal.SIGHUP in received:
                         self.reload()
                     if signal.SIGTERM in received or signal.SIGINT in received:
-                        return
+                        return None
+                    if self.supervise():
+                        return self.scheduler.health()
             finally:
                 self.stop()
 
 
 @contextlib.contextmanager
 def _signal_pipe(numbers: tuple[int, ...]):
-    """Route `numbers` to a pipe; yields a function that waits for and returns the next ones."""
+    """Route `numbers` to a pipe; yields a function that waits up to its timeout for the next
+    ones and returns them (none when the time ran out)."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     previous = {number: signal.signal(number, lambda *_: None) for number in numbers}
 
-    def wait() -> set[int]:
-        select.select([read_fd], [], [])
-        return set(os.read(read_fd, 256))
+    def wait(timeout: float) -> set[int]:
+        ready, _, _ = select.select([read_fd], [], [], timeout)
+        return set(os.read(read_fd, 256)) if ready else set()
 
     try:
         yield wait
@@ -241,7 +275,9 @@ def run_once(config: Config) -> Status:
     lock = _lock_state_dir(config.state_dir)
     try:
         store = Store()
-        exposition = Exposition(store.views, process_metrics=False)
+        exposition = Exposition(
+            store.views, process_metrics=False, internal_errors=store.internal_errors
+        )
         publisher = Publisher(
             store.views, exposition, lock.directory, config.textfile_dir, once=True
         )

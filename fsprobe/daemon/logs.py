@@ -32,6 +32,18 @@ def event(level: int, name: str, **fields: object) -> None:
     log.log(level, "event=%s %s", name, pairs) if pairs else log.log(level, "event=%s", name)
 
 
+def log_bug(path: str, stage: str, summary: str, traceback: str) -> None:
+    """A bug contained at a target's boundary (`fsprobe.exporters.contained`), at error."""
+    event(
+        logging.ERROR,
+        "internal_error",
+        target=path,
+        stage=stage,
+        error=summary,
+        traceback=traceback.rstrip() or None,
+    )
+
+
 class _Formatter(logging.Formatter):
     """``ts=2024-05-01T12:00:00.123Z level=warning event=... target=... probe=... errno=...``"""
 

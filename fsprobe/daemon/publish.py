@@ -13,18 +13,26 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 
 from fsprobe import __version__
 from fsprobe.daemon.logs import event
 from fsprobe.errors import name_of
+from fsprobe.exporters.contained import summary
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.textfile import open_textfile_dir, write_textfile
+from fsprobe.model import Snapshot
+from fsprobe.policy import unjudged
 from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
 from fsprobe.report import Report
 from fsprobe.state import StateFileError, TargetState, Writer, write_state
 from fsprobe.view import TargetView
+
+#: How long the supervisor waits for the scheduler's publishing before it gives up on a write.
+_SUPERVISOR_PATIENCE = 1.0
 
 
 def target_state(view: TargetView) -> TargetState:
@@ -59,12 +67,18 @@ class Publisher:
         self._writer = Writer(socket.gethostname(), os.getpid(), __version__, once=once)
         self._texts: dict[str, tuple[int, str]] = {}
         self._failing: dict[str, str] = {}  # output -> errno name, while it fails
+        # The scheduler thread publishes; the supervisor (main thread) also writes the state
+        # when the scheduler stops turning, and must not wait for one stalled in an output.
+        self._lock = threading.Lock()
 
     def publish(self, changed: Iterable[TargetView] = ()) -> None:
         """Bring every output up to date with the store."""
+        with self._lock:
+            self._publish(changed)
+
+    def _publish(self, changed: Iterable[TargetView]) -> None:
         self.exposition.warm(changed)
-        views = self._views()
-        self._write_state(views, self._writer)
+        self._write_state(self._views(), self._writer)
         if self._textfile_dir:
             self._write("textfile", self._write_textfile)
 
@@ -94,7 +108,31 @@ class Publisher:
         """Write the state once more, saying that its writer stops now: `fsprobe status` then
         tells "not running since ..." from a writer that is alive."""
         now = self._clock()
-        self._write_state(self._views(), dataclasses.replace(self._writer, stopped_at=now))
+        if self._lock.acquire(timeout=_SUPERVISOR_PATIENCE):
+            try:
+                self._writer = dataclasses.replace(self._writer, stopped_at=now)
+                self._write_state(self._views(), self._writer)
+            finally:
+                self._lock.release()
+
+    def publish_failure(self, failure: str | None) -> None:
+        """Say in the state file why the daemon is not probing (None: it is again), so that
+        `fsprobe status` says so at once.
+
+        Called by the supervisor while the scheduler may be stalled inside `publish` (an
+        output on a hung mount): it then writes the targets as last encoded, without waiting.
+        """
+        self._writer = dataclasses.replace(self._writer, failure=failure)
+        if self._lock.acquire(timeout=_SUPERVISOR_PATIENCE):
+            try:
+                self._write_state(self._views(), self._writer)
+            finally:
+                self._lock.release()
+            return
+        texts = {path: text for path, (_version, text) in list(self._texts.items())}
+        self._write(
+            "state", lambda: write_state(self.state_dir, self._clock(), self._writer, texts)
+        )
 
     def _write_state(self, views: Sequence[TargetView], writer: Writer) -> None:
         self._write(
@@ -108,12 +146,28 @@ class Publisher:
         for view in views:
             cached = self._texts.get(view.path)
             if cached is None or cached[0] != view.version:
-                text = json.dumps(target_state(view).to_dict(), separators=(",", ":"))
-                cached = self._texts[view.path] = (view.version, text)
+                cached = self._texts[view.path] = (view.version, self._encode(view))
             texts[view.path] = cached[1]
         for path in [path for path in self._texts if path not in texts]:
             del self._texts[path]
         return texts
+
+    def _encode(self, view: TargetView) -> str:
+        """A target's JSON; one that a bug keeps from encoding is written as unknown, with
+        the reason internal_error and nothing measured, and the other targets as they are."""
+        internal = self.exposition.internal_errors
+        try:
+            text = json.dumps(target_state(view).to_dict(), separators=(",", ":"))
+        except Exception as error:
+            internal.failed(
+                view.path, "publish", summary(error), traceback.format_exc(), part="state"
+            )
+            verdict = unjudged("publish", summary(error))
+            report = Report(view.path, Snapshot(view.path), verdict)
+            bare = TargetState(report, dict(view.intervals), view.updated_at)
+            return json.dumps(bare.to_dict(), separators=(",", ":"))
+        internal.passed(view.path, "publish", part="state")
+        return text
 
     def _write(self, output: str, write: Callable[[], str]) -> None:
         try:

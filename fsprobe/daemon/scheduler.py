@@ -12,6 +12,12 @@ signals go on.
 When a run that was marked stuck finally returns, the target's other probes, which were refused
 while it hung, run again at once: the target recovers by itself, without waiting an interval.
 
+Supervision: a bug while handling one target's result is contained there (`Store.contain`:
+that target unknown, counted, logged). The loop itself is watched from outside: it notes the
+time of every turn, and `health` says when it died (an exception escaped it) or stalled (no
+turn for `STALL_INTERVALS` of the shortest probe interval), so that the daemon stops claiming
+health instead of serving frozen values as fresh.
+
 The same loop drives the daemon's tasks (`daemon.tasks`: counting and syncing back redirected
 checkpoints), which run in the same worker on a timetable of their own and never touch a verdict.
 """
@@ -23,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -44,6 +51,9 @@ from fsprobe.view import TargetView
 _DEADLINE_SLACK = 0.01
 #: The longest the loop sleeps without a reason (it re-reads the clock at least this often).
 _MAX_SLEEP = 5.0
+#: The loop counts as stalled after this many of the shortest probe interval without a turn
+#: (never less than `_MAX_SLEEP`: an idle loop turns that often at least).
+STALL_INTERVALS = 3.0
 
 
 def planned_probes(target: TargetConfig) -> dict[str, PlannedProbe]:
@@ -102,6 +112,9 @@ class Scheduler:
         self._marked_stuck: set[Key] = set()  # runs in flight whose stuck result is published
         self._thread: threading.Thread | None = None
         self.tasks = Tasks(store, self.runner.executor)
+        self._last_turn = time.monotonic()
+        self._shortest_interval = _MAX_SLEEP
+        self._died: str | None = None
 
     # -- called from other threads -------------------------------------------------------------
 
@@ -112,6 +125,26 @@ class Scheduler:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="fsprobe-scheduler", daemon=True)
         self._thread.start()
+
+    def health(self, now: float | None = None) -> str | None:
+        """None while the loop turns; else why it does not: died (and of what) or stalled."""
+        if self._died is not None:
+            return f"the scheduler loop died: {self._died}"
+        if self._thread is None:
+            return None
+        now = time.monotonic() if now is None else now
+        silent = now - self._last_turn
+        window = max(STALL_INTERVALS * self._shortest_interval, _MAX_SLEEP)
+        if silent > window:  # said the same way for as long as it lasts: one log line
+            return (
+                f"the scheduler loop has not turned for more than {window:g} s "
+                f"({STALL_INTERVALS:g} x the shortest probe interval, or {_MAX_SLEEP:g} s)"
+            )
+        return None
+
+    @property
+    def died(self) -> bool:
+        return self._died is not None
 
     def stop(self, timeout: float = 0.5) -> None:
         """Stop after the current step; probes in flight are abandoned, not waited for."""
@@ -156,7 +189,20 @@ class Scheduler:
     # -- the scheduler thread ------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._turns()
+        except BaseException as error:  # recorded for the supervisor; then the thread ends
+            self._died = f"{type(error).__name__}: {error}"
+            event(
+                logging.ERROR,
+                "scheduler_died",
+                error=self._died,
+                traceback=traceback.format_exc().rstrip(),
+            )
+
+    def _turns(self) -> None:
         while True:
+            self._last_turn = time.monotonic()
             try:
                 message = self._inbox.get(timeout=self._sleep_time(time.monotonic()))
             except queue.Empty:
@@ -165,7 +211,7 @@ class Scheduler:
             while message is not None:
                 if message is _STOP:
                     return
-                self._handle(message, changed)
+                self._contained(message, changed)
                 try:
                     message = self._inbox.get_nowait()
                 except queue.Empty:
@@ -192,6 +238,18 @@ class Scheduler:
             if key not in self._marked_stuck
         ]
         return max(0.0, min(wake) - now)
+
+    def _contained(self, message: object, changed: dict[str, TargetView]) -> None:
+        """Handle `message`; a bug while handling one target's result costs that target."""
+        try:
+            self._handle(message, changed)
+        except Exception as error:
+            key = getattr(message, "key", None)
+            if key is None:
+                raise  # not one target's: the loop dies, and the supervisor sees it
+            view = self.store.contain(key[0], "probe", error)
+            if view is not None:
+                changed[view.path] = view
 
     def _handle(self, message: object, changed: dict[str, TargetView]) -> None:
         if isinstance(message, _Configure):
@@ -221,6 +279,10 @@ class Scheduler:
                 else:
                     self._schedule.add(key, target.intervals[kind], now)
         self._schedule.retain(keys)
+        intervals = [
+            target.intervals[kind] for target in targets for kind in self._probes[target.path]
+        ]
+        self._shortest_interval = min(intervals, default=_MAX_SLEEP)
         self.tasks.configure(targets, now)
         for key in [key for key in self._running if key not in self._schedule]:
             del self._running[key]

@@ -16,14 +16,24 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from fsprobe.daemon.logs import log_bug
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.event import SaveEvent
-from fsprobe.model import DirectoryOwner, FilesystemInfo, ProbeResult, Snapshot, WriteProbeResult
-from fsprobe.policy import Policy, evaluate
+from fsprobe.exporters.contained import InternalErrors, summary
+from fsprobe.model import (
+    INTERNAL,
+    DirectoryOwner,
+    FilesystemInfo,
+    ProbeResult,
+    Snapshot,
+    WriteProbeResult,
+)
+from fsprobe.policy import Policy, Verdict, evaluate, unjudged
 from fsprobe.posix.paths import is_under
 from fsprobe.view import Histogram, LastSave, SaveStats, TargetView
 
@@ -54,6 +64,8 @@ class _Target:
     owner: DirectoryOwner | None = None  # of the target directory, as statvfs last saw it
     saves: SaveStats = field(default_factory=SaveStats)
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
+
+    bug: tuple[str, str] | None = None  # (stage, summary) of a bug caught handling a result
 
     def add_save(self, sender: Sender, save: SaveEvent, now: float) -> None:
         """Count one save event in `saves`."""
@@ -91,10 +103,18 @@ class _Target:
 
 
 class Store:
-    """Per-target latest results and counters; thread-safe, publishing immutable views."""
+    """Per-target latest results and counters; thread-safe, publishing immutable views.
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    A bug while judging a target (the policy raising) is contained here: that target's
+    verdict is `unknown` with the reason `internal_error`, counted in `internal_errors`, and
+    every other target is judged as before.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] = time.time, internal: InternalErrors | None = None
+    ) -> None:
         self._clock = clock
+        self.internal_errors = internal if internal is not None else InternalErrors(log_bug)
         self._lock = threading.Lock()
         self._targets: dict[str, _Target] = {}
         self._views: dict[str, TargetView] = {}
@@ -108,6 +128,7 @@ class Store:
             for path in [path for path in self._targets if path not in wanted]:
                 del self._targets[path]
                 del self._views[path]
+            self.internal_errors.forget(set(wanted))
             for path, spec in wanted.items():
                 target = self._targets.get(path)
                 if target is None:
@@ -124,6 +145,17 @@ class Store:
             if target is None:
                 return None
             target.results[result.probe] = result
+            target.bug = None
+            if result.error == INTERNAL:
+                self.internal_errors.failed(
+                    path,
+                    "probe",
+                    f"the {result.probe} probe raised {result.message}",
+                    result.detail,
+                    part=result.probe,
+                )
+            else:
+                self.internal_errors.passed(path, "probe", part=result.probe)
             if result.error is not None:
                 target.errors[(result.probe, result.error)] += 1
             if result.ok:
@@ -169,6 +201,17 @@ class Store:
         holding = [t for p, t in self._targets.items() if is_under(path, p)]
         return max(holding, key=lambda t: len(t.spec.path), default=None)
 
+    def contain(self, path: str, stage: str, error: Exception) -> TargetView | None:
+        """A bug raised while handling a result of `path` outside the store (the scheduler's
+        part of it): count and log it, and judge the target unknown until its next result."""
+        self.internal_errors.failed(path, stage, summary(error), traceback.format_exc())
+        with self._lock:
+            target = self._targets.get(path)
+            if target is None:
+                return None
+            target.bug = (stage, summary(error))
+            return self._publish(target)
+
     def views(self) -> tuple[TargetView, ...]:
         """Every target's latest view, by path; never blocks on a probe or a lock."""
         return self._ordered
@@ -184,7 +227,7 @@ class Store:
         view = TargetView(
             path=spec.path,
             snapshot=snapshot,
-            verdict=evaluate(snapshot, spec.policy, now),
+            verdict=self._judge(target, snapshot, now),
             intervals=dict(spec.intervals),
             last_success=dict(target.last_success),
             errors=dict(target.errors),
@@ -197,3 +240,16 @@ class Store:
         self._views[spec.path] = view
         self._ordered = tuple(self._views[path] for path in sorted(self._views))
         return view
+
+    def _judge(self, target: _Target, snapshot: Snapshot, now: float) -> Verdict:
+        if target.bug is not None:
+            return unjudged(*target.bug)
+        try:
+            verdict = evaluate(snapshot, target.spec.policy, now)
+        except Exception as error:  # a bug of the policy's: this target only, never the others
+            self.internal_errors.failed(
+                snapshot.target, "judge", summary(error), traceback.format_exc()
+            )
+            return unjudged("judge", summary(error))
+        self.internal_errors.passed(snapshot.target, "judge")
+        return verdict

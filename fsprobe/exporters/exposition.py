@@ -13,7 +13,9 @@ renders them fresh each time, and they are sent first.
 
 from __future__ import annotations
 
+import logging
 import threading
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,15 +28,19 @@ from prometheus_client import (
 from prometheus_client.utils import floatToGoString
 
 from fsprobe import __version__
+from fsprobe.exporters.contained import InternalErrors, summary
 from fsprobe.exporters.metrics import (
     BUILD_INFO,
     CACHED,
     FAMILIES,
+    INTERNAL_ERRORS,
     SAVE_EVENTS_DROPPED,
     Family,
     Sample,
     dropped_samples,
+    internal_error_samples,
     target_samples,
+    unrendered_samples,
 )
 from fsprobe.view import TargetView
 
@@ -66,13 +72,18 @@ class _Rendered:
     lines: tuple[bytes, ...]
 
 
-def _render(view: TargetView) -> _Rendered:
-    by_family = target_samples(view)
+def _encode(version: int, by_family: dict[str, list[Sample]]) -> _Rendered:
     lines = tuple(
         "".join(encode_sample(sample) for sample in by_family.get(family.name, ())).encode()
         for family in FAMILIES
     )
-    return _Rendered(view.version, lines)
+    return _Rendered(version, lines)
+
+
+def _log_bug(path: str, stage: str, summary: str, trace: str) -> None:
+    logging.getLogger(__name__).error(
+        "event=internal_error target=%s stage=%s error=%s\n%s", path, stage, summary, trace
+    )
 
 
 class Exposition:
@@ -83,15 +94,22 @@ class Exposition:
         views: Callable[[], Sequence[TargetView]],
         process_metrics: bool = True,
         dropped_events: Callable[[], Mapping[str, int]] | None = None,
+        internal_errors: InternalErrors | None = None,
     ) -> None:
         """`views` returns the current views in path order, `dropped_events` the save events
-        dropped so far by reason (rendered on every scrape: a few lines at most)."""
+        dropped so far by reason (rendered on every scrape: a few lines at most);
+        `internal_errors` counts the bugs contained per target (the daemon's store shares its
+        own)."""
         self._views = views
         self._dropped_events = dropped_events
         self._dropped_header = encode_header(SAVE_EVENTS_DROPPED, SAVE_EVENTS_DROPPED.help)
+        self.internal_errors = internal_errors or InternalErrors(_log_bug)
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
-        self._text: tuple[tuple[int, ...], bytes] = ((), b"")
+        self._text: tuple[tuple[tuple[int, ...], int], bytes] = (((), -1), b"")
+        self._internal_header = encode_header(
+            INTERNAL_ERRORS, f"{INTERNAL_ERRORS.help} {CACHED}"
+        ).encode()
         self._build_info = (
             encode_header(BUILD_INFO, BUILD_INFO.help)
             + encode_sample(Sample(BUILD_INFO.name, {"version": __version__}, 1.0))
@@ -108,10 +126,23 @@ class Exposition:
         with self._lock:
             cached = self._cache.get(view.path)
         if cached is None or cached.version != view.version:
-            cached = _render(view)
+            cached = self._render(view)
             with self._lock:
                 self._cache[view.path] = cached
         return cached.lines
+
+    def _render(self, view: TargetView) -> _Rendered:
+        """One target's lines; a bug in rendering it costs that target its values (it reads
+        unknown), never the other targets' lines or the scrape."""
+        try:
+            rendered = _encode(view.version, target_samples(view))
+        except Exception as error:
+            self.internal_errors.failed(
+                view.path, "publish", summary(error), traceback.format_exc(), part="metrics"
+            )
+            return _encode(view.version, unrendered_samples(view.path))
+        self.internal_errors.passed(view.path, "publish", part="metrics")
+        return rendered
 
     def warm(self, changed: Iterable[TargetView]) -> None:
         """Bring the cache up to date after a batch of results (the daemon calls this): render
@@ -127,17 +158,21 @@ class Exposition:
     def fsprobe_text(self) -> bytes:
         """The fsprobe metrics alone: what the textfile holds."""
         views = self._views()
-        key = tuple(view.version for view in views)  # versions are unique across targets
+        per_target = [self._lines(view) for view in views]  # may count a bug: before the key
+        # versions are unique across targets; the count of bugs changes without a view
+        key = (tuple(view.version for view in views), self.internal_errors.version)
         text_key, text = self._text
         if text_key == key:
             return text
-        per_target = [self._lines(view) for view in views]
         parts = [self._build_info]
         # One column of lines per family, every target's in turn (transposed in C).
         columns = zip(*per_target) if per_target else [()] * len(FAMILIES)
         for header, column in zip(self._headers, columns):
             parts.append(header)
             parts.extend(column)
+        counts = self.internal_errors.counts()
+        bugs = internal_error_samples((view.path for view in views), counts)
+        parts += [self._internal_header, "".join(map(encode_sample, bugs)).encode()]
         text = b"".join(parts)
         self._text = (key, text)
         return text

@@ -21,13 +21,14 @@ answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from prometheus_client.utils import floatToGoString
 
 from fsprobe.events.event import OUTCOMES
+from fsprobe.exporters.contained import STAGES
 from fsprobe.model import (
     PROBE_KINDS,
     FilesystemInfo,
@@ -288,6 +289,15 @@ SAVE_EVENTS_DROPPED = Family(
 
 BUILD_INFO = Family("fsprobe_build_info", "gauge", "fsprobe's version.", ("version",))
 
+#: Counted beside the target families, not from a view: a bug may keep a view from rendering.
+INTERNAL_ERRORS = Family(
+    "fsprobe_internal_errors",
+    "counter",
+    "Bugs of fsprobe caught at the target's boundary (the target reads unknown with reason "
+    "internal_error meanwhile); stage = probe | judge | publish.",
+    ("path", "stage"),
+)
+
 #: The probes that decide themselves whether they apply: a successful run without a value is
 #: "nothing to ask here" (no quota provider for this filesystem), not a probe that ran.
 _SELF_SELECTING = frozenset({"quota", "lfs_df"})
@@ -323,6 +333,29 @@ class _Samples:
             samples.append(Sample(f"{family}_bucket", labels, float(count)))
         samples.append(Sample(f"{family}_count", {"path": self.path}, float(buckets[-1][1])))
         samples.append(Sample(f"{family}_sum", {"path": self.path}, total))
+
+
+def unrendered_samples(path: str) -> dict[str, list[Sample]]:
+    """What a target whose view could not be rendered (a bug) still exports: status unknown."""
+    samples = _Samples(path)
+    samples.add("fsprobe_health_status", 3.0)
+    return samples.by_family
+
+
+def internal_error_samples(
+    paths: Iterable[str], counts: Mapping[tuple[str, str], int]
+) -> list[Sample]:
+    """`fsprobe_internal_errors_total` of every watched target and stage, zeros included (so
+    that `increase()` sees the first one)."""
+    return [
+        Sample(
+            f"{INTERNAL_ERRORS.name}_total",
+            {"path": _label(path), "stage": stage},
+            float(counts.get((path, stage), 0)),
+        )
+        for path in paths
+        for stage in STAGES
+    ]
 
 
 def probes_run(view: TargetView) -> list[str]:

@@ -255,6 +255,15 @@ class _Connection(asyncio.Protocol):
             )  # fmt: skip
         elif method not in ("GET", "HEAD"):
             await self.send("405 Method Not Allowed", [*extra, ("Allow", "GET, HEAD")], [b""])
+        elif path == "/metrics" and (trouble := self.server.health()) is not None:
+            # Frozen values served as fresh would be a lie: Prometheus marks the scrape failed
+            # (up 0, FsprobeDown) and the body says why.
+            await self.send(
+                "503 Service Unavailable",
+                [*extra, ("Content-Type", "text/plain; charset=utf-8")],
+                [f"fsprobe is not probing: {trouble}\n".encode()],
+                method,
+            )
         elif path == "/metrics":
             body = self.server.render()
             await self.send(
@@ -338,11 +347,18 @@ class MetricsServer:
     """Serves `render()` at /metrics on `address`, as the web config says."""
 
     def __init__(
-        self, address: tuple[str, int], render: Callable[[], Sequence[bytes]], web: WebConfig
+        self,
+        address: tuple[str, int],
+        render: Callable[[], Sequence[bytes]],
+        web: WebConfig,
+        health: Callable[[], str | None] = lambda: None,
     ) -> None:
-        """`render` returns the body of /metrics, in one or more pieces. Binds at once, so that
-        an address in use is an error of the caller, before anything runs."""
+        """`render` returns the body of /metrics, in one or more pieces; `health` says why the
+        metrics are not to be trusted now (then /metrics answers 503), None while they are.
+        Binds at once, so that an address in use is an error of the caller, before anything
+        runs."""
         self.render = render
+        self.health = health
         self.security = _Security(web)
         host, port = address
         family, _type, _proto, _name, sockaddr = socket.getaddrinfo(

@@ -19,9 +19,9 @@ interpreter exit, so one thread stuck in `statfs` would keep the interpreter fro
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -29,9 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fsprobe.errors import ProbeFailure, name_of
-from fsprobe.model import TIMEOUT, ProbeResult
-
-log = logging.getLogger(__name__)
+from fsprobe.model import INTERNAL, TIMEOUT, ProbeResult
 
 
 def timed_call(probe: str, function: Callable[[], object]) -> ProbeResult:
@@ -49,8 +47,11 @@ def timed_call(probe: str, function: Callable[[], object]) -> ProbeResult:
     except OSError as error:
         return result(error=name_of(error), message=str(error))
     except Exception as error:  # a bug in a probe must not take the daemon down with it
-        log.exception("probe %s raised unexpectedly", probe)
-        return result(error="EUNKNOWN", message=f"{type(error).__name__}: {error}")
+        return result(
+            error=INTERNAL,
+            message=f"{type(error).__name__}: {error}",
+            detail=traceback.format_exc(),
+        )
 
 
 @dataclass
