@@ -114,6 +114,7 @@ class TargetView:
     write_latency: Histogram = field(default_factory=Histogram)  # of whole write probes
     redirected_pending_bytes: int | None = None
     saves: SaveStats = field(default_factory=SaveStats)
+    skipped: Mapping[str, int] = field(default_factory=dict)  # probe -> runs a save stood for
     updated_at: float = 0.0
     version: int = 0
 

@@ -69,6 +69,7 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_last_successful_save_timestamp_seconds",
         "fsprobe_save_interval_seconds",
         "fsprobe_save_events_dropped_total",
+        "fsprobe_probe_skipped_total",
     }
 )
 

@@ -72,6 +72,11 @@ def test_rules_and_dashboard_use_only_metrics_the_daemon_exports(tmp_path, fault
                 state_dir=str(daemon.state_dir),
                 backoff=Backoff(sleep=lambda seconds: None),
             )
+        while "fsprobe_probe_skipped_total" not in daemon.metrics():  # a save stood for a probe
+            fsprobe.atomic_write(
+                target / "ckpt.pt", lambda f: f.write(b"x"), state_dir=str(daemon.state_dir)
+            )
+        daemon.wait_for_present("fsprobe_write_step_seconds")  # an active probe again
         daemon.wait_for_present("fsprobe_save_interval_seconds")
         daemon.wait_for_present("fsprobe_save_events_dropped_total")
         daemon.wait_for_present("fsprobe_save_failed_attempts_total")

@@ -48,6 +48,7 @@ CONTRACT = {
     "fsprobe_probe_last_success_timestamp_seconds": {"path", "probe"},
     "fsprobe_probe_interval_seconds": {"path", "probe"},
     "fsprobe_probe_errors": {"path", "probe", "errno"},
+    "fsprobe_probe_skipped": {"path", "probe"},
     "fsprobe_mount_stuck": {"path"},
     **{
         f"fsprobe_filesystem_{suffix}": {"path", "mountpoint", "fstype", "device"}
@@ -147,15 +148,16 @@ def full_store(path: str = "/lustre/ckpt") -> Store:
     store = Store(clock=lambda: NOW + 1)
     intervals = {"statvfs": 15.0, "quota": 300.0, "lfs_df": 300.0, "write": 60.0, "tmpdir": 60.0}
     store.configure([TargetSpec(path, Policy(intervals=intervals), intervals)])
+    for failures in ((), (Failure("EIO", "write"),), ()):  # real saves, before the probes
+        saved = SaveEvent(f"{path}/a.pt", f"{path}/a.pt", 100, 2.0, 1, failures, NOW, "h", 1)
+        store.record_save(Sender(0, 0, 1), saved)
     store.record(path, result("statvfs", FS))
     store.record(path, result("quota", QUOTA))
     store.record(path, result("lfs_df", OSTS))
     store.record(path, result("write", error="EIO"))
     store.record(path, result("write", WRITE))
     store.record(path, result("tmpdir", TmpdirInfo("/tmp", same_device=False)))
-    for failures in ((), (Failure("EIO", "write"),), ()):
-        saved = SaveEvent(f"{path}/a.pt", f"{path}/a.pt", 100, 2.0, 1, failures, NOW, "h", 1)
-        store.record_save(Sender(0, 0, 1), saved)
+    store.skip_write_probe(path)  # the last save stands for the next write probe
     return store
 
 

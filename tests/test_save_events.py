@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -381,3 +382,130 @@ def test_prometheus_fires_checkpoint_overdue_when_a_saving_loop_stops(
         (alert,) = overdue_alerts(prometheus, path)
         assert alert["labels"]["severity"] == "critical"
         assert "it is saved about every 1" in alert["annotations"]["description"]
+
+
+#: A daemon whose write probe runs every 2 s (and its statvfs every 0.3 s, with a 1 s deadline).
+PROBING_DAEMON = """
+[defaults]
+statvfs_interval = 0.3
+write_interval = 2.0
+tmpdir_interval = 0.5
+deadline = 1
+write_bytes = "4K"
+quota_probe = "never"
+"""
+
+
+def test_real_saves_stand_for_the_write_probe_while_they_flow(
+    tmp_path, faultfs, target, monkeypatch
+):
+    """A save that landed within the write probe's interval stands for it: the probe's test
+    file is not written, the skip is counted, and the probe's series come from the saves."""
+    probe_files = faultfs.ctl.delay("create", 0.001, path="*~write-probe.tmp")  # counts them
+    with start_daemon(tmp_path, target, defaults=PROBING_DAEMON) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        path = str(target)
+        daemon.wait_for_value("fsprobe_probe_success", 1.0, path=path, probe="write")
+        fsprobe.atomic_write(target / "step.pt", lambda f: f.write(CHUNK))
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=path, outcome="ok")
+        before = faultfs.ctl.rule(probe_files)["hits"]
+        stop = threading.Event()
+
+        def trainer() -> None:  # a save every 0.2 s
+            while not stop.wait(0.2):
+                fsprobe.atomic_write(target / "step.pt", lambda f: f.write(CHUNK))
+
+        saving = threading.Thread(target=trainer)
+        saving.start()
+        try:
+            time.sleep(4.0)  # two write intervals
+            state = status_json(daemon.state_dir)["targets"][path]
+            text = status_text(daemon.state_dir)
+            time.sleep(4.0)
+        finally:
+            stop.set()
+            saving.join()
+        assert faultfs.ctl.rule(probe_files)["hits"] == before
+        assert daemon.value("fsprobe_probe_skipped_total", path=path, probe="write") >= 3
+        assert daemon.value("fsprobe_probe_success", path=path, probe="write") == 1.0
+        assert state["status"] == "ok" and state["write_probe"]["message"] == "a real save"
+        assert "by save" in text, text
+
+        deadline = time.monotonic() + 20  # the saves stop: the active probe is back
+        while faultfs.ctl.rule(probe_files)["hits"] == before:
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "severity"),
+    [("EIO", 1.0, "degraded"), ("EROFS", 2.0, "unhealthy")],
+    ids=["retried-transient", "failed-permanent"],
+)
+def test_a_real_saves_failed_attempts_feed_the_verdict_like_a_failed_probe(
+    tmp_path, faultfs, target, monkeypatch, fault, status, severity
+):
+    """With the write probe off, only the saves say how writing goes: a transient error that
+    the retry rode out leaves the target degraded, a permanent one that failed the save makes
+    it unhealthy, with the save's errno, as a failed probe would; the policy judges both."""
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        path = str(target)
+        daemon.wait_for_value("fsprobe_health_status", 0.0, path=path)
+        faultfs.ctl.fail("write", fault, path="*.tmp", sticky=True)  # once
+        try:
+            fsprobe.atomic_write(target / "step.pt", lambda f: f.write(CHUNK), backoff=NO_WAIT)
+        except fsprobe.SaveError as error:
+            assert fault == "EROFS" and error.attempts[0].errno == "EROFS"
+        daemon.wait_for_value("fsprobe_health_status", status, path=path)
+        reasons = status_json(daemon.state_dir)["targets"][path]["reasons"]
+        (reason,) = [r for r in reasons if r["code"] == "write_failed"]
+        assert reason["severity"] == severity
+        if fault == "EROFS":
+            assert reason["errno"] == "EROFS" and "a real save of" in reason["message"]
+
+
+def test_a_redirected_saves_attempts_in_the_fallback_are_no_evidence_for_the_target(
+    tmp_path, faultfs, faultfs_factory, target, monkeypatch
+):
+    """The target was full (EDQUOT), then the fallback failed once (EIO) before the save
+    landed there: the target's failure counts for the target, the fallback's does not."""
+    fallback_fs = faultfs_factory()
+    fallback = fallback_fs.mountpoint / "fallback"
+    fallback.mkdir(mode=0o700)
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        path = str(target)
+        faultfs.ctl.fail("write", "EDQUOT", path="*.tmp", sticky=True)  # once
+        fallback_fs.ctl.fail("write", "EIO", path="*.tmp", sticky=True)  # once
+        result = fsprobe.atomic_write(
+            target / "step.pt",
+            lambda f: f.write(CHUNK),
+            fallback_dirs=[fallback],
+            backoff=NO_WAIT,
+        )
+        assert result.redirected and result.errors == ("EDQUOT", "EIO")
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=path, outcome="redirected")
+        assert daemon.value("fsprobe_save_failed_attempts_total", path=path, errno="EIO") == 1
+        write = status_json(daemon.state_dir)["targets"][path]["write_probe"]
+        assert (write["ok"], write["errno"], write["message"]) == (False, "EDQUOT", "a real save")
+        assert "fsprobe_probe_errors_total" not in daemon.metrics()  # the saves count them
+
+
+def test_a_hung_mount_is_still_marked_stuck_while_saves_stood_for_the_write_probe(
+    tmp_path, faultfs, target, monkeypatch
+):
+    with start_daemon(tmp_path, target, defaults=PROBING_DAEMON) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        path = str(target)
+        for _ in range(5):
+            fsprobe.atomic_write(target / "step.pt", lambda f: f.write(CHUNK))
+            time.sleep(0.2)
+        daemon.wait_for_present("fsprobe_probe_skipped_total")
+        rule = faultfs.ctl.block("statfs")  # the mount hangs
+        try:
+            daemon.wait_for_value("fsprobe_mount_stuck", 1.0, path=path, timeout=15)
+            daemon.wait_for_value("fsprobe_health_status", 2.0, path=path)
+        finally:
+            faultfs.ctl.remove(rule)
+        daemon.wait_for_value("fsprobe_mount_stuck", 0.0, path=path, timeout=15)

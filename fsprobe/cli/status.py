@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import click
 
 from fsprobe.cli.render import STATUS_COLORS, reason_lines
+from fsprobe.events.evidence import BY_SAVE
 from fsprobe.model import LastSave, QuotaReport, Status, WriteProbeResult
 from fsprobe.posix.paths import escaped
 from fsprobe.state import (
@@ -112,7 +113,7 @@ def _write(target: TargetState) -> str:
     if write is None:
         return result.error or "failed"
     if write.ok:
-        return format_seconds(write.total_seconds)
+        return "by save" if write.message == BY_SAVE else format_seconds(write.total_seconds)
     return f"{write.errno or 'failed'} at {write.step or '?'}"
 
 

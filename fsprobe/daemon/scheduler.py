@@ -341,6 +341,11 @@ class Scheduler:
                     self._record(key[0], self._running[key].stuck_result(), changed)
                 continue
             path, kind = key
+            if kind == "write":
+                skipped = self.store.skip_write_probe(path)
+                if skipped is not None:  # a real save in this interval stands for the probe
+                    changed[path] = skipped
+                    continue
             planned = self._probes[path][kind]
             run = self.runner.submit(path, kind, planned.function, planned.deadline)
             self._running[key] = run

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from fsprobe.daemon.logs import log_bug
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.event import SaveEvent
+from fsprobe.events.evidence import write_evidence
 from fsprobe.exporters.contained import InternalErrors, summary
 from fsprobe.model import (
     INTERNAL,
@@ -64,8 +65,29 @@ class _Target:
     owner: DirectoryOwner | None = None  # of the target directory, as statvfs last saw it
     saves: SaveStats = field(default_factory=SaveStats)
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
-
+    written_at: float | None = None  # the last real save that landed in the target
+    skipped: Counter = field(default_factory=Counter)  # probe -> runs a real save stood for
     bug: tuple[str, str] | None = None  # (stage, summary) of a bug caught handling a result
+
+    def take(self, result: ProbeResult, probed: bool = True) -> None:
+        """Record one probe result, or (not `probed`) a save's evidence of one
+        (`fsprobe.events.evidence`), whose errors the save counters count instead."""
+        self.results[result.probe] = result
+        if result.error is not None and probed:
+            self.errors[(result.probe, result.error)] += 1
+        if result.ok:
+            self.last_success[result.probe] = result.finished_at
+            if isinstance(result.value, FilesystemInfo):
+                self.owner = result.value.owner
+        if result.probe == "write" and not result.stuck:
+            self.recent_write_errors.append(result.error)
+            total = (
+                result.value.latency_seconds.get("total")
+                if isinstance(result.value, WriteProbeResult)
+                else None
+            )
+            if total is not None:
+                self.latency = self.latency.observe(total)
 
     def add_save(self, sender: Sender, save: SaveEvent, now: float) -> None:
         """Count one save event in `saves`."""
@@ -144,7 +166,6 @@ class Store:
             target = self._targets.get(path)
             if target is None:
                 return None
-            target.results[result.probe] = result
             target.bug = None
             if result.error == INTERNAL:
                 self.internal_errors.failed(
@@ -156,21 +177,7 @@ class Store:
                 )
             else:
                 self.internal_errors.passed(path, "probe", part=result.probe)
-            if result.error is not None:
-                target.errors[(result.probe, result.error)] += 1
-            if result.ok:
-                target.last_success[result.probe] = result.finished_at
-                if isinstance(result.value, FilesystemInfo):
-                    target.owner = result.value.owner
-            if result.probe == "write" and not result.stuck:
-                target.recent_write_errors.append(result.error)
-                total = (
-                    result.value.latency_seconds.get("total")
-                    if isinstance(result.value, WriteProbeResult)
-                    else None
-                )
-                if total is not None:
-                    target.latency = target.latency.observe(total)
+            target.take(result)
             return self._publish(target)
 
     def set_redirected_pending_bytes(self, path: str, pending: int | None) -> TargetView | None:
@@ -193,8 +200,26 @@ class Store:
                 return "unwatched", None
             if not may_report(sender, target.owner):
                 return "not_permitted", None
-            target.add_save(sender, save, self._clock())
+            now = self._clock()
+            target.add_save(sender, save, now)
+            for evidence in write_evidence(save, now):
+                target.take(evidence, probed=False)
+            if save.outcome in ("ok", "retried"):
+                target.written_at = now
             return None, self._publish(target)
+
+    def skip_write_probe(self, path: str) -> TargetView | None:
+        """Whether a real save that landed in `path` within the write probe's interval stands
+        for the probe due now: the new view (the skip counted), or None to run the probe."""
+        with self._lock:
+            target = self._targets.get(path)
+            interval = target.spec.intervals.get("write") if target is not None else None
+            if target is None or interval is None or target.written_at is None:
+                return None
+            if self._clock() - target.written_at >= interval:
+                return None
+            target.skipped["write"] += 1
+            return self._publish(target)
 
     def _target_of(self, path: str) -> _Target | None:
         """The watched target that holds `path` (the innermost, if targets nest)."""
@@ -234,6 +259,7 @@ class Store:
             write_latency=target.latency,
             redirected_pending_bytes=target.redirected_pending_bytes,
             saves=target.saves,
+            skipped=dict(target.skipped),
             updated_at=now,
             version=self._version,
         )

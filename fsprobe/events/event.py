@@ -27,10 +27,12 @@ class MalformedEvent(ValueError):
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed attempt: its errno name and the step it failed at."""
+    """One failed attempt: its errno name, the step it failed at, and whether it was made in
+    a fallback (not in the requested target)."""
 
     errno: str
     step: str
+    in_fallback: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,10 @@ class SaveEvent:
             "bytes": self.bytes,
             "seconds": self.seconds,
             "attempts": self.attempts,
-            "failures": [[f.errno, f.step] for f in self.failures[:MAX_FAILURES]],
+            "failures": [
+                [f.errno, f.step, "fallback" if f.in_fallback else "target"]
+                for f in self.failures[:MAX_FAILURES]
+            ],
             "finished_at": self.finished_at,
             "host": self.host[:255],
             "pid": self.pid,
@@ -94,16 +99,20 @@ def decode(data: bytes) -> SaveEvent:
     landed = document.get("landed")
     failures = _field(document, "failures", list)
     if len(failures) > MAX_FAILURES or not all(
-        isinstance(f, list) and len(f) == 2 and all(_is_name(part) for part in f) for f in failures
+        isinstance(f, list)
+        and len(f) == 3
+        and all(_is_name(part) for part in f)
+        and f[2] in ("target", "fallback")
+        for f in failures
     ):
-        raise MalformedEvent("failures must be at most 16 [errno, step] pairs of names")
+        raise MalformedEvent("failures must be at most 16 [errno, step, target|fallback]")
     event = SaveEvent(
         requested=_path(_field(document, "requested", str)),
         landed=None if landed is None else _path(_field(document, "landed", str)),
         bytes=_count(document, "bytes"),
         seconds=_number(document, "seconds"),
         attempts=_count(document, "attempts"),
-        failures=tuple(Failure(errno, step) for errno, step in failures),
+        failures=tuple(Failure(e, step, where == "fallback") for e, step, where in failures),
         finished_at=_number(document, "finished_at"),
         host=_field(document, "host", str)[:255],
         pid=_count(document, "pid"),

@@ -104,6 +104,14 @@ FAMILIES: tuple[Family, ...] = (
         ("path", "probe", "errno"),
     ),
     Family(
+        "fsprobe_probe_skipped",
+        "counter",
+        "Runs of the probe left out because a real save into the target within its interval "
+        "stood for it (the write probe while saves flow); its success and last-success series "
+        "then come from the saves.",
+        ("path", "probe"),
+    ),
+    Family(
         "fsprobe_mount_stuck",
         "gauge",
         "1 while a probe of the target has overrun its deadline (a hung mount).",
@@ -448,6 +456,8 @@ def _add_probes(samples: _Samples, view: TargetView) -> None:
             samples.add("fsprobe_probe_interval_seconds", view.intervals[probe], probe=probe)
     for (probe, errno), count in sorted(view.errors.items()):
         samples.add_counter("fsprobe_probe_errors", count, probe=probe, errno=errno)
+    for probe, count in sorted(view.skipped.items()):
+        samples.add_counter("fsprobe_probe_skipped", count, probe=probe)
 
 
 def _add_filesystem(samples: _Samples, fs: FilesystemInfo) -> None:

@@ -264,6 +264,7 @@ class RetryState:
         self.destination = requested
         self.number = 1
         self.failures: list[FailedAttempt] = []
+        self._in_fallback: list[bool] = []  # per failure: made in a fallback, not the target
         self._given_up: set[str] = set()  # fallbacks that failed for capacity or for good
         self._start = time.monotonic()
 
@@ -286,6 +287,7 @@ class RetryState:
         if decision.action == "fail":
             attempt = FailedAttempt(decision.errno or "EIO", "preflight", decision.summary())
             self.failures.append(attempt)
+            self._in_fallback.append(False)
             self._report(None, 0)
             raise SaveError(
                 self.requested, [attempt], f"not saving {self.requested}: {decision.summary()}"
@@ -329,6 +331,7 @@ class RetryState:
         if fallback is not None:  # leave no empty mirrored directories in a fallback
             remove_mirrored_dirs(fallback, self.destination)
         self.failures.append(failure.bare())
+        self._in_fallback.append(fallback is not None)
         kind = classify(failure.errno, failure.step)
         if self.number == self.options.attempts:
             self._log(failure, kind, "giving up")
@@ -422,7 +425,10 @@ class RetryState:
             bytes=nbytes,
             seconds=time.monotonic() - self._start,
             attempts=max(self.number, len(self.failures)),
-            failures=tuple(Failure(f.errno, f.step) for f in self.failures),
+            failures=tuple(
+                Failure(f.errno, f.step, elsewhere)
+                for f, elsewhere in zip(self.failures, self._in_fallback)
+            ),
             finished_at=time.time(),
             host=socket.gethostname(),
             pid=os.getpid(),
