@@ -24,6 +24,7 @@ def check(
     user: int | None = None,
     group: int | None = None,
     project: int | None = None,
+    probe_as: str | None = None,
     settings: ProbeSettings | None = None,
 ) -> Report:
     """Probe `path` now (statvfs, quota, `lfs df`, a test write, $TMPDIR) and judge it.
@@ -31,6 +32,8 @@ def check(
     Every probe runs in parallel and is bounded by its deadline; `timeout` caps all of them, so
     on a hung mount this returns after about `timeout` seconds with a `mount_stuck` reason.
     The probes run in a worker process, so a stuck probe never keeps this process from exiting.
+    `probe_as` says who probes when this process is root ("owner", the default; "root"; an
+    account name), see `fsprobe.probing.target.probing_identity`.
     `settings`, when given, is the base that the keyword arguments refine.
     """
     base = settings or ProbeSettings()
@@ -47,6 +50,7 @@ def check(
         base,
         deadline=min(base.deadline, timeout) if timeout else base.deadline,
         write_probe=base.write_probe and write_probe,
+        probe_as=probe_as or base.probe_as,
         server_probes=quota,
     )
     snapshot = probe_once(os.path.abspath(path), effective, shared_runner())

@@ -12,6 +12,9 @@ import errno as errno_module
 
 #: The name a probe reports when a tool's output could not be parsed.
 PARSE = "PARSE"
+#: The name a probe reports when the target path leads through a symlink that neither root nor
+#: the probing identity owns (`fsprobe.probing.target`): refused, never followed.
+UNTRUSTED = "UNTRUSTED"
 
 
 class ErrorClass(str, enum.Enum):

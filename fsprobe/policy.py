@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsprobe.errors import ErrorClass, classify
+from fsprobe.errors import UNTRUSTED, ErrorClass, classify
 from fsprobe.model import (
     INTERNAL,
     TIMEOUT,
@@ -613,8 +613,19 @@ def evaluate(
             )
         )
 
+    untrusted = sorted(probe for probe, result in fresh.items() if result.error == UNTRUSTED)
+    if untrusted:
+        reasons.append(
+            Reason(
+                "target_untrusted",
+                Severity.UNHEALTHY,
+                fresh[untrusted[0]].message or "the target path is not to be followed",
+                errno="EACCES",  # as a save there is treated: go elsewhere, never retry
+            )
+        )
+
     for probe, result in fresh.items():
-        if result.ok or result.stuck or probe in ("write", "quota"):
+        if result.ok or result.stuck or probe in ("write", "quota", *untrusted):
             continue  # write and quota failures have reasons of their own below
         reasons.append(
             Reason(
@@ -651,7 +662,12 @@ def evaluate(
     if quota is not None:
         reasons += _quota_reasons(quota, policy, now)
     quota_result = fresh.get("quota")
-    if quota_result is not None and not quota_result.ok and not quota_result.stuck:
+    if (
+        quota_result is not None
+        and not quota_result.ok
+        and not quota_result.stuck
+        and "quota" not in untrusted
+    ):
         reasons.append(
             Reason(
                 "quota_unavailable",
@@ -663,7 +679,7 @@ def evaluate(
     reasons += _lustre_reasons(value("lfs_df") or (), policy)
 
     write_result = fresh.get("write")
-    if write_result is not None and not write_result.stuck:
+    if write_result is not None and not write_result.stuck and "write" not in untrusted:
         reasons += _write_reasons(write_result, snapshot.recent_write_errors, policy)
 
     tmpdir: TmpdirInfo | None = value("tmpdir")

@@ -8,7 +8,7 @@ import time
 import click
 
 from fsprobe.checking import check as run_check
-from fsprobe.cli.options import DIRECTORY, SECONDS, SIZE, quota_options
+from fsprobe.cli.options import DIRECTORY, PROBE_AS, SECONDS, SIZE, quota_options
 from fsprobe.cli.render import render_report
 from fsprobe.daemon.config import ConfigError, load_target
 
@@ -34,6 +34,13 @@ from fsprobe.daemon.config import ConfigError, load_target
     "write size and quota settings, with PATH's own overrides when the file lists PATH. "
     "The other options refine it.",
 )
+@click.option(
+    "--probe-as",
+    type=PROBE_AS,
+    metavar="owner|root|USER",
+    help="Who probes, when run as root: the directory's owner (default, so that the test "
+    "write meets their quota and permissions), root, or this account.",
+)
 @quota_options
 def check(
     path: str,
@@ -49,6 +56,7 @@ def check(
     user: int | None,
     group: int | None,
     project: int | None,
+    probe_as: str | None,
 ) -> int:
     """Probe PATH once and say whether a checkpoint can be written there now.
 
@@ -82,6 +90,7 @@ def check(
         user=user,
         group=group,
         project=project,
+        probe_as=probe_as,
         settings=settings,
     )
     if as_json:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import click
 
 from fsprobe.daemon.config import MAX_DEADLINE, MAX_ID, MIN_INTERVAL
+from fsprobe.probing.target import check_probe_as
 from fsprobe.quota.ids import id_of
 from fsprobe.units import parse_size
 
@@ -70,6 +71,21 @@ class SecondsType(click.ParamType):
 
 
 SECONDS = SecondsType()
+
+
+class ProbeAsType(click.ParamType):
+    """Who probes: owner, root or an account of this host (name or uid)."""
+
+    name = "probe_as"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):
+        try:
+            return check_probe_as(str(value))
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+PROBE_AS = ProbeAsType()
 
 
 class IdType(click.ParamType):

@@ -25,6 +25,7 @@ from typing import Any
 
 from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.probing.plan import ProbeSettings
+from fsprobe.probing.target import check_probe_as
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.ids import id_of
 from fsprobe.quota.settings import cache_seconds_for
@@ -197,6 +198,14 @@ def _account(kind: str) -> Callable[[Any], int]:
     return check
 
 
+def _probe_as(value: Any) -> str:
+    """Who probes a target: "owner", "root" or an account of this host (checked now)."""
+    try:
+        return check_probe_as(_string(value))
+    except ValueError as error:
+        raise _Invalid(str(error)) from None
+
+
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise _Invalid(f"expected true or false, got {_describe(value)}")
@@ -263,6 +272,7 @@ _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
     "quota_timeout": _seconds(MAX_DEADLINE),
     "write_bytes": _size(MAX_WRITE_BYTES, "64M"),
     "write_probe": _bool,
+    "probe_as": _probe_as,
     "quota_provider": _choice("auto", "lfs", "none"),
     "quota_probe": _choice(*QUOTA_PROBE_MODES),
     "lfs": _string,
@@ -546,6 +556,7 @@ def _target(
         deadline=values.get("deadline", base.deadline),
         write_probe=values.get("write_probe", base.write_probe),
         write_bytes=values.get("write_bytes", base.write_bytes),
+        probe_as=values.get("probe_as", base.probe_as),
         server_probes=quota,
         policy=Policy(**thresholds, intervals=intervals),
     )

@@ -21,6 +21,7 @@ import re
 import shlex
 
 from fsprobe.errors import PARSE, ProbeFailure
+from fsprobe.posix.identity import Identity
 from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.placement import PLACEMENTS, Placements
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
@@ -149,12 +150,14 @@ def query(
     binary: str,
     deadline: Deadline,
     pool: str | None = None,
+    identity: Identity | None = None,
 ) -> IdOutcome:
-    """Run `lfs quota` for one ID (in `pool`) and judge it; every failure is returned."""
+    """Run `lfs quota` for one ID (in `pool`, as `identity`) and judge it; every failure is
+    returned."""
     selector = ("--pool", pool) if pool else ()
     args = ("quota", *selector, _TYPE_FLAGS[quota_type], str(quota_id), directory)
     try:
-        run = run_lfs(args, binary=binary, timeout=deadline.remaining())
+        run = run_lfs(args, binary=binary, timeout=deadline.remaining(), identity=identity)
     except (OSError, ProbeFailure) as error:
         return IdOutcome(quota_type, quota_id, failure=ProbeFailure.of(error), pool=pool)
     output = parse_quota(run.stdout, run.stderr, run.status)
@@ -200,12 +203,18 @@ class LustreQuotaProvider(QuotaProvider):
             failure = ProbeFailure("EINVAL", f"{quota_type} ID {quota_id} is negative")
             return IdOutcome(quota_type, quota_id, failure=failure, pool=pool)
         filesystem = (request.mount.device, request.mount.mountpoint) if request.mount else None
-        key = (filesystem or request.directory, quota_type, quota_id, binary, pool)
+        key = (filesystem or request.directory, quota_type, quota_id, binary, pool, request.identity)
         try:
             return self.cache.get(
                 key,
                 lambda: query(
-                    request.directory, quota_type, quota_id, binary, request.deadline, pool
+                    request.directory,
+                    quota_type,
+                    quota_id,
+                    binary,
+                    request.deadline,
+                    pool,
+                    request.identity,
                 ),
                 ttl=request.settings.cache_seconds,
                 wait=request.deadline.remaining(),

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure, errno_name
+from fsprobe.posix.identity import Identity, exec_as
 from fsprobe.model import TIMEOUT
 from fsprobe.posix import children
 
@@ -182,8 +183,14 @@ def _wait_then_finish(process: subprocess.Popen[bytes]) -> None:
     children.finish(process)
 
 
-def run_lfs(args: Sequence[str], *, binary: str, timeout: float) -> LfsRun:
+def run_lfs(
+    args: Sequence[str], *, binary: str, timeout: float, identity: Identity | None = None
+) -> LfsRun:
     """Run ``binary args...`` with stdin closed and the C locale, within `timeout` seconds.
+
+    With `identity`, `lfs` runs as that user (`fsprobe.posix.identity.exec_as`: its own IDs, no
+    capability, not traceable by the user): Lustre lets anyone read their own quota, and only
+    CAP_SYS_ADMIN read someone else's.
 
     Raises OSError when the binary cannot be started (with what to do about it),
     ProbeFailure("TIMEOUT") when the deadline passed and ProbeFailure("E2BIG") when it printed
@@ -202,6 +209,7 @@ def run_lfs(args: Sequence[str], *, binary: str, timeout: float) -> LfsRun:
             stderr=subprocess.PIPE,
             start_new_session=True,
             env=environment,
+            preexec_fn=None if identity is None or identity.is_process() else exec_as(identity),
         )
     except PermissionError as error:
         raise PermissionError(

@@ -26,7 +26,7 @@ def probe_lfs_df(target: str, settings: ServerProbeSettings) -> tuple[LustreTarg
     E2BIG, PARSE) when the tables cannot be read. Targets that lfs could not ask are included with
     unknown sizes; inactive ones with ``active=False``.
     """
-    directory, mount = locate(target)
+    directory, mount, _identity = locate(target)  # any user may ask `lfs df`: root asks
     if not lfs_df_applies(settings, mount):
         return None
     deadline = Deadline.after(settings.timeout)

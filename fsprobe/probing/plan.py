@@ -13,6 +13,7 @@ from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
 from fsprobe.probing.runner import ProbeRunner, Run
 from fsprobe.probing.statvfs import probe_statvfs
+from fsprobe.probing.target import OWNER
 from fsprobe.probing.tmpdir import TMPDIR_VARIABLES, probe_tmpdir
 from fsprobe.probing.write import DEFAULT_WRITE_BYTES, probe_write
 from fsprobe.quota import ServerProbeSettings
@@ -29,6 +30,7 @@ class ProbeSettings:
     deadline: float = 10.0
     write_probe: bool = True
     write_bytes: int = DEFAULT_WRITE_BYTES
+    probe_as: str = OWNER  # who probes: "owner", "root" or an account (fsprobe.probing.target)
     server_probes: ServerProbeSettings = field(default_factory=ServerProbeSettings)
     policy: Policy = field(default_factory=Policy)
 
@@ -46,20 +48,21 @@ def _tmpdir_environment() -> dict[str, str]:
 
 def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
     """The probes of `target` by kind. Quota and `lfs df` decide themselves whether they apply."""
+    who = settings.probe_as
     probes = {
-        "statvfs": PlannedProbe(functools.partial(probe_statvfs, target), settings.deadline),
+        "statvfs": PlannedProbe(functools.partial(probe_statvfs, target, who), settings.deadline),
         "tmpdir": PlannedProbe(
-            functools.partial(probe_tmpdir, target, _tmpdir_environment()), settings.deadline
+            functools.partial(probe_tmpdir, target, _tmpdir_environment(), who), settings.deadline
         ),
     }
     if settings.write_probe:
         probes["write"] = PlannedProbe(
-            functools.partial(probe_write, target, settings.write_bytes), settings.deadline
+            functools.partial(probe_write, target, settings.write_bytes, who), settings.deadline
         )
     if settings.server_probes.provider != "none":
         lfs_deadline = settings.server_probes.timeout + LFS_KILL_SLACK
         probes["quota"] = PlannedProbe(
-            functools.partial(probe_quota, target, settings.server_probes), lfs_deadline
+            functools.partial(probe_quota, target, settings.server_probes, who), lfs_deadline
         )
         probes["lfs_df"] = PlannedProbe(
             functools.partial(probe_lfs_df, target, settings.server_probes), lfs_deadline

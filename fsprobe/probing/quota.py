@@ -3,17 +3,20 @@
 The target may not exist yet: its nearest existing ancestor stands in, for the filesystem, the
 set-group-ID bit and the project ID alike. The provider is chosen by --quota-provider (auto:
 Lustre's `lfs` on Lustre, nothing elsewhere; `PROVIDERS` lists them). All `lfs` calls of one
-probe share one deadline, `settings.timeout`, so a hung filesystem costs at most that long.
+probe share one deadline, `settings.timeout`, so a hung filesystem costs at most that long. The
+IDs are those of who probes the directory (`fsprobe.probing.target`), and `lfs quota` is asked
+as that identity: Lustre shows anyone their own quota, and only CAP_SYS_ADMIN someone else's.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from fsprobe.posix.identity import Identity
 from fsprobe.lustre.provider import LustreQuotaProvider
 from fsprobe.model import Mount, QuotaReport
-from fsprobe.probing.mounts import find_mount, nearest_existing
+from fsprobe.probing.mounts import find_mount
+from fsprobe.probing.target import OWNER, open_target
 from fsprobe.quota.ids import resolve_ids
 from fsprobe.quota.provider import Deadline, QuotaProvider, QuotaRequest, assemble
 from fsprobe.quota.settings import PROVIDER_CHOICES, ServerProbeSettings
@@ -49,17 +52,15 @@ class QuotaLookup:
     report: QuotaReport | None
 
 
-def locate(target: str) -> tuple[str, Mount | None]:
-    """The existing directory that stands in for `target`, and the mount it is on."""
-    directory = nearest_existing(target)
-    if not os.path.isdir(directory):
-        directory = os.path.dirname(directory)
-    return directory, find_mount(directory)
+def locate(target: str, probe_as: str = OWNER) -> tuple[str, Mount | None, Identity]:
+    """The existing directory that stands in for `target`, its mount, and who probes it."""
+    with open_target(target, probe_as) as directory:
+        return directory.path, find_mount(directory.path), directory.identity
 
 
-def lookup_quota(target: str, settings: ServerProbeSettings) -> QuotaLookup:
+def lookup_quota(target: str, settings: ServerProbeSettings, probe_as: str = OWNER) -> QuotaLookup:
     """Read the quota of `target`; raises as `probe_quota` does when nothing could be read."""
-    directory, mount = locate(target)
+    directory, mount, identity = locate(target, probe_as)
     provider = select_provider(settings, mount)
     if provider is None:
         return QuotaLookup(target, directory, mount, None, None)
@@ -70,13 +71,17 @@ def lookup_quota(target: str, settings: ServerProbeSettings) -> QuotaLookup:
         group=settings.group,
         project=settings.project,
         project_fallback=lambda path: provider.project(path, settings, deadline),
+        writer=identity,
     )
-    reading = provider.read(QuotaRequest(directory, mount, ids.queries(), settings, deadline))
+    request = QuotaRequest(directory, mount, ids.queries(), settings, deadline, identity)
+    reading = provider.read(request)
     report = assemble(provider.name, reading, ids.errors, ids.notes)
     return QuotaLookup(target, directory, mount, provider.name, report)
 
 
-def probe_quota(target: str, settings: ServerProbeSettings) -> QuotaReport | None:
+def probe_quota(
+    target: str, settings: ServerProbeSettings, probe_as: str = OWNER
+) -> QuotaReport | None:
     """The quota report of `target`; None when no provider applies.
 
     Raises ProbeFailure when no ID could be read: ENOENT for a missing `lfs` (the message says
@@ -84,4 +89,4 @@ def probe_quota(target: str, settings: ServerProbeSettings) -> QuotaReport | Non
     the target itself cannot be reached. A partial result is returned with `errors` (and
     `inaccurate`) set.
     """
-    return lookup_quota(target, settings).report
+    return lookup_quota(target, settings, probe_as).report

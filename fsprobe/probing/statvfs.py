@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 
 from fsprobe.model import DirectoryOwner, FilesystemInfo
-from fsprobe.probing.mounts import find_mount, nearest_existing
+from fsprobe.probing.mounts import find_mount
+from fsprobe.probing.target import OWNER, open_target
 
 #: statvfs counts are unsigned 64-bit numbers; Python's `os.statvfs` hands some of them over as
 #: signed ones (a filesystem reporting 2**64 - 1 free inodes reads as -1).
@@ -18,17 +18,17 @@ def _count(value: int) -> int:
     return value % _U64 if value < 0 else value
 
 
-def probe_statvfs(target: str) -> FilesystemInfo:
+def probe_statvfs(target: str, probe_as: str = OWNER) -> FilesystemInfo:
     """statvfs of `target`, or of its nearest existing ancestor if it does not exist yet.
 
     `f_bavail`/`f_favail` are used, not `f_bfree`/`f_ffree`: what an unprivileged writer can
-    really take, after the blocks reserved for root.
+    really take, after the blocks reserved for root. Asked of the directory's descriptor
+    (``fstatvfs``), opened as the write probe opens it, and refused where it is refused.
     """
-    probed = nearest_existing(target)
-    info = os.stat(probed)
-    if not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", probed)
-    stats = os.statvfs(probed)
+    with open_target(target, probe_as) as directory:
+        info = os.fstat(directory.fd)
+        stats = os.fstatvfs(directory.fd)
+    probed = directory.path
     st_dev = info.st_dev
     mount = find_mount(probed)
     return FilesystemInfo(

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Mapping
 
 from fsprobe.model import TmpdirInfo
-from fsprobe.probing.mounts import nearest_existing
+from fsprobe.probing.target import OWNER, open_target
 
 TMPDIR_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 
@@ -32,7 +32,10 @@ def current_tmpdir(environ: Mapping[str, str] | None = None) -> str:
     return tempfile.gettempdir()
 
 
-def probe_tmpdir(target: str, environ: Mapping[str, str] | None = None) -> TmpdirInfo:
+def probe_tmpdir(
+    target: str, environ: Mapping[str, str] | None = None, probe_as: str = OWNER
+) -> TmpdirInfo:
     tmpdir = current_tmpdir(environ)
-    same_device = os.stat(tmpdir).st_dev == os.stat(nearest_existing(target)).st_dev
+    with open_target(target, probe_as) as directory:
+        same_device = os.stat(tmpdir).st_dev == os.fstat(directory.fd).st_dev
     return TmpdirInfo(path=tmpdir, same_device=same_device)

@@ -5,6 +5,11 @@ statvfs cannot see a full OST, an exhausted quota, a read-only remount or a serv
 `fsprobe.save` (create exclusively, write incompressible data, fsync, rename in the directory,
 fsync the directory) and then removes its file, timing every step. Nothing is left behind: the
 probe deletes only the names it created itself, and it never creates a directory.
+
+Every step works relative to the target directory's descriptor, opened once
+(`fsprobe.probing.target`), and is made as the identity whose saves land there
+(`fsprobe.probing.credentials`): the user's quota and permissions refuse the probe exactly as
+they will refuse the user's save, and the file it creates is the user's, in the user's directory.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from collections.abc import Callable
 
 from fsprobe.errors import ProbeFailure, name_of
 from fsprobe.model import WriteProbeResult
-from fsprobe.posix.atomic import TempFile, fsync_directory, temp_name
-from fsprobe.probing.mounts import nearest_existing
+from fsprobe.posix.atomic import TempFile, temp_name
+from fsprobe.probing.credentials import acting_as
+from fsprobe.probing.target import OWNER, OpenedTarget, open_target
 
 DEFAULT_WRITE_BYTES = 1024 * 1024
 
@@ -31,7 +37,7 @@ def _write_all(fd: int, data: bytes) -> None:
 class _Rehearsal:
     """One run of the sequence: remembers what exists, so that cleanup removes exactly that."""
 
-    def __init__(self, directory: str, data: bytes) -> None:
+    def __init__(self, directory: OpenedTarget, data: bytes) -> None:
         self.directory = directory
         self.data = data
         self.latency: dict[str, float] = {}
@@ -45,8 +51,9 @@ class _Rehearsal:
             self.latency[step] = time.monotonic() - start
 
     def run(self) -> None:
-        first = os.path.join(self.directory, temp_name("write-probe"))
-        renamed = os.path.join(self.directory, temp_name("write-probe-renamed"))
+        directory = self.directory.fd
+        first = temp_name("write-probe")
+        renamed = temp_name("write-probe-renamed")
 
         self.timed("create", lambda: self.create(first))
         temp = self.temp
@@ -54,13 +61,13 @@ class _Rehearsal:
         self.timed("write", lambda: _write_all(temp.fd, self.data))
         self.timed("fsync", lambda: os.fsync(temp.fd))
         self.timed("rename", lambda: temp.rename(renamed))
-        self.timed("fsync_dir", lambda: fsync_directory(self.directory))
-        self.timed("unlink", lambda: os.unlink(renamed))
+        self.timed("fsync_dir", lambda: os.fsync(directory))
+        self.timed("unlink", lambda: os.unlink(renamed, dir_fd=directory))
         self.temp = None
         temp.release()
 
-    def create(self, path: str) -> None:
-        self.temp = TempFile(None, path)
+    def create(self, name: str) -> None:
+        self.temp = TempFile(self.directory.fd, name)
 
     def clean_up(self) -> str:
         """Remove what this run created; returns a note if that failed too."""
@@ -75,27 +82,36 @@ class _Rehearsal:
         return ""
 
 
-def probe_write(target: str, size: int = DEFAULT_WRITE_BYTES) -> WriteProbeResult:
-    """Rehearse an atomic save of `size` bytes in `target` (or its nearest existing ancestor).
+def probe_write(
+    target: str, size: int = DEFAULT_WRITE_BYTES, probe_as: str = OWNER
+) -> WriteProbeResult:
+    """Rehearse an atomic save of `size` bytes in `target` (or its nearest existing ancestor),
+    as `probe_as` (`fsprobe.probing.target.probing_identity`).
 
     When the target does not exist yet, its nearest existing ancestor is where the first save
-    will have to create it, so that is where writing is tested.
+    will have to create it, so that is where writing is tested. Raises ProbeFailure
+    ``UNTRUSTED`` for a symlink on the way that is not to be followed.
     """
     start = time.monotonic()
     try:
-        directory = nearest_existing(target)
+        directory = open_target(target, probe_as)
     except OSError as error:  # a symlink loop, a directory we may not search: no file to create
         raise _failure(error, "create", size, {"total": time.monotonic() - start}) from error
-    # Incompressible data, made before the clock starts: no filesystem can shortcut the write.
-    rehearsal = _Rehearsal(directory, os.urandom(size))
-    start = time.monotonic()
-    try:
-        rehearsal.run()
-    except OSError as error:
-        step = list(rehearsal.latency)[-1] if rehearsal.latency else "create"
-        note = rehearsal.clean_up()
-        rehearsal.latency["total"] = time.monotonic() - start
-        raise _failure(error, step, size, rehearsal.latency, note) from error
+    with directory:
+        # Incompressible data, made before the clock starts: no filesystem can shortcut it.
+        rehearsal = _Rehearsal(directory, os.urandom(size))
+        start = time.monotonic()
+        note = ""
+        try:
+            with acting_as(directory.identity):
+                try:
+                    rehearsal.run()
+                finally:
+                    note = rehearsal.clean_up()  # as the identity too: its file, its directory
+        except OSError as error:
+            step = list(rehearsal.latency)[-1] if rehearsal.latency else "create"
+            rehearsal.latency["total"] = time.monotonic() - start
+            raise _failure(error, step, size, rehearsal.latency, note) from error
     rehearsal.latency["total"] = time.monotonic() - start
     return WriteProbeResult(ok=True, bytes=size, latency_seconds=rehearsal.latency)
 

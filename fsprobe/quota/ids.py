@@ -1,8 +1,9 @@
 """Which user, group and project a new file in the target directory is charged to (DESIGN §4).
 
-- user: the effective uid of this process (the trainer's, when the hook runs in the trainer);
+- user: the uid of who probes the directory (`fsprobe.probing.target.probing_identity`: its
+  owner when root probes, else this process's effective uid, the trainer's in the hook);
 - group: the directory's gid when it has the set-group-ID bit (new files inherit it), else the
-  effective gid;
+  prober's gid;
 - project: the directory's project ID, read with the FS_IOC_FSGETXATTR ioctl that Lustre, XFS
   and ext4 implement, or by a provider's own tool (`lfs project -d`) where the ioctl is not
   supported. A new file gets it only when the directory carries the inherit flag
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure, errno_name
+from fsprobe.posix.identity import Identity
 
 #: _IOR('X', 31, struct fsxattr) from <linux/fs.h>.
 FS_IOC_FSGETXATTR = 0x801C581F
@@ -78,11 +80,12 @@ def read_project(directory: str) -> DirectoryProject:
     return DirectoryProject(projid, bool(xflags & FS_XFLAG_PROJINHERIT))
 
 
-def charged_group(directory_stat: os.stat_result) -> int:
-    """The group of a new file: the directory's if it is set-group-ID, else our effective gid."""
+def charged_group(directory_stat: os.stat_result, own_gid: int | None = None) -> int:
+    """The group of a new file: the directory's if it is set-group-ID, else the writer's
+    (`own_gid`, by default our effective gid)."""
     if directory_stat.st_mode & stat.S_ISGID:
         return directory_stat.st_gid
-    return os.getegid()
+    return os.getegid() if own_gid is None else own_gid
 
 
 def _derived_project(
@@ -116,8 +119,10 @@ def resolve_ids(
     group: int | None = None,
     project: int | None = None,
     project_fallback: Callable[[str], DirectoryProject] | None = None,
+    writer: Identity | None = None,
 ) -> QuotaIds:
-    """The IDs for `directory` (an existing directory); explicit IDs replace derived ones.
+    """The IDs for `directory` (an existing directory) when `writer` (by default this process)
+    creates a file there; explicit IDs replace derived ones.
 
     `project_fallback` reads the project another way (`lfs project -d`) when the ioctl is not
     supported. A project ID that cannot be read is left out with an error, not raised: the user and
@@ -127,7 +132,7 @@ def resolve_ids(
     errors: list[str] = []
     notes: list[str] = []
     if group is None:
-        group = charged_group(os.stat(directory))
+        group = charged_group(os.stat(directory), writer.gid if writer else None)
     if project is None:
         derived, error = _derived_project(directory, project_fallback)
         if error:
@@ -136,7 +141,7 @@ def resolve_ids(
             notes.append(not_inherited(directory, derived.id))
         project = (derived.id if derived.inherit else 0) or None
     return QuotaIds(
-        user=os.geteuid() if user is None else user,
+        user=user if user is not None else writer.uid if writer else os.geteuid(),
         group=group,
         project=project,
         errors=tuple(errors),

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure
+from fsprobe.posix.identity import Identity
 from fsprobe.model import Mount, QuotaEntry, QuotaReport
 from fsprobe.quota.ids import DirectoryProject
 from fsprobe.quota.settings import ServerProbeSettings
@@ -56,13 +57,15 @@ class QuotaReading:
 
 @dataclass(frozen=True)
 class QuotaRequest:
-    """What to read: the IDs charged for new files in `directory`, on `mount`, by `deadline`."""
+    """What to read: the IDs charged for new files in `directory`, on `mount`, by `deadline`,
+    asked as `identity` (who probes the directory; None: this process)."""
 
     directory: str
     mount: Mount | None
     queries: tuple[tuple[str, int], ...]
     settings: ServerProbeSettings
     deadline: Deadline
+    identity: Identity | None = None
 
 
 class QuotaProvider(abc.ABC):

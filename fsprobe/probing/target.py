@@ -1,0 +1,195 @@
+"""Opening the target directory once, and deciding who probes it.
+
+A target path is a string that anyone who can write one of its directories can redirect: a
+symlink ``~/ckpt -> /root-only-dir``, or a directory swapped for one (``renameat2``) between two
+calls. Root acting on that string writes wherever the neighbour points. So the path is walked
+once, from ``/``, one name at a time with ``O_DIRECTORY | O_NOFOLLOW`` relative to the last
+directory; a symlink on the way is read where it stands (``O_PATH``, ``readlinkat``), never
+followed by the kernel, and remembered with its owner. Every later step of a probe works on the
+descriptor this returns, not on a name, so a swap after the walk changes nothing it does.
+
+Who probes is then decided on that descriptor (`probing_identity`): the directory's owner by
+default, and a symlink on the way that neither root nor that identity owns is refused
+(``UNTRUSTED``, reason ``target_untrusted``): whoever planted it may not choose where root, or
+another user, probes. The identity whose directory it is may point its own links anywhere it can
+write itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import stat
+from dataclasses import dataclass, field
+
+from fsprobe.errors import UNTRUSTED, ProbeFailure
+from fsprobe.posix.identity import Identity
+
+#: Who probes: the target directory's owner, root (the process itself), or a named account.
+OWNER, ROOT = "owner", "root"
+#: Opening a directory of the walk: never through a symlink, never inherited by a child.
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The kernel's own bound on symlinks in one lookup (MAXSYMLINKS).
+MAX_SYMLINKS = 40
+
+
+def check_probe_as(value: str) -> str:
+    """`value` if it names who probes (owner, root, an account name or uid); ValueError else."""
+    if value in (OWNER, ROOT):
+        return value
+    try:
+        _account_uid(value)
+    except KeyError:
+        raise ValueError(
+            f"probe_as must be 'owner', 'root' or an account of this host, not {value!r}"
+        ) from None
+    return value
+
+
+def _account_uid(name: str) -> int:
+    if name.isdigit():
+        return pwd.getpwuid(int(name)).pw_uid
+    return pwd.getpwnam(name).pw_uid
+
+
+def probing_identity(probe_as: str, directory: os.stat_result) -> Identity:
+    """Who probes the directory `directory` describes (DESIGN §4, "Who probes").
+
+    Only root can act as someone else: any other process probes as itself, which is who its
+    saves are made as. A new file gets the directory's group when it is set-group-ID.
+    """
+    process = Identity.of_process()
+    if process.uid != 0 or probe_as == ROOT:
+        return process
+    uid = directory.st_uid if probe_as == OWNER else _account_uid(probe_as)
+    if uid == 0:
+        return process
+    setgid = directory.st_gid if directory.st_mode & stat.S_ISGID else None
+    return Identity.of_account(uid, setgid)
+
+
+@dataclass
+class OpenedTarget:
+    """The directory a probe works in: its descriptor, the path the walk took to it (for the
+    mount table and messages, never to act on), who probes it, and the symlinks followed."""
+
+    fd: int
+    path: str
+    identity: Identity
+    links: list[tuple[str, int]] = field(default_factory=list)  # (where, owner uid)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> OpenedTarget:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _Walk:
+    """The state of one walk: the open directory, the names walked to it, the links read."""
+
+    def __init__(self) -> None:
+        self.fd = os.open("/", _DIRECTORY_FLAGS)
+        self.names: list[str] = []
+        self.links: list[tuple[str, int]] = []
+
+    @property
+    def path(self) -> str:
+        return "/" + "/".join(self.names)
+
+    def enter(self, name: str) -> None:
+        """Step into the directory `name`; OSError (ELOOP, ENOTDIR) for a symlink or a file."""
+        following = os.open(name, _DIRECTORY_FLAGS, dir_fd=self.fd)
+        os.close(self.fd)
+        self.fd = following
+        if name == "..":
+            if self.names:
+                self.names.pop()
+        else:
+            self.names.append(name)
+
+    def read_link(self, name: str) -> str | None:
+        """The target of the symlink `name` (remembered with its owner); None if not one."""
+        link = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            info = os.fstat(link)
+            if not stat.S_ISLNK(info.st_mode):
+                return None
+            content = os.readlink("", dir_fd=link)  # this very link, not what the name is now
+        finally:
+            os.close(link)
+        self.links.append((os.path.join(self.path, name), info.st_uid))
+        return content
+
+    def restart_at_root(self) -> None:
+        os.close(self.fd)
+        self.fd = os.open("/", _DIRECTORY_FLAGS)
+        self.names = []
+
+
+def _names(path: str) -> list[str]:
+    return [name for name in path.split("/") if name and name != "."]
+
+
+def _walk(target: str) -> _Walk:
+    """Walk to `target`, or to its nearest existing ancestor (DESIGN §4)."""
+    walk = _Walk()
+    pending = _names(os.path.abspath(target))
+    try:
+        while pending:
+            name = pending.pop(0)
+            try:
+                walk.enter(name)
+                continue
+            except FileNotFoundError:
+                return walk  # the nearest existing directory stands in
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                content = walk.read_link(name)
+                if content is None:  # a file in the way: the target's own error
+                    raise NotADirectoryError(
+                        errno.ENOTDIR, "not a directory", os.path.join(walk.path, name)
+                    ) from None
+            if len(walk.links) > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links", target)
+            if content.startswith("/"):
+                walk.restart_at_root()
+            pending[:0] = _names(content)
+        return walk
+    except BaseException:
+        os.close(walk.fd)
+        raise
+
+
+def open_target(target: str, probe_as: str = OWNER) -> OpenedTarget:
+    """Open `target` (or its nearest existing ancestor) and decide who probes it.
+
+    Raises OSError for what the target itself is (ENOTDIR for a file in the way, ELOOP, EACCES,
+    ENOENT for an empty path) and `ProbeFailure` ``UNTRUSTED`` for a symlink on the way that
+    neither root nor the probing identity owns.
+    """
+    if not target:
+        raise FileNotFoundError(errno.ENOENT, "an empty path names no directory", target)
+    walk = _walk(target)
+    opened = OpenedTarget(walk.fd, walk.path, Identity(0, 0), walk.links)
+    try:
+        opened.identity = probing_identity(probe_as, os.fstat(walk.fd))
+        for where, owner in walk.links:
+            if owner not in (0, opened.identity.uid):
+                raise ProbeFailure(
+                    UNTRUSTED,
+                    f"{target} leads through the symbolic link {where} of uid {owner}, who is "
+                    f"neither root nor {opened.identity.describe()}, who would probe "
+                    f"{walk.path}: not following it",
+                )
+        return opened
+    except BaseException:
+        opened.close()
+        raise
