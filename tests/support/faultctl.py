@@ -173,6 +173,10 @@ class FaultControl:
         for resource in ("bytes", "inodes"):
             self.set_quota(resource, soft=None, hard=None)
 
+    def exempt_root(self, exempt: bool = True) -> None:
+        """Let root's calls (fsuid 0) past the quota, as Lustre does; others are still refused."""
+        self.request("exempt_root", exempt=exempt)
+
     def rescan(self) -> dict[str, Any]:
         """Recount usage from the backing tree (after changing it behind the mount's back)."""
         return self.request("rescan")
