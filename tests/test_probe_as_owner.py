@@ -24,7 +24,7 @@ import pytest
 
 import fsprobe
 from fsprobe.daemon.config import ConfigError, load_target
-from fsprobe.probing.quota import probe_quota
+from fsprobe.probing.quota import lookup_quota, probe_quota
 from fsprobe.probing.write import probe_write
 from fsprobe.quota import ServerProbeSettings
 from tests.fakes.fake_lfs import fake_lfs_for
@@ -130,22 +130,28 @@ def test_swapping_the_target_for_a_symlink_while_root_probes_never_writes_throug
         for _ in range(25):
             report = fsprobe.check(str(home / "ckpt"), quota_provider="none")
             write = report.to_dict()["write_probe"]
-            outcomes.add("untrusted" if "target_untrusted" in codes(report) else write["ok"])
+            refused = "target_untrusted" in codes(report)
+            outcomes.add("untrusted" if refused else (write["ok"], write["message"]))
     finally:
         swapper.kill()
         swapper.wait()
 
     assert creates_in(faultfs, secret) == []
-    assert outcomes <= {True, "untrusted"}, outcomes  # written in her directory, or refused
+    assert outcomes <= {(True, ""), "untrusted"}, outcomes  # written in her directory, or refused
+
+
+def full_home_of(user: LocalUser, faultfs) -> Path:
+    """`user`'s directory on the fault filesystem, whose quota (root exempt, as on Lustre) has
+    room for 64 KiB more: a 1 MiB test write does not fit."""
+    faultfs.ctl.exempt_root()
+    target = home_of(user, faultfs.mountpoint)
+    used = faultfs.ctl.quota()["bytes"]["used"]
+    faultfs.ctl.set_quota("bytes", hard=used + 64 * 1024)
+    return target
 
 
 def test_roots_probe_of_a_users_full_directory_meets_her_quota(local_users, faultfs):
-    alice = local_users.user()
-    faultfs.ctl.exempt_root()
-    share(faultfs.mountpoint)
-    target = home_of(alice, faultfs.mountpoint)
-    used = faultfs.ctl.quota()["bytes"]["used"]
-    faultfs.ctl.set_quota("bytes", hard=used + 64 * 1024)  # a 1 MiB test write does not fit
+    target = full_home_of(local_users.user(), faultfs)
 
     report = fsprobe.check(str(target), quota_provider="none")
 
@@ -161,7 +167,6 @@ def test_the_probe_file_in_a_users_directory_is_hers_and_root_keeps_its_own_ids(
 ):
     team = local_users.group()
     alice = local_users.user(team)
-    share(faultfs.mountpoint)
     target = home_of(alice, faultfs.mountpoint)
     held = faultfs.ctl.block("fsync")
     seen = {}
@@ -191,12 +196,7 @@ def test_the_probe_file_in_a_users_directory_is_hers_and_root_keeps_its_own_ids(
 
 
 def test_probe_as_root_writes_as_root(local_users, faultfs):
-    alice = local_users.user()
-    faultfs.ctl.exempt_root()
-    share(faultfs.mountpoint)
-    target = home_of(alice, faultfs.mountpoint)
-    used = faultfs.ctl.quota()["bytes"]["used"]
-    faultfs.ctl.set_quota("bytes", hard=used + 64 * 1024)
+    target = full_home_of(local_users.user(), faultfs)
 
     report = fsprobe.check(str(target), quota_provider="none", probe_as="root")
 
@@ -247,7 +247,10 @@ def test_a_user_cannot_trace_the_lfs_root_runs_as_her(local_users, shared_fake_l
     target = lustre_directory_of(alice, shared_fake_lfs, tmp_path)
     os.environ["FAKE_LFS_FAIL"] = "hang"  # the monkeypatch of the fixture undoes it
     settings = ServerProbeSettings(provider="lfs", timeout=20)
-    prober = threading.Thread(target=probe_quota, args=(str(target), settings))
+    outcome = []
+    prober = threading.Thread(
+        target=lambda: outcome.append(lookup_quota(str(target), settings).report)
+    )
     prober.start()
     try:
         pid = _wait_for_pid(shared_fake_lfs.pidfile)
@@ -255,10 +258,12 @@ def test_a_user_cannot_trace_the_lfs_root_runs_as_her(local_users, shared_fake_l
         traced = alice.python(ATTACH, str(pid), env={"PATH": os.defpath})
         assert traced.stdout.strip() == "EPERM", traced.stderr
     finally:
+        del os.environ["FAKE_LFS_FAIL"]  # the next lfs answers at once
         for pid in shared_fake_lfs.pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         prober.join()
+    assert [error.split(":")[0] for error in outcome[0].errors] == [f"user {alice.uid}"]
 
 
 ATTACH = """

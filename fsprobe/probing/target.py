@@ -137,10 +137,18 @@ def _names(path: str) -> list[str]:
     return [name for name in path.split("/") if name and name != "."]
 
 
+def _is_directory(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 def _walk(target: str) -> _Walk:
     """Walk to `target`, or to its nearest existing ancestor (DESIGN §4)."""
     walk = _Walk()
     pending = _names(os.path.abspath(target))
+    swaps = 0
     try:
         while pending:
             name = pending.pop(0)
@@ -153,10 +161,16 @@ def _walk(target: str) -> _Walk:
                 if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 content = walk.read_link(name)
-                if content is None:  # a file in the way: the target's own error
-                    raise NotADirectoryError(
-                        errno.ENOTDIR, "not a directory", os.path.join(walk.path, name)
-                    ) from None
+                if content is None:
+                    if not _is_directory(walk.fd, name):  # a file in the way: its own error
+                        raise NotADirectoryError(
+                            errno.ENOTDIR, "not a directory", os.path.join(walk.path, name)
+                        ) from None
+                    swaps += 1  # a symlink a moment ago, a directory now: look again
+                    if swaps > MAX_SYMLINKS:
+                        raise OSError(errno.ELOOP, "the path keeps changing", target) from None
+                    pending.insert(0, name)
+                    continue
             if len(walk.links) > MAX_SYMLINKS:
                 raise OSError(errno.ELOOP, "too many levels of symbolic links", target)
             if content.startswith("/"):
