@@ -21,12 +21,12 @@ import re
 import shlex
 
 from fsprobe.errors import PARSE, ProbeFailure
-from fsprobe.posix.identity import Identity
 from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.placement import PLACEMENTS, Placements
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from fsprobe.lustre.runner import lfs_binary, run_lfs, status_error_name
 from fsprobe.model import TIMEOUT, Mount, QuotaEntry, QuotaState, QuotaUsage
+from fsprobe.posix.identity import Identity
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.ids import DirectoryProject, id_name
 from fsprobe.quota.provider import (
@@ -203,7 +203,8 @@ class LustreQuotaProvider(QuotaProvider):
             failure = ProbeFailure("EINVAL", f"{quota_type} ID {quota_id} is negative")
             return IdOutcome(quota_type, quota_id, failure=failure, pool=pool)
         filesystem = (request.mount.device, request.mount.mountpoint) if request.mount else None
-        key = (filesystem or request.directory, quota_type, quota_id, binary, pool, request.identity)
+        where = filesystem or request.directory
+        key = (where, quota_type, quota_id, binary, pool, request.identity)
         try:
             return self.cache.get(
                 key,

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure, errno_name
-from fsprobe.posix.identity import Identity, exec_as
 from fsprobe.model import TIMEOUT
 from fsprobe.posix import children
+from fsprobe.posix.identity import Identity, exec_as
 
 #: Environment variable naming the `lfs` binary when no --lfs/config value is given.
 ENV_LFS = "FSPROBE_LFS"

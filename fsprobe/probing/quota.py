@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsprobe.posix.identity import Identity
 from fsprobe.lustre.provider import LustreQuotaProvider
 from fsprobe.model import Mount, QuotaReport
+from fsprobe.posix.identity import Identity
 from fsprobe.probing.mounts import find_mount
 from fsprobe.probing.target import OWNER, open_target
 from fsprobe.quota.ids import resolve_ids

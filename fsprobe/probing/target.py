@@ -114,13 +114,14 @@ class _Walk:
         else:
             self.names.append(name)
 
-    def read_link(self, name: str) -> str | None:
-        """The target of the symlink `name` (remembered with its owner); None if not one."""
+    def read_link(self, name: str) -> str | int:
+        """The target of the symlink `name` (remembered with its owner), or the mode of what
+        `name` is instead (looked at once, on the inode itself: a name can change under us)."""
         link = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         try:
             info = os.fstat(link)
             if not stat.S_ISLNK(info.st_mode):
-                return None
+                return info.st_mode
             content = os.readlink("", dir_fd=link)  # this very link, not what the name is now
         finally:
             os.close(link)
@@ -135,13 +136,6 @@ class _Walk:
 
 def _names(path: str) -> list[str]:
     return [name for name in path.split("/") if name and name != "."]
-
-
-def _is_directory(dir_fd: int, name: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 def _walk(target: str) -> _Walk:
@@ -161,8 +155,8 @@ def _walk(target: str) -> _Walk:
                 if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 content = walk.read_link(name)
-                if content is None:
-                    if not _is_directory(walk.fd, name):  # a file in the way: its own error
+                if isinstance(content, int):
+                    if not stat.S_ISDIR(content):  # a file in the way: the target's own error
                         raise NotADirectoryError(
                             errno.ENOTDIR, "not a directory", os.path.join(walk.path, name)
                         ) from None

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 
 from fsprobe.errors import ProbeFailure
-from fsprobe.posix.identity import Identity
 from fsprobe.model import Mount, QuotaEntry, QuotaReport
+from fsprobe.posix.identity import Identity
 from fsprobe.quota.ids import DirectoryProject
 from fsprobe.quota.settings import ServerProbeSettings
 
