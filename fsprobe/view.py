@@ -113,6 +113,7 @@ class TargetView:
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, errno) -> n
     write_latency: Histogram = field(default_factory=Histogram)  # of whole write probes
     redirected_pending_bytes: int | None = None
+    redirect_problems: Mapping[str, int] = field(default_factory=dict)  # problem -> n
     saves: SaveStats = field(default_factory=SaveStats)
     skipped: Mapping[str, int] = field(default_factory=dict)  # probe -> runs a save stood for
     updated_at: float = 0.0

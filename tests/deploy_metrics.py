@@ -59,6 +59,7 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_write_step_seconds",
         "fsprobe_tmpdir_same_device",
         "fsprobe_redirected_pending_bytes",
+        "fsprobe_redirect_problems_total",
         "fsprobe_saves_total",
         "fsprobe_save_failed_attempts_total",
         "fsprobe_save_duration_seconds_bucket",

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sysconfig
 import time
 from pathlib import Path
 
@@ -182,18 +183,22 @@ def test_a_user_can_neither_trace_her_run_nor_read_what_root_gave_it(
 
 def test_a_run_its_user_stops_is_not_waited_for(local_users, place):
     """A run that Mallory stopped (SIGSTOP, never continued) held root's sync, and with it
-    every other user's, until the run's deadline: an hour."""
+    every other user's, until the run's deadline: an hour. Her checkpoint not synced is an
+    error of root's sync (exit 2, one line naming her), Bob's went back all the same."""
     mallory, bob, scratch, targets = _two_pending_users(local_users, place)
     done, took, meddled = _meddle_beside_roots_sync(local_users, mallory, scratch, "stop")
 
     assert meddled == {"found": True, "stopped": True}
     assert took < 60, took
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 2, done.stderr
     report = json.loads(done.stdout)
     assert [(e["owner"], e["action"]) for e in report["entries"]] == [(bob.uid, "synced")]
     assert (targets[bob] / "model.pt").read_text() == f"{bob.name}'s"
     assert not (targets[mallory] / "model.pt").exists()
     assert "was stopped" in done.stderr
+    [failure] = json.loads(done.stdout)["failures"]
+    assert failure["uid"] == mallory.uid and failure["fallback"] == str(scratch)
+    assert "was stopped" in failure["cause"]
 
 
 def test_root_acts_for_no_account_because_someone_named_an_area_after_it(local_users, place):
@@ -259,3 +264,72 @@ def test_the_shipped_unit_lets_root_sync_each_users_checkpoints_as_that_user(loc
     entries = json.loads(done.stdout)["entries"]
     assert [(e["owner"], e["action"]) for e in entries] == [(alice.uid, "synced")], done.stderr
     assert (target / "model.pt").read_text() == "alice's weights"
+
+
+def private_python(local_users, place: Path) -> str:
+    """A venv of fsprobe's under a directory only root may enter (/root, as pyenv and
+    `python -m venv` in a home make it): root can run it, its users cannot."""
+    private = make_dir(place / "root-only", 0o700)
+    subprocess.run(
+        [local_users.python, "-m", "venv", "--without-pip", str(private / "venv")], check=True
+    )
+    [site] = (private / "venv" / "lib").glob("python3*/site-packages")
+    reach = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+    (site / "fsprobe-tests.pth").write_text(reach)
+    return str(private / "venv" / "bin" / "python")
+
+
+def test_root_whose_interpreter_its_users_cannot_run_fails_loudly(local_users, place):
+    """Root's `fsprobe sync` from an installation under a private directory (a venv or pyenv
+    in /root, mode 0700) printed "nothing to sync" and exited 0: the run as the user could
+    not import fsprobe, printed nothing, and stderr said only "did not print JSON"; the
+    user's checkpoint stayed in the fallback behind a green exit. Now: exit 2 and one line
+    naming the uid and the cause, in a dry run too, before anything is done."""
+    alice = local_users.user()
+    scratch = make_dir(place / "scratch", 0o1777)
+    target = make_dir(place / "alice-ckpt", 0o755)
+    assert save_as(alice, target / "model.pt", "alice's", scratch)["redirected"]
+    os.chown(target, alice.uid, -1)
+    python = private_python(local_users, place)
+    for dry_run in (["--dry-run"], []):
+        done = subprocess.run(
+            [python, "-m", "fsprobe", "sync", *dry_run, "--fallback-dir", str(scratch)],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        [line] = [line for line in done.stderr.splitlines() if f"uid {alice.uid}" in line]
+        assert f"the interpreter {python} is not executable by uid {alice.uid}" in line, line
+        assert "install fsprobe where its users can run it" in line
+        assert "nothing to sync" not in done.stdout
+    assert not (target / "model.pt").exists()  # nothing was done for her
+    assert (scratch / f"uid-{alice.uid}").exists()
+
+
+def test_the_root_daemon_that_cannot_act_as_a_user_logs_an_error_and_counts_it(
+    local_users, place
+):
+    alice = local_users.user()
+    fallback = make_dir(place / "fallback", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)
+    assert save_as(alice, target / "model.pt", "alice's weights", fallback)["redirected"]
+    os.chown(target, alice.uid, -1)
+    config = place / "fsprobe.toml"
+    config.write_text(
+        "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.5\nwrite_probe = false\n"
+        f'[[targets]]\npath = "{target}"\nfallback_dirs = ["{fallback}"]\n'
+    )
+    home = make_dir(place / "daemon", 0o700)
+    daemon = DaemonProcess(
+        home, "--config", str(config), "--sync-redirected", env=clean_environment(),
+        python=private_python(local_users, place),
+    )  # fmt: skip
+    with daemon:
+        line = daemon.wait_for_log("event=sync_as_user_failed", timeout=60)
+        labels = {"path": str(target), "problem": "sync_as_user_failed"}
+        deadline = time.monotonic() + 30
+        while (daemon.value("fsprobe_redirect_problems_total", **labels) or 0) < 1:
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+    assert "level=error" in line and f"uid={alice.uid}" in line, line
+    assert "is not executable by uid" in line and "install fsprobe where its users" in line
+    assert not (target / "model.pt").exists()

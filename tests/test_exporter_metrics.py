@@ -78,6 +78,7 @@ CONTRACT = {
     "fsprobe_write_step_seconds": {"path", "op"},
     "fsprobe_tmpdir_same_device": {"path"},
     "fsprobe_redirected_pending_bytes": {"path"},
+    "fsprobe_redirect_problems": {"path", "problem"},
     "fsprobe_saves": {"path", "outcome"},
     "fsprobe_save_failed_attempts": {"path", "errno"},
     "fsprobe_save_duration_seconds": {"path"},
@@ -404,6 +405,18 @@ def test_redirected_pending_bytes_only_where_set():
     families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
     assert samples(families, "fsprobe_redirected_pending_bytes") == {
         frozenset({("path", "/other")}): 3 * 2**30
+    }
+
+
+def test_redirect_problems_are_counted_from_zero_beside_the_pending_bytes():
+    store = full_store()
+    store.configure([TargetSpec("/lustre/ckpt"), TargetSpec("/other")])
+    store.set_redirected_pending_bytes("/other", 0)
+    store.count_redirect_problems("/other", "sync_as_user_failed", 2)
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    assert samples(families, "fsprobe_redirect_problems_total") == {
+        frozenset({("path", "/other"), ("problem", "sync_as_user_failed")}): 2,
+        frozenset({("path", "/other"), ("problem", "area_squatted")}): 0,
     }
 
 

@@ -281,7 +281,7 @@ def test_a_manifest_others_can_write_is_not_acted_on(setup, caplog):
     result = setup.save_redirected(model_state())
     os.chmod(area(setup.fallback) / manifest.MANIFEST, 0o666)
     with caplog.at_level(logging.WARNING, logger="fsprobe.saving.redirect"):
-        assert _sync_back(setup) == []
+        assert list(_sync_back(setup)) == []
     assert "writable by group or others" in caplog.text
     assert manifest.pending([str(setup.fallback)]) == []
     assert os.path.exists(result.path)

@@ -9,7 +9,7 @@ import click
 from fsprobe.cli.options import DIRECTORY, SECONDS
 from fsprobe.posix.paths import escaped
 from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
-from fsprobe.redirect.sync import SyncOutcome
+from fsprobe.redirect.sync import SyncOutcome, SyncReport
 from fsprobe.redirect.sync import sync as run_sync
 from fsprobe.saving.preflight import preflight_readiness
 
@@ -36,9 +36,11 @@ def _line(outcome: SyncOutcome) -> str:
     return f"{label} {escaped(outcome.entry.requested)}\n{'':<17}   {escaped(outcome.message)}"
 
 
-def exit_status(outcomes: list[SyncOutcome]) -> int:
-    """0: nothing left; 1: entries still pending (target not ready, newer original); 2: trouble."""
-    if any(o.action in _TROUBLE for o in outcomes):
+def exit_status(report: SyncReport) -> int:
+    """0: nothing left; 1: entries still pending (target not ready, newer original); 2: trouble,
+    or a user root could not act for."""
+    outcomes = report.outcomes
+    if report.failures or any(o.action in _TROUBLE for o in outcomes):
         return 2
     if any(o.action in _LEFT for o in outcomes):
         return 1
@@ -94,7 +96,8 @@ def sync(
 
     \b
     Exit status: 0 nothing left to do, 1 entries still pending, 2 a copy failed or did not
-    match its checksum, 64 usage error.
+    match its checksum, or (as root) a user's checkpoints could not be synced as that user,
+    64 usage error.
 
     \b
     Examples:
@@ -104,7 +107,7 @@ def sync(
     directories = all_fallback_dirs(fallback_dirs)
     if not directories:
         raise click.UsageError(f"give --fallback-dir DIR or set {FALLBACK_ENV}")
-    outcomes = run_sync(
+    report = run_sync(
         directories,
         dry_run=dry_run,
         prune_superseded=prune_superseded,
@@ -117,11 +120,18 @@ def sync(
         document = {
             "fallback_dirs": list(directories),
             "dry_run": dry_run,
-            "entries": [outcome.to_dict() for outcome in outcomes],
+            "entries": [outcome.to_dict() for outcome in report],
+            "failures": [failure.to_dict() for failure in report.failures],
         }
         click.echo(json.dumps(document, indent=2))
-    elif outcomes:
-        click.echo("\n".join(_line(outcome) for outcome in outcomes))
-    else:
+    elif report.outcomes:
+        click.echo("\n".join(_line(outcome) for outcome in report))
+    elif not report.failures:
         click.echo(f"nothing to sync in {', '.join(map(escaped, directories))}")
-    return exit_status(outcomes)
+    for failure in report.failures:  # one line per user, also under --json
+        click.echo(
+            f"fsprobe sync: cannot sync uid {failure.uid}'s checkpoints in "
+            f"{escaped(failure.fallback)}: {escaped(failure.cause)}",
+            err=True,
+        )
+    return exit_status(report)

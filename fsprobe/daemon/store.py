@@ -62,6 +62,7 @@ class _Target:
     latency: Histogram = field(default_factory=Histogram)
     last_success: dict[str, float] = field(default_factory=dict)
     redirected_pending_bytes: int | None = None
+    redirect_problems: Counter = field(default_factory=Counter)
     owner: DirectoryOwner | None = None  # of the target directory, as statvfs last saw it
     saves: SaveStats = field(default_factory=SaveStats)
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
@@ -190,6 +191,16 @@ class Store:
             target.redirected_pending_bytes = pending
             return self._publish(target)
 
+    def count_redirect_problems(self, path: str, problem: str, count: int) -> TargetView | None:
+        """`count` more of `problem` (`fsprobe.exporters.metrics.REDIRECT_PROBLEMS`) in the
+        fallback directories of `path`; returns the new view if anything was counted."""
+        with self._lock:
+            target = self._targets.get(path)
+            if target is None or count <= 0:
+                return None
+            target.redirect_problems[problem] += count
+            return self._publish(target)
+
     def record_save(self, sender: Sender, save: SaveEvent) -> tuple[str | None, TargetView | None]:
         """Take one save event: ``(None, the new view)``, or ``(why not, None)``: the path is
         in no watched target (``unwatched``), or the sender could not have written there
@@ -258,6 +269,7 @@ class Store:
             errors=dict(target.errors),
             write_latency=target.latency,
             redirected_pending_bytes=target.redirected_pending_bytes,
+            redirect_problems=dict(target.redirect_problems),
             saves=target.saves,
             skipped=dict(target.skipped),
             updated_at=now,

@@ -90,9 +90,20 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
             message=result.message,
         )
     if kind == "sync":
-        for outcome in result.value or ():
+        report = result.value
+        for outcome in report or ():
             _log_outcome(path, outcome)
-        return None
+        failures = report.failures if report is not None else []
+        for failure in failures:
+            event(
+                logging.ERROR,
+                "sync_as_user_failed",
+                target=path,
+                uid=failure.uid,
+                fallback=failure.fallback,
+                message=failure.cause,
+            )
+        return store.count_redirect_problems(path, "sync_as_user_failed", len(failures))
     return store.set_redirected_pending_bytes(path, result.value if result.ok else None)
 
 

@@ -65,6 +65,9 @@ class Sample(NamedTuple):
 _FILESYSTEM = ("path", "mountpoint", "fstype", "device")
 _QUOTA = ("path", "type", "id")
 
+#: What `fsprobe_redirect_problems_total` counts, by its `problem` label.
+REDIRECT_PROBLEMS = ("sync_as_user_failed", "area_squatted")
+
 #: Every per-target family, in exposition order.
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -244,6 +247,14 @@ FAMILIES: tuple[Family, ...] = (
         ("path",),
     ),
     Family(
+        "fsprobe_redirect_problems",
+        "counter",
+        "Problems in the target's fallback directories: sync_as_user_failed (root could not "
+        "sync a user's checkpoints as that user), area_squatted (a user's area was found made "
+        "by someone else).",
+        ("path", "problem"),
+    ),
+    Family(
         "fsprobe_saves",
         "counter",
         "Real saves into the target reported by fsprobe's save hook, by outcome (ok, retried, "
@@ -406,8 +417,11 @@ def target_samples(view: TargetView) -> dict[str, list[Sample]]:
         for op, seconds in write.value.latency_seconds.items():
             if op != "total":
                 samples.add("fsprobe_write_step_seconds", seconds, op=op)
-    if view.redirected_pending_bytes is not None:
+    if view.redirected_pending_bytes is not None:  # fallback directories are watched
         samples.add("fsprobe_redirected_pending_bytes", view.redirected_pending_bytes)
+        for problem in REDIRECT_PROBLEMS:  # from 0: an alert on their increase sees the first
+            count = view.redirect_problems.get(problem, 0)
+            samples.add_counter("fsprobe_redirect_problems", count, problem=problem)
     _add_saves(samples, view.saves)
     return samples.by_family
 

@@ -53,10 +53,14 @@ _PR_SET_DUMPABLE = 4
 #: What the run executes: as root, it imports fsprobe from root's own installation and becomes
 #: the user (`become`); only then does it run ``fsprobe ARGUMENTS``, as ``python -m`` would.
 _BOOTSTRAP = (
-    "import sys; from fsprobe.redirect.delegate import become; "
+    "import sys; from fsprobe.redirect.delegate import become, refuse_if_unusable; "
     "become(int(sys.argv[1]), int(sys.argv[2]), [int(g) for g in sys.argv[3].split(',') if g]); "
+    "refuse_if_unusable(int(sys.argv[1])); "
     "import runpy; sys.argv[:4] = ['fsprobe']; runpy.run_module('fsprobe', run_name='__main__')"
 )
+#: The key of the one object a run prints when its user cannot run root's installation.
+_CANNOT_RUN = "cannot_run"
+_ADVICE = "install fsprobe where its users can run it"
 
 
 class DelegationFailed(Exception):
@@ -122,6 +126,33 @@ def become(uid: int, gid: int, groups: Sequence[int]) -> None:
         raise OSError(code, f"prctl(PR_SET_DUMPABLE): {os.strerror(code)}")
 
 
+def unusable_for_user(uid: int) -> str | None:
+    """Why uid `uid`, which this process has become, cannot run root's fsprobe (None: it can).
+
+    Root's interpreter started as root, but everything imported from now on is read as the
+    user: an installation under a private home (a venv or pyenv in ``/root``, mode 0700)
+    failed at its next import, printed nothing root could read, and root's sync reported
+    "nothing to sync" and exited 0. Asked with `os.access`, so as the kernel will answer the
+    user (ACLs included), before anything else is imported or done.
+    """
+    if not os.access(sys.executable, os.X_OK):
+        return f"the interpreter {sys.executable} is not executable by uid {uid}: {_ADVICE}"
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for directory in (os.path.dirname(os.path.abspath(os.__file__)), package):
+        if not os.access(directory, os.R_OK | os.X_OK):
+            return f"{directory} (of {sys.executable}) is not readable by uid {uid}: {_ADVICE}"
+    return None
+
+
+def refuse_if_unusable(uid: int) -> None:
+    """In the run, right after `become`: say why the user cannot run fsprobe, and exit."""
+    problem = unusable_for_user(uid)
+    if problem is not None:
+        sys.stdout.write(json.dumps({_CANNOT_RUN: problem}))  # json was imported as root
+        sys.stdout.flush()
+        os._exit(0)
+
+
 def _start(uid: int, gid: int, groups: list[int], arguments: Sequence[str]) -> subprocess.Popen:
     # Started as a known child: the probe worker, where the daemon's sync task runs, kills
     # every child it did not start itself whenever an `lfs` run ends (what lfs left behind).
@@ -173,4 +204,6 @@ def run_as(uid: int, arguments: Sequence[str], timeout: float) -> dict[str, Any]
         raise DelegationFailed(f"fsprobe as uid {uid} did not print JSON: {error}") from None
     if not isinstance(document, dict):
         raise DelegationFailed(f"fsprobe as uid {uid} printed JSON that is not an object")
+    if isinstance(document.get(_CANNOT_RUN), str):
+        raise DelegationFailed(document[_CANNOT_RUN])
     return document

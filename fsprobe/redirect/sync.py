@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fsprobe.errors import name_of
@@ -103,6 +103,41 @@ class SyncOutcome:
         if action not in _ACTIONS:
             raise ValueError(f"unknown action {action!r}")
         return cls(Entry.from_fields(area, fields), action, str(fields["message"]))
+
+
+@dataclass(frozen=True)
+class UnsyncedUser:
+    """A user whose areas root could not sync as that user, and why (one per user and
+    fallback directory): the run as the user could not start, run or report."""
+
+    uid: int
+    fallback: str
+    cause: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uid": self.uid, "fallback": self.fallback, "cause": self.cause}
+
+
+@dataclass
+class SyncReport:
+    """What `sync` did: an outcome per entry, and the users it could not act for.
+
+    Reads as its outcomes (iteration, `len`, indexing), which is what most callers want; a
+    caller that reports success must look at `failures` too: a user root could not act for is
+    an error, never "nothing to sync".
+    """
+
+    outcomes: list[SyncOutcome] = field(default_factory=list)
+    failures: list[UnsyncedUser] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[SyncOutcome]:
+        return iter(self.outcomes)
+
+    def __len__(self) -> int:
+        return len(self.outcomes)
+
+    def __getitem__(self, index: int) -> SyncOutcome:
+        return self.outcomes[index]
 
 
 def _candidate_areas(fallback: str, owner: int) -> tuple[Area, Area]:
@@ -272,8 +307,9 @@ def _sync_as_owner(
     prune_superseded: bool,
     state_dir: str | None,
     timeout: float,
-) -> list[SyncOutcome]:
-    """Root's part for another user's areas: ``fsprobe sync`` run as that user, its report read."""
+) -> list[SyncOutcome] | UnsyncedUser:
+    """Root's part for another user's areas: ``fsprobe sync`` run as that user, its report
+    read; or why that could not be done."""
     arguments = ["sync", "--json", "--fallback-dir", fallback, "--timeout", str(timeout)]
     arguments += ["--state-dir", state_dir or default_state_dir()]
     arguments += ["--dry-run"] * dry_run + ["--prune-superseded"] * prune_superseded
@@ -283,10 +319,7 @@ def _sync_as_owner(
         report = delegate.run_as(owner, arguments, DELEGATE_TIMEOUT)
         outcomes = [SyncOutcome.from_dict(fields, fallback, owner) for fields in report["entries"]]
     except (delegate.DelegationFailed, KeyError, TypeError, ValueError) as error:
-        log.warning(
-            "could not sync the redirected checkpoints of uid %d in %s: %s", owner, fallback, error
-        )
-        return []
+        return UnsyncedUser(owner, fallback, str(error))  # the caller's to report, once
     for outcome in outcomes:
         log.info("sync as uid %d %s: %s", owner, outcome.action, outcome.message)
     return outcomes
@@ -301,7 +334,7 @@ def sync(
     timeout: float = 10.0,
     under: str | None = None,
     ready: Readiness,
-) -> list[SyncOutcome]:
+) -> SyncReport:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
     Newest first, so that an older redirected copy of the same path finds the newer one already
@@ -310,20 +343,25 @@ def sync(
     only the checkpoints that were meant for that directory (or below it) are handled. `ready`
     decides whether a target can take an entry now (`fsprobe.saving.preflight.preflight_readiness`
     asks a bounded preflight). As root, every other user's area is synced by a run as that user,
-    which asks its own preflight (`state_dir` and `timeout` are passed on to it).
+    which asks its own preflight (`state_dir` and `timeout` are passed on to it); a user that
+    could not be acted for is in the report's `failures`, and the others go on.
     """
     options: dict[str, Any] = {"dry_run": dry_run, "prune_superseded": prune_superseded}
-    outcomes: list[SyncOutcome] = []
+    report = SyncReport()
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
         for area in own_areas(fallback):
-            outcomes += _sync_area(area, under, ready=ready, **options)
+            report.outcomes += _sync_area(area, under, ready=ready, **options)
         if os.geteuid() == 0:
             others = {area.owner for area in _areas_or_none(fallback)} - {0}
             for owner in sorted(others):
-                outcomes += _sync_as_owner(
+                done = _sync_as_owner(
                     fallback, owner, under, state_dir=state_dir, timeout=timeout, **options
                 )
-    return outcomes
+                if isinstance(done, UnsyncedUser):
+                    report.failures.append(done)
+                else:
+                    report.outcomes += done
+    return report
 
 
 def _areas_or_none(fallback: str) -> list[Area]:
