@@ -137,6 +137,18 @@ def test_a_pool_quota_binds_the_headroom(tmp_path, fake_lfs, version):
     assert code == 0, report["reasons"]
 
 
+def test_the_terminal_names_the_pool_quota_that_binds(tmp_path, fake_lfs):
+    pool_ids = {"flash": {f"user:{UID}": pool_quota(hard_gib=4)}}
+    fake_lfs.configure(state=world(tmp_path, layout={"pool": "flash"}, pool_ids=pool_ids))
+    shown = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "check", str(tmp_path), "--quota-provider", "lfs",
+         *AS_USER],
+        capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=60,
+    ).stdout  # fmt: skip
+    assert "(the user quota of pool flash binds)" in shown, shown
+    assert "@flash space  2 GiB / hard 4 GiB (50 %)" in shown, shown
+
+
 def test_a_pool_quota_at_its_hard_limit_refuses_with_edquot(tmp_path, fake_lfs):
     pool_ids = {"flash": {f"user:{UID}": pool_quota(hard_gib=4, used_gib=4)}}
     state = world(tmp_path, layout={"pool": "flash"}, pool_ids=pool_ids)

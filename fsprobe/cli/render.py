@@ -41,7 +41,9 @@ def _line(label: str, text: str) -> str:
 def _limit_note(limited_by: str | None) -> str:
     if not limited_by or limited_by == "filesystem":
         return ""
-    return click.style(f"  (the {limited_by.split(':', 1)[1]} quota binds)", fg="cyan")
+    kind, _, pool = limited_by.split(":", 1)[1].partition("@")
+    which = f"{kind} quota of pool {pool}" if pool else f"{kind} quota"
+    return click.style(f"  (the {which} binds)", fg="cyan")
 
 
 def _headroom_lines(fs: FilesystemInfo | None, headroom: Headroom) -> list[str]:
@@ -105,7 +107,7 @@ def quota_lines(entries: tuple[QuotaEntry, ...], now: float) -> list[str]:
     """Per quota ID: one line when it has no limits, else one line per limited resource."""
     lines = []
     for entry in entries:
-        who = f"{entry.type} {entry.name or entry.id}"
+        who = f"{entry.type} {entry.name or entry.id}" + (f"@{entry.pool}" if entry.pool else "")
         label = "" if lines else "quota"
         if not (_has_limits(entry.bytes) or _has_limits(entry.inodes)):
             used = f"{format_bytes(entry.bytes.used)}, {format_count(entry.inodes.used)} inodes"

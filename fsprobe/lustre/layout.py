@@ -13,6 +13,8 @@ on the header; from 2.16 (LU-15565) as a ``components:`` list of ``  - lcme_id: 
 without the leading spaces. A plain layout is the same in all: ``stripe_count``,
 ``stripe_size``, ``pattern``, ``stripe_offset`` and ``pool`` when there is one. Every line that
 is not of that form is reported, not skipped; keys fsprobe does not need are ignored.
+``lfs getstripe -d --pool`` would print only the pool names, and nothing for a component
+without a pool: the one fact that says any OST may be used would be lost.
 """
 
 from __future__ import annotations
