@@ -240,14 +240,17 @@ class LustreQuotaProvider(QuotaProvider):
         return placement.layout.pools, None
 
     def read(self, request: QuotaRequest) -> QuotaReading:
+        """The global quota of each ID, then its quota in each pool of the layout. The pools
+        are looked up first, so that the quota rows, whose grace countdowns are made absolute
+        with the time of their run, are the last thing read."""
         binary = lfs_binary(request.settings.lfs)
+        pools, error = self._pools(request, binary)
         outcomes = [
             self._outcome(request, binary, quota_type, quota_id, None)
             for quota_type, quota_id in request.queries
         ]
         if not any(outcome.entry is not None for outcome in outcomes):
             return QuotaReading(tuple(outcomes))  # lfs answers nothing here: ask no more
-        pools, error = self._pools(request, binary)
         for pool in pools:
             for quota_type, quota_id in request.queries:
                 outcome = self._outcome(request, binary, quota_type, quota_id, pool)
