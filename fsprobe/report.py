@@ -54,6 +54,10 @@ class _Fields:
     def at(self, key: str) -> str:
         return f"{self._where}.{key}" if self._where else key
 
+    def has(self, key: str) -> bool:
+        """Whether `key` is there: keys added since schema 1 began may be absent."""
+        return key in self._value
+
     def _typed(self, key: str, types: tuple[type, ...], noun: str, optional: bool) -> Any:
         if key not in self._value:
             raise ReportFormatError(f"{self.at(key)}: missing")
@@ -268,7 +272,7 @@ def quota_entry_from_dict(value: Any, where: str) -> QuotaEntry:
         name=fields.optional_text("name"),
         bytes=fields.value("bytes", usage_from_dict),
         inodes=fields.value("inodes", usage_from_dict),
-        pool=fields.optional_text("pool"),
+        pool=fields.optional_text("pool") if fields.has("pool") else None,
     )
 
 
@@ -300,8 +304,8 @@ def lustre_target_from_dict(value: Any, where: str) -> LustreTarget:
         files_free=fields.optional_integer("files_free"),
         active=fields.flag("active"),
         flags=fields.text("flags"),
-        pools=fields.optional_items("pools", _texts) or (),
-        in_layout=fields.optional_flag("in_layout") is not False,  # absent before pools
+        pools=fields.items("pools", _texts) if fields.has("pools") else (),
+        in_layout=fields.flag("in_layout") if fields.has("in_layout") else True,
     )
 
 
@@ -524,6 +528,6 @@ def _probe_values(fields: _Fields) -> Mapping[str, object]:
             entries=entries or (),
             inaccurate=any(e.bytes.inaccurate or e.inodes.inaccurate for e in entries or ()),
             errors=fields.items("quota_errors", _texts),
-            notes=fields.optional_items("quota_notes", _texts) or (),
+            notes=fields.items("quota_notes", _texts) if fields.has("quota_notes") else (),
         )
     return values

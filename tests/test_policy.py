@@ -224,6 +224,62 @@ def test_one_full_ost_degrades_while_the_total_looks_fine():
     assert "2.0 %" in verdict.reasons[0].message
 
 
+def _ost(index, free, pools=(), in_layout=True):
+    return LustreTarget(
+        f"proj-OST{index:04x}", "OST", index, 100 * TiB, free, None, None,
+        pools=pools, in_layout=in_layout,
+    )  # fmt: skip
+
+
+def test_only_the_osts_the_layout_reaches_are_judged():
+    mdt = LustreTarget("proj-MDT0000", "MDT", 0, 100 * GiB, 90 * GiB, 10**6, 9 * 10**5)
+    outside = _ost(2, free=TiB, in_layout=False)  # 1 %: full, but no byte can land there
+    flash = (_ost(0, 50 * TiB, ("flash",)), _ost(1, 40 * TiB, ("flash",)))
+    assert codes(judge(result("statvfs", fs()), result("lfs_df", (mdt, *flash, outside)))) == set()
+    full_mdt = LustreTarget("proj-MDT0000", "MDT", 0, 100 * GiB, GiB, 10**6, 9 * 10**5)
+    verdict = judge(result("statvfs", fs()), result("lfs_df", (full_mdt, *flash, outside)))
+    assert "proj-MDT0000 has only" in verdict.reasons[0].message, "an MDT always counts"
+    inside = (_ost(0, 50 * TiB, ("flash",)), _ost(1, TiB, ("flash", "fast")))
+    verdict = judge(result("statvfs", fs()), result("lfs_df", (mdt, *inside, outside)))
+    (reason,) = verdict.reasons
+    assert reason.message.startswith("proj-OST0001 (pool flash, fast) has only 1 TiB (1.0 %) free:")
+    both = (_ost(0, TiB, ("flash",)), _ost(1, TiB, ("flash",)))
+    verdict = judge(result("statvfs", fs()), result("lfs_df", (mdt, *both, outside)))
+    assert "(and 1 more); every OST of pool flash is nearly full" in verdict.reasons[0].message
+
+
+def test_a_pool_quota_binds_and_is_named_with_its_pool():
+    user = entry("user", bytes_=QuotaUsage(used=GiB, hard=100 * GiB), ident=1000)
+    flash = QuotaEntry(
+        "user", 1000, "alice", QuotaUsage(used=19 * GiB // 2, hard=10 * GiB), QuotaUsage(5),
+        pool="flash",
+    )  # fmt: skip
+    verdict = judge(result("statvfs", fs()), result("quota", quota(user, flash)))
+    assert verdict.headroom.bytes == GiB // 2
+    assert verdict.headroom.bytes_limited_by == "quota:user@flash"
+    (reason,) = verdict.reasons
+    assert reason.code == "space_headroom_low"
+    assert "under the user quota of pool flash" in reason.message
+    at_hard = QuotaEntry(
+        "user", 1000, "alice", QuotaUsage(10 * GiB, hard=10 * GiB, state=QuotaState.HARD_REACHED),
+        QuotaUsage(5), pool="flash",
+    )  # fmt: skip
+    verdict = judge(result("statvfs", fs()), result("quota", quota(user, at_hard)))
+    reached = [r for r in verdict.reasons if r.code == "quota_hard_reached"]
+    assert reached[0].message.startswith("user quota of alice in pool flash: 10 GiB bytes used")
+    assert reached[0].errno == "EDQUOT"
+
+
+def test_a_quota_note_is_a_notice_that_leaves_the_status_alone():
+    note = "/lustre/p has project 42 but not its inherit flag: new files get no project"
+    report = QuotaReport("lfs", (entry("user"),), notes=(note,))
+    verdict = judge(result("statvfs", fs()), result("quota", report))
+    assert verdict.status is Status.OK
+    assert [(r.code, r.severity, r.message) for r in verdict.reasons] == [
+        ("quota_note", Severity.NOTICE, note)
+    ]
+
+
 @pytest.mark.parametrize(
     ("errno", "expected"),
     [

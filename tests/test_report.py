@@ -68,6 +68,38 @@ def test_quota_and_lustre_targets_from_a_forced_lustre_target(faultfs, fake_lfs)
     assert "inode_headroom_low" in {reason.code for reason in report.reasons}
 
 
+def test_pools_pool_quotas_and_quota_notes_go_both_ways(faultfs, fake_lfs):
+    state = {
+        "mountpoint": str(faultfs.mountpoint),
+        "layout": {"pool": "flash"},
+        "pools": {"flash": [1]},
+        "project": 42,
+        "project_inherit": False,
+        "pool_ids": {"flash": {"user:1000": {"bytes": {"used": 1, "hard": 2**30},
+                                             "inodes": {"used": 1}}}},
+    }  # fmt: skip
+    fake_lfs.configure(state=state)  # the fault filesystem has no project ioctl: lfs project -d
+    document = check_json(
+        faultfs.mountpoint, "--quota-provider", "lfs", "--no-write-probe", *AS_USER
+    )
+    report = assert_round_trip(document)
+    quota: QuotaReport = report.snapshot.value("quota")
+    assert [entry.pool for entry in quota.entries] == [None, None, "flash"]
+    assert len(quota.notes) == 1 and "project 42 but not its inherit flag" in quota.notes[0]
+    marks = {t.name: (t.pools, t.in_layout) for t in report.snapshot.value("lfs_df")}
+    assert marks["lustre-OST0001"] == (("flash",), True)
+    assert marks["lustre-OST0000"] == ((), False)
+    # A state file written before pools: no pool, pools, in_layout or quota_notes keys.
+    for entry in document["quota"]:
+        del entry["pool"]
+    for target in document["lustre_targets"]:
+        del target["pools"], target["in_layout"]
+    del document["quota_notes"]
+    older = Report.from_dict(document)
+    assert all(t.in_layout and t.pools == () for t in older.snapshot.value("lfs_df"))
+    assert older.snapshot.value("quota").notes == ()
+
+
 def test_failed_probes_keep_their_errors_and_what_they_saw(tmp_path):
     regular = tmp_path / "file"
     regular.write_text("x")
