@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fsprobe.lustre.df import DF_CACHE
 from fsprobe.lustre.provider import QUOTA_CACHE
@@ -202,3 +203,49 @@ def test_layout_and_pools_are_read_once_per_quota_interval(tmp_path, fake_lfs: F
     assert commands.count("getname") == 1  # the fake's mount source names no filesystem
     assert commands.count("quota") == 2 + 4  # user, group; and each in both pools
     assert commands.count("df") == 2
+
+
+def test_the_daemon_asks_once_per_round_and_labels_the_pools(tmp_path, fake_lfs):
+    """Two targets under one pooled directory, one `fsprobe run --once`: every lfs question is
+    asked once for both (layout per directory), and the series carry the pool."""
+    ckpt = tmp_path / "ckpt"
+    runs = [ckpt / "run-a", ckpt / "run-b"]  # not there yet: ckpt stands in for both
+    ckpt.mkdir()
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    pool_ids = {"flash": {f"user:{UID}": pool_quota(hard_gib=4)}}
+    fake_lfs.configure(
+        state=world(tmp_path, full=(4,), layout={"pool": "flash"}, pool_ids=pool_ids)
+    )
+    config = tmp_path / "fsprobe.toml"
+    config.write_text(
+        '[defaults]\nquota_provider = "lfs"\nwrite_probe = false\nquota_probe = "always"\n'
+        + "".join(f'[[targets]]\npath = "{run}"\nuser = {UID}\ngroup = {UID}\n' for run in runs)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "run", "--once", "--config", str(config),
+         "--state-dir", str(tmp_path / "state"), "--textfile-dir", str(textfiles)],
+        capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    asked = [
+        " ".join(a for a in call["argv"] if not a.startswith("/")) for call in fake_lfs.calls()
+    ]
+    assert sorted(asked) == sorted(
+        ["--version", "getstripe -d -y", "getname", "pool_list lustre.flash",
+         "quota -u 1000", "quota -g 1000", "quota --pool flash -u 1000",
+         "quota --pool flash -g 1000", "df -v", "df -i -v"]
+    ), asked  # fmt: skip
+    series = {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families((textfiles / "fsprobe.prom").read_text())
+        for sample in family.samples
+    }
+    for run in map(str, runs):
+        pool_hard = {"path": run, "type": "user", "id": str(UID), "pool": "flash"}
+        assert series[("fsprobe_quota_hard_limit_bytes", frozenset(pool_hard.items()))] == 4 * 2**30
+        for target, pool in (("lustre-OST0000", {"pool": "flash"}), ("lustre-OST0004", {})):
+            labels = frozenset({"path": run, "target": target, **pool}.items())
+            assert ("fsprobe_lustre_target_avail_bytes", labels) in series
+        status = ("fsprobe_health_status", frozenset({"path": run}.items()))
+        assert series[status] == 0  # OST0004 is full, but outside the layout's pool
