@@ -195,6 +195,7 @@ class TargetState:
     intervals: Mapping[str, float]
     updated_at: float
     last_save: LastSave | None = None  # the latest real save the daemon heard of
+    server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
 
     def to_dict(self) -> dict[str, Any]:
         last = self.last_save
@@ -203,6 +204,7 @@ class TargetState:
             "intervals": dict(self.intervals),
             "updated_at": self.updated_at,
             "last_save": last_save_to_dict(last) if last is not None else None,
+            "server_probes_elsewhere": self.server_probes_elsewhere,
         }
 
     @classmethod
@@ -220,8 +222,15 @@ class TargetState:
             raise ReportFormatError(f"{where}.updated_at: expected a number")
         last = document.get("last_save")  # absent in the state file of an earlier version
         last_save = last_save_from_dict(last, f"{where}.last_save") if last is not None else None
+        elsewhere = document.get("server_probes_elsewhere")  # absent before this version
+        if elsewhere is not None and not isinstance(elsewhere, str):
+            raise ReportFormatError(f"{where}.server_probes_elsewhere: expected a string")
         return cls(
-            report, {k: float(v) for k, v in intervals.items()}, float(updated_at), last_save
+            report,
+            {k: float(v) for k, v in intervals.items()},
+            float(updated_at),
+            last_save,
+            elsewhere,
         )
 
 

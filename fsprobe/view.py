@@ -116,6 +116,7 @@ class TargetView:
     redirect_problems: Mapping[str, int] = field(default_factory=dict)  # problem -> n
     saves: SaveStats = field(default_factory=SaveStats)
     skipped: Mapping[str, int] = field(default_factory=dict)  # probe -> runs a save stood for
+    server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
     updated_at: float = 0.0
     version: int = 0
 

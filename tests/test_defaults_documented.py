@@ -71,6 +71,7 @@ ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
     "write_probe": lambda config, target: target.settings.write_probe,
     "quota_provider": lambda config, target: target.settings.server_probes.provider,
     "quota_probe": lambda config, target: target.quota_probe,
+    "lfs_df_probe": lambda config, target: target.lfs_df_enabled,
     "listen": lambda config, target: config.listen,
     "log_level": lambda config, target: config.log_level,
     "sync_redirected": lambda config, target: config.sync_redirected,

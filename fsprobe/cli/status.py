@@ -143,7 +143,9 @@ def _row(path: str, target: TargetState, now: float) -> list[str]:
         escaped(path),
         _headroom(headroom.bytes, headroom.bytes_ratio, headroom.bytes_limited_by, format_bytes),
         _headroom(headroom.inodes, headroom.inodes_ratio, headroom.inodes_limited_by, format_count),
-        _quota(target.report.snapshot.value("quota"), now),
+        "elsewhere"
+        if target.server_probes_elsewhere
+        else _quota(target.report.snapshot.value("quota"), now),
         _write(target),
         _last_save(target.last_save, now),
         short_age(now - target.updated_at),
@@ -160,6 +162,8 @@ def render_table(targets: dict[str, TargetState], now: float) -> str:
         lines.append("  ".join(cells).rstrip())
     for path, target in targets.items():
         details = reason_lines(target.report.reasons) if target.report.reasons else []
+        if target.server_probes_elsewhere:
+            details.append(f"  server probes: not here, {target.server_probes_elsewhere}")
         if target.last_save is not None:
             details.append(f"  {_last_save_line(target.last_save)}")
         if details:

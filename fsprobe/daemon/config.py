@@ -84,6 +84,8 @@ class TargetConfig:
     intervals: Mapping[str, float]
     quota_probe: str = "auto"
     quota_enabled: bool = True
+    server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
+    lfs_df_enabled: bool = True  # the per-OST series; quota runs without them
     fallback_dirs: tuple[str, ...] = ()
     sync_redirected: bool = False  # copy redirected checkpoints back once the target is healthy
     redirect_interval: float = REDIRECT_INTERVAL  # of the daemon's tasks, not a probe
@@ -275,6 +277,7 @@ _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
     "probe_as": _probe_as,
     "quota_provider": _choice("auto", "lfs", "none"),
     "quota_probe": _choice(*QUOTA_PROBE_MODES),
+    "lfs_df_probe": _bool,
     "lfs": _string,
 }
 _THRESHOLD_KEYS: dict[str, Callable[[Any], Any]] = {
@@ -512,20 +515,38 @@ def _absolute(path: str, base_dir: str) -> str:
     return os.path.abspath(os.path.join(base_dir, os.path.expanduser(path)))
 
 
-def quota_probes_enabled(mode: str, environ: Mapping[str, str]) -> bool:
-    """Whether this process runs the quota and `lfs df` probes (DESIGN §8).
+#: Which process of a job this is: across the job (Slurm's task, torchrun's or an MPI launcher's
+#: rank, a Kubernetes indexed job's completion index), and then on its node.
+GLOBAL_RANK_VARIABLES = ("SLURM_PROCID", "RANK", "JOB_COMPLETION_INDEX")
+LOCAL_RANK_VARIABLES = ("SLURM_LOCALID", "LOCAL_RANK")
 
-    `auto`: inside a Slurm step or a torchrun job (SLURM_LOCALID / LOCAL_RANK set), only the
-    process of local rank 0 does, so that a node with eight ranks queries the metadata server
-    once, not eight times; outside of such a job, always.
+
+def server_probes_elsewhere(mode: str, environ: Mapping[str, str]) -> str | None:
+    """Why this process does not run the quota and `lfs df` probes, or None if it does
+    (DESIGN §8).
+
+    `auto`: inside a job, only its global rank 0 does (every global rank variable set is 0):
+    the sidecars of a job ask about the same IDs, so one question per job and ID reaches the
+    servers, not one per node. Without a global rank, local rank 0 of the node (SLURM_LOCALID
+    before LOCAL_RANK); outside of a job (a node daemon), always.
     """
     if mode != "auto":
-        return mode == "always"
-    for variable in ("SLURM_LOCALID", "LOCAL_RANK"):
-        value = environ.get(variable, "").strip()
-        if value:
-            return value == "0"
-    return True
+        return None if mode == "always" else 'quota_probe = "never"'
+    found = {v: environ[v].strip() for v in GLOBAL_RANK_VARIABLES if environ.get(v, "").strip()}
+    who = "the job's global rank 0"
+    if not found:  # Slurm's word first, as it always was
+        local = next((v for v in LOCAL_RANK_VARIABLES if environ.get(v, "").strip()), None)
+        found = {local: environ[local].strip()} if local else {}
+        who = "local rank 0 of this node"
+    if all(value == "0" for value in found.values()):
+        return None
+    here = ", ".join(f"{variable}={value}" for variable, value in found.items())
+    return f"{who} asks lfs quota and lfs df for this job ({here} here)"
+
+
+def quota_probes_enabled(mode: str, environ: Mapping[str, str]) -> bool:
+    """Whether this process runs the quota and `lfs df` probes (`server_probes_elsewhere`)."""
+    return server_probes_elsewhere(mode, environ) is None
 
 
 def _target(
@@ -567,6 +588,8 @@ def _target(
         intervals=intervals,
         quota_probe=mode,
         quota_enabled=quota_probes_enabled(mode, environ),
+        server_probes_elsewhere=server_probes_elsewhere(mode, environ),
+        lfs_df_enabled=values.get("lfs_df_probe", True),
         fallback_dirs=all_fallback_dirs(values.get("fallback_dirs", ()), environ),
         sync_redirected=sync_redirected,
         redirect_interval=values.get("redirect_interval", REDIRECT_INTERVAL),

@@ -42,6 +42,7 @@ def target_state(view: TargetView) -> TargetState:
         dict(view.intervals),
         view.updated_at,
         view.saves.last,
+        view.server_probes_elsewhere,
     )
 
 

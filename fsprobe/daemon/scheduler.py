@@ -57,11 +57,14 @@ STALL_INTERVALS = 3.0
 
 
 def planned_probes(target: TargetConfig) -> dict[str, PlannedProbe]:
-    """The probes that run on `target`: the plan, less quota and `lfs df` where disabled."""
+    """The probes that run on `target`: the plan, less quota and `lfs df` where disabled
+    (`lfs df` alone with ``lfs_df_probe = false``: its per-OST series are the largest)."""
     probes = plan(target.path, target.settings)
     if not target.quota_enabled:
         for kind in QUOTA_KINDS:
             probes.pop(kind, None)
+    if not target.lfs_df_enabled:
+        probes.pop("lfs_df", None)
     return probes
 
 
@@ -69,7 +72,9 @@ def target_spec(target: TargetConfig) -> TargetSpec:
     """How the store judges `target`: its policy and the intervals of the probes that run."""
     kinds = planned_probes(target)
     intervals = {kind: target.intervals[kind] for kind in kinds}
-    return TargetSpec(target.path, target.settings.policy, intervals)
+    return TargetSpec(
+        target.path, target.settings.policy, intervals, target.server_probes_elsewhere
+    )
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class TargetSpec:
     path: str
     policy: Policy = field(default_factory=Policy)
     intervals: Mapping[str, float] = field(default_factory=dict)  # the probes that run
+    server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
 
 
 @dataclass
@@ -272,6 +273,7 @@ class Store:
             redirect_problems=dict(target.redirect_problems),
             saves=target.saves,
             skipped=dict(target.skipped),
+            server_probes_elsewhere=spec.server_probes_elsewhere,
             updated_at=now,
             version=self._version,
         )
