@@ -8,8 +8,6 @@ import dataclasses
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ from fsprobe.events.emit import SOCKET_NAME, report
 from fsprobe.events.event import OUTCOMES, SaveEvent
 from fsprobe.model import DirectoryOwner
 from fsprobe.saving.retry import Backoff
-from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment
+from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
 from tests.support.ranks import run_ranks
 from tests.support.users import share
 
@@ -67,29 +65,12 @@ def start_daemon(tmp_path: Path, *targets: Path, defaults: str = QUIET_DAEMON) -
 
 
 def status_json(state_dir: Path) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "fsprobe", "status", "--state-dir", str(state_dir), "--json"],
-        cwd=REPO_ROOT,
-        env=clean_environment(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return json.loads(done.stdout)
+    return json.loads(run_fsprobe("status", "--state-dir", str(state_dir), "--json")[1])
 
 
 def status_text(state_dir: Path) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "fsprobe", "status", "--state-dir", str(state_dir)],
-        cwd=REPO_ROOT,
-        env=clean_environment(NO_COLOR="1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return done.stdout
+    plain = clean_environment(NO_COLOR="1")
+    return run_fsprobe("status", "--state-dir", str(state_dir), env=plain)[1]
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -18,7 +17,7 @@ from fsprobe.daemon.config import (
     server_probes_elsewhere,
 )
 from fsprobe.daemon.scheduler import planned_probes
-from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment
+from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 from tests.fakes.fake_lfs import FAKE_LFS
 
 
@@ -94,19 +93,13 @@ def test_ranks_other_than_zero_run_no_lfs_and_say_so(tmp_path, faultfs):
         assert "fsprobe_lustre_target_avail_bytes" not in metrics
         assert rank1.value("fsprobe_health_status", path=str(target)) == 0.0
 
-        done = subprocess.run(
-            [sys.executable, "-m", "fsprobe", "status", "--state-dir", str(rank1.state_dir)],
-            cwd=REPO_ROOT,
-            env=clean_environment(NO_COLOR="1"),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        _, shown, _ = run_fsprobe(
+            "status", "--state-dir", str(rank1.state_dir), env=clean_environment(NO_COLOR="1")
         )
-        assert "elsewhere" in done.stdout
+        assert "elsewhere" in shown
         assert (
             "server probes: not here, the job's global rank 0 asks lfs quota and lfs df for "
-            "this job (SLURM_PROCID=1 here)" in done.stdout
+            "this job (SLURM_PROCID=1 here)" in shown
         )
         state = json.loads((rank1.state_dir / "state.json").read_text())
         assert "SLURM_PROCID=1" in state["targets"][str(target)]["server_probes_elsewhere"]
