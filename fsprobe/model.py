@@ -105,7 +105,12 @@ class Mount:
 
 @dataclass(frozen=True)
 class FilesystemInfo:
-    """statvfs of the target (or its nearest existing ancestor) and the mount it lives on."""
+    """statvfs of the target (or its nearest existing ancestor) and the mount it lives on.
+
+    `probed_path` is the directory that was judged: the target itself when `target_exists`,
+    else its nearest existing parent (a mistyped path reads exactly like a new one, so every
+    output says which it was).
+    """
 
     probed_path: str
     mountpoint: str
@@ -117,6 +122,7 @@ class FilesystemInfo:
     files_free: int
     readonly: bool
     st_dev: int
+    target_exists: bool = True
     owner: DirectoryOwner | None = None
 
 

@@ -12,6 +12,7 @@ cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -200,6 +201,14 @@ def filesystem_to_dict(fs: FilesystemInfo) -> dict[str, Any]:
         "readonly": fs.readonly,
         "st_dev": fs.st_dev,
     }
+
+
+def _with_existence(fs: FilesystemInfo | None, exists: bool | None) -> FilesystemInfo | None:
+    """The filesystem read back, with whether the target existed (the report's `exists`;
+    absent from documents of earlier versions: taken as existing)."""
+    if fs is None or exists is None or exists == fs.target_exists:
+        return fs
+    return dataclasses.replace(fs, target_exists=exists)
 
 
 def filesystem_from_dict(value: Any, where: str = "filesystem") -> FilesystemInfo:
@@ -446,6 +455,8 @@ class Report:
         write = snapshot.get("write")
         return {
             "path": self.path,
+            "exists": fs.target_exists if fs is not None else None,
+            "judged_path": fs.probed_path if fs is not None else None,
             "status": verdict.status.label,
             "reasons": [reason_to_dict(reason) for reason in verdict.reasons],
             "filesystem": filesystem_to_dict(fs) if fs is not None else None,
@@ -515,7 +526,10 @@ class Report:
 def _probe_values(fields: _Fields) -> Mapping[str, object]:
     """The value of each probe, from the keys of the document that hold them."""
     values: dict[str, object] = {
-        "statvfs": fields.optional_value("filesystem", filesystem_from_dict),
+        "statvfs": _with_existence(
+            fields.optional_value("filesystem", filesystem_from_dict),
+            fields.optional_flag("exists") if "exists" in fields.names() else None,
+        ),
         "write": fields.optional_value("write_probe", write_probe_from_dict),
         "tmpdir": fields.optional_value("tmpdir", tmpdir_from_dict),
         "lfs_df": fields.optional_items("lustre_targets", lustre_target_from_dict),

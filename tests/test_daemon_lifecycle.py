@@ -113,7 +113,7 @@ def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
         daemon.wait_for_log("event=reloaded")
 
 
-def test_once_runs_every_probe_writes_the_outputs_and_prints_nothing(tmp_path):
+def test_once_runs_every_probe_writes_the_outputs_and_prints_one_line_per_target(tmp_path):
     ckpt = target_dir(tmp_path, "ckpt")
     textfiles = target_dir(tmp_path, "textfile")
     state_dir = tmp_path / "state"
@@ -127,7 +127,7 @@ def test_once_runs_every_probe_writes_the_outputs_and_prints_nothing(tmp_path):
         str(textfiles),
         env=env_with_tmpdir(tmp_path),
     )
-    assert (code, out, err) == (0, "", "")
+    assert (code, out, err) == (0, f" OK  {ckpt}\n", "")  # issue 17.5: cron's mail says it
     state = StateReader(str(state_dir)).read()
     report = state.target(str(ckpt)).report
     assert report.status is Status.OK and state.writer.once
@@ -150,7 +150,15 @@ def test_once_exits_with_the_worst_status(tmp_path, tmpfs):
         env=env_with_tmpdir(tmp_path),
     )  # fmt: skip
     assert code == 2, err
-    assert out == ""
+    lines = out.splitlines()  # one per target, in path order, as `check` says them
+    assert len(lines) == 2, out
+    by_path = {line.split()[1]: line for line in lines}
+    assert by_path[str(healthy)].split() == ["OK", str(healthy)]
+    unhealthy = by_path[str(full)]
+    assert unhealthy.startswith(f" UNHEALTHY  {full}  space_headroom_low: space: 100 % used")
+    assert "write_failed: " in unhealthy and "(ENOSPC)" in unhealthy
+    # unhealthy from the start is a warning (it went from unknown to unhealthy: level=info)
+    assert f"level=warning event=status_changed target={full} old=unknown new=unhealthy" in err
     state = StateReader(str(tmp_path / "state")).read()
     assert state.target(str(healthy)).report.status is Status.OK
     assert state.target(str(full)).report.status is Status.UNHEALTHY

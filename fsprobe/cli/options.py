@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import click
 
 from fsprobe.daemon.config import MAX_DEADLINE, MAX_ID, MIN_INTERVAL
+from fsprobe.lustre.runner import absolute_binary
 from fsprobe.probing.target import check_probe_as
 from fsprobe.quota.ids import id_of
 from fsprobe.units import parse_size
@@ -117,6 +119,17 @@ class IdType(click.ParamType):
             self.fail(f"no {self.kind} named {value!r} on this system", param, ctx)
 
 
+def absolute_lfs(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--lfs ./bin/lfs, made absolute now: the probe worker that runs it works in /."""
+    return absolute_binary(value)
+
+
+def absolute_path(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A directory option given relative, made absolute against the working directory now
+    (a child acting for a user, or the probe worker, works elsewhere)."""
+    return os.path.abspath(os.path.expanduser(value)) if value else value
+
+
 def quota_options(command: Callable) -> Callable:
     """--quota-provider, --lfs and the ID overrides, as `check` and `quota` both take them."""
     options = [
@@ -132,6 +145,7 @@ def quota_options(command: Callable) -> Callable:
             "lfs",
             metavar="BIN",
             envvar="FSPROBE_LFS",
+            callback=absolute_lfs,
             help="The lfs binary [env FSPROBE_LFS; default: lfs on PATH].",
         ),
         click.option(

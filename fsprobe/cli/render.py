@@ -180,12 +180,25 @@ def reason_lines(reasons: tuple[Reason, ...], indent: str = "  ") -> list[str]:
     return lines
 
 
+def render_summary(path: str, status: str, reasons: tuple[Reason, ...]) -> str:
+    """One line for one target: status, path, and each reason with its sentence (what
+    `fsprobe run --once` prints, for the mail cron sends)."""
+    line = f"{status_badge(status)} {escaped(path)}"
+    if reasons:
+        line += "  " + "; ".join(f"{r.code}: {escaped(r.message)}" for r in reasons)
+    return line
+
+
 def render_report(report: Report, now: float) -> str:
     """The full block for one target, status first, reasons last."""
     fs: FilesystemInfo | None = report.snapshot.value("statvfs")
     where = f"{fs.fstype} on {escaped(fs.mountpoint)}" if fs else "filesystem not readable"
     path = click.style(escaped(report.path), bold=True)
     lines = [f"{status_badge(report.status.label)} {path}  ({where})"]
+    if fs is not None and not fs.target_exists:
+        lines.append(
+            f"  does not exist: judged by {escaped(fs.probed_path)}, its nearest existing parent"
+        )
     lines += _headroom_lines(fs, report.verdict.headroom)
     quota: QuotaReport | None = report.snapshot.value("quota")
     if quota is not None and quota.entries:

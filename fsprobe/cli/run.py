@@ -5,9 +5,12 @@ from __future__ import annotations
 import click
 
 from fsprobe.cli.exits import EXIT_SOFTWARE, EXIT_UNAVAILABLE, EXIT_USAGE
+from fsprobe.cli.options import absolute_lfs
+from fsprobe.cli.render import render_summary
 from fsprobe.daemon import config as configuration
 from fsprobe.daemon import logs
 from fsprobe.daemon.lifecycle import Daemon, StartupError, run_once
+from fsprobe.model import Status
 
 
 class _ConfigProblem(click.ClickException):
@@ -53,7 +56,10 @@ class _CannotStart(click.ClickException):
     "[env FSPROBE_WEB_CONFIG]. Needs: pip install 'fsprobe[web]'.",
 )
 @click.option(
-    "--lfs", metavar="BIN", help="The lfs binary [env FSPROBE_LFS; default: lfs on PATH]."
+    "--lfs",
+    metavar="BIN",
+    callback=absolute_lfs,
+    help="The lfs binary [env FSPROBE_LFS; default: lfs on PATH].",
 )
 @click.option(
     "--sync-redirected",
@@ -65,8 +71,9 @@ class _CannotStart(click.ClickException):
 @click.option(
     "--once",
     is_flag=True,
-    help="Run every probe once, write the state file (and textfile), exit with the worst "
-    "status: 0 ok, 1 degraded, 2 unhealthy, 3 unknown. For cron.",
+    help="Run every probe once, write the state file (and textfile), print one line per "
+    "target (status and reasons) and exit with the worst status: 0 ok, 1 degraded, "
+    "2 unhealthy, 3 unknown. For cron.",
 )
 @click.option(
     "-v", "--verbose", is_flag=True, help="Log every probe result, not only changes and errors."
@@ -124,7 +131,11 @@ def run(
     logs.configure(level)
     try:
         if once:
-            return int(run_once(config))
+            views = run_once(config)
+            for view in views:
+                verdict = view.verdict
+                click.echo(render_summary(view.path, verdict.status.label, verdict.reasons))
+            return int(max((view.verdict.status for view in views), default=Status.UNKNOWN))
         died = Daemon(config, reload=lambda: configuration.load(overrides)).run_until_signalled()
     except StartupError as error:
         raise _CannotStart(str(error)) from None

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from fsprobe.cli.options import DIRECTORY, SECONDS
+from fsprobe.cli.options import DIRECTORY, SECONDS, absolute_path
 from fsprobe.posix.paths import escaped
 from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
 from fsprobe.redirect.sync import SyncOutcome, SyncReport
@@ -66,6 +66,7 @@ def exit_status(report: SyncReport) -> int:
     "--under",
     metavar="DIR",
     type=click.Path(file_okay=False, path_type=str),
+    callback=absolute_path,
     help="Only the checkpoints meant for DIR or below it.",
 )
 @click.option("--state-dir", metavar="DIR", help="Where the daemon's state file is.")

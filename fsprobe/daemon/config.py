@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsprobe.lustre.runner import absolute_binary
 from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.probing.target import check_probe_as
@@ -446,6 +447,9 @@ def _read_file(file: str) -> _FileSettings:
     top = reader.fields(document, (), _TOP_KEYS, tables=("defaults", "targets"))
     defaults = reader.table(document.get("defaults", {}), ("defaults",))
     default_values = reader.fields(defaults, ("defaults",), _PROBE_KEYS, tables=("thresholds",))
+    base_dir = os.path.dirname(file) or "."
+    if "lfs" in default_values:  # a relative path in the file: relative to the file
+        default_values["lfs"] = absolute_binary(default_values["lfs"], base_dir)
     default_thresholds = reader.fields(
         reader.table(defaults.get("thresholds", {}), ("defaults", "thresholds")),
         ("defaults", "thresholds"),
@@ -461,8 +465,9 @@ def _read_file(file: str) -> _FileSettings:
         values = reader.fields(target, path, _TARGET_KEYS, tables=("thresholds",))
         if "path" not in values:
             raise reader.error(path, "a target needs a path")
-        base_dir = os.path.dirname(file) or "."
         values["path"] = _absolute(values["path"], base_dir)
+        if "lfs" in values:
+            values["lfs"] = absolute_binary(values["lfs"], base_dir)
         if "fallback_dirs" in values:
             values["fallback_dirs"] = tuple(_absolute(d, base_dir) for d in values["fallback_dirs"])
         thresholds = reader.fields(
@@ -650,7 +655,7 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
             return _absolute(in_file, file.base_dir)
         return in_file
 
-    lfs = overrides.lfs or environ.get("FSPROBE_LFS") or None
+    lfs = absolute_binary(overrides.lfs or environ.get("FSPROBE_LFS") or None)
     sync_redirected = bool(
         overrides.sync_redirected
         if overrides.sync_redirected is not None

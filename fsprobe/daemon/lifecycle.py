@@ -44,11 +44,11 @@ from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.textfile import open_textfile_dir
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
-from fsprobe.model import Status
 from fsprobe.posix.outputdir import UntrustedOutput
 from fsprobe.probing.plan import run_plans
 from fsprobe.probing.worker import shared_runner
 from fsprobe.state import StateFileError, WriterLock, ensure_state_dir
+from fsprobe.view import TargetView
 
 #: How often the main thread looks at the scheduler's health, in seconds.
 SUPERVISE_EVERY = 1.0
@@ -264,12 +264,11 @@ def _signal_pipe(numbers: tuple[int, ...]):
         os.close(write_fd)
 
 
-def run_once(config: Config) -> Status:
+def run_once(config: Config) -> tuple[TargetView, ...]:
     """One round of every probe of every target, then of every task, outputs written; returns
-    the worst status.
+    every target's view (the caller prints them, and exits with the worst status).
 
-    For cron: nothing is served and nothing printed; each probe and task is bounded by its
-    deadline.
+    For cron: nothing is served; each probe and task is bounded by its deadline.
     """
     _check_outputs(config)
     lock = _lock_state_dir(config.state_dir)
@@ -295,4 +294,4 @@ def run_once(config: Config) -> Status:
         publisher.close()
     finally:
         lock.release()
-    return max(view.verdict.status for view in store.views())
+    return store.views()

@@ -41,7 +41,7 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.daemon.tasks import Tasks
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import SaveEvent
-from fsprobe.model import ProbeResult
+from fsprobe.model import FilesystemInfo, ProbeResult, Status
 from fsprobe.probing.plan import PlannedProbe, plan
 from fsprobe.probing.runner import Run
 from fsprobe.probing.worker import shared_runner
@@ -365,6 +365,28 @@ class Scheduler:
         log_result(before, view, result)
 
 
+def _log_existence(previous: ProbeResult | None, result: ProbeResult, path: str) -> None:
+    """A target that does not exist is judged by its nearest existing parent: say so at the
+    first statvfs (a mistyped path looks just like a checkpoint directory not made yet), and
+    when it appears or goes."""
+    if result.probe != "statvfs" or not isinstance(result.value, FilesystemInfo):
+        return
+    was = previous.value.target_exists if previous is not None and previous.ok else None
+    now = result.value.target_exists
+    if now == was or (now and was is None):
+        return
+    if now:
+        event(logging.INFO, "target_exists", target=path)
+    else:
+        event(
+            logging.WARNING,
+            "target_missing",
+            target=path,
+            judged_by=result.value.probed_path,
+            message="does not exist: judged by its nearest existing parent",
+        )
+
+
 def log_result(before: TargetView | None, after: TargetView, result: ProbeResult) -> None:
     """The events one result gives: always at debug, on a change at info or warning."""
     path, kind = after.path, result.probe
@@ -390,11 +412,15 @@ def log_result(before: TargetView | None, after: TargetView, result: ProbeResult
         )
     elif result.ok and previous is not None and previous.error is not None:
         event(logging.INFO, "probe_recovered", target=path, probe=kind)
+    _log_existence(previous, result, path)
     old = before.verdict.status if before is not None else None
     new = after.verdict.status
     if old is not None and old != new:
+        # Worse is a warning; so is trouble first seen (a target unhealthy when the daemon
+        # starts goes from unknown, the highest status, down to unhealthy).
+        bad = new > old or (old is Status.UNKNOWN and new is not Status.OK)
         event(
-            logging.WARNING if new > old else logging.INFO,
+            logging.WARNING if bad else logging.INFO,
             "status_changed",
             target=path,
             old=old.label,

@@ -92,6 +92,16 @@ def lfs_binary(explicit: str | None = None) -> str:
     return explicit or os.environ.get(ENV_LFS) or "lfs"
 
 
+def absolute_binary(binary: str | None, base: str | None = None) -> str | None:
+    """`binary` as the probe worker, which runs in ``/``, must be told it: a name with a slash
+    (``./bin/lfs``) made absolute against `base` (default: the working directory, now, at
+    start); a bare name (``lfs``) stays a search on PATH."""
+    if not binary or os.sep not in binary:
+        return binary
+    expanded = os.path.expanduser(binary)
+    return os.path.abspath(os.path.join(base, expanded) if base else expanded)
+
+
 def resolve(binary: str) -> str:
     """The path of `binary`, searched on PATH unless it has a slash; OSError when missing."""
     if os.sep in binary:

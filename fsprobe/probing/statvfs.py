@@ -28,7 +28,7 @@ def probe_statvfs(target: str, probe_as: str = OWNER) -> FilesystemInfo:
     with open_target(target, probe_as) as directory:
         info = os.fstat(directory.fd)
         stats = os.fstatvfs(directory.fd)
-    probed = directory.path
+    probed, itself = directory.path, directory.exists
     st_dev = info.st_dev
     mount = find_mount(probed)
     return FilesystemInfo(
@@ -43,4 +43,5 @@ def probe_statvfs(target: str, probe_as: str = OWNER) -> FilesystemInfo:
         readonly=bool(stats.f_flag & os.ST_RDONLY),
         st_dev=st_dev,
         owner=DirectoryOwner(info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
+        target_exists=itself,
     )

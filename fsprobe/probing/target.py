@@ -72,12 +72,14 @@ def probing_identity(probe_as: str, directory: os.stat_result) -> Identity:
 @dataclass
 class OpenedTarget:
     """The directory a probe works in: its descriptor, the path the walk took to it (for the
-    mount table and messages, never to act on), who probes it, and the symlinks followed."""
+    mount table and messages, never to act on), who probes it, the symlinks followed, and
+    whether it is the target itself (else its nearest existing ancestor)."""
 
     fd: int
     path: str
     identity: Identity
     links: list[tuple[str, int]] = field(default_factory=list)  # (where, owner uid)
+    exists: bool = True
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -98,6 +100,7 @@ class _Walk:
         self.fd = os.open("/", _DIRECTORY_FLAGS)
         self.names: list[str] = []
         self.links: list[tuple[str, int]] = []
+        self.reached = True  # False: stopped at the nearest existing ancestor
 
     @property
     def path(self) -> str:
@@ -150,6 +153,7 @@ def _walk(target: str) -> _Walk:
                 walk.enter(name)
                 continue
             except FileNotFoundError:
+                walk.reached = False
                 return walk  # the nearest existing directory stands in
             except OSError as error:
                 if error.errno not in (errno.ELOOP, errno.ENOTDIR):
@@ -186,7 +190,7 @@ def open_target(target: str, probe_as: str = OWNER) -> OpenedTarget:
     if not target:
         raise FileNotFoundError(errno.ENOENT, "an empty path names no directory", target)
     walk = _walk(target)
-    opened = OpenedTarget(walk.fd, walk.path, Identity(0, 0), walk.links)
+    opened = OpenedTarget(walk.fd, walk.path, Identity(0, 0), walk.links, walk.reached)
     try:
         opened.identity = probing_identity(probe_as, os.fstat(walk.fd))
         for where, owner in walk.links:

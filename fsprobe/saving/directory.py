@@ -161,6 +161,8 @@ def save_dir(
 ) -> SaveResult:
     """Save the directory `path` whole through `write(staging_dir)`, retrying and redirecting.
 
+    `path` is the checkpoint directory itself (``ckpt/step-100``), which need not exist yet;
+    the preflight judges the directory that holds it, where the staging directory goes.
     `write` gets the path of an empty hidden directory beside `path` and fills it (any files,
     any sub-directories); it is called again from scratch, with a fresh directory, on every
     attempt. `need_bytes` defaults to the size of the last directory saved there (times 1.1);

@@ -215,8 +215,10 @@ def atomic_write(
 ) -> SaveResult:
     """Write `path` atomically through `write(fileobj)`, retrying and redirecting on failure.
 
-    `write` gets a binary file object (the temp file) and writes the whole content; it is
-    called again from scratch on every attempt. `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``)
+    `path` is the file to write (the checkpoint itself, not its directory); the preflight
+    judges the directory that holds it, where the temp file goes. `write` gets a binary file
+    object (the temp file) and writes the whole content; it is called again from scratch on
+    every attempt. `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``)
     are where the save may be redirected (`redirect=False` never redirects); `max_wait`,
     `need_bytes`, `on_unhealthy`, `state_dir` and `timeout` go to the preflight
     (`preflight=False` skips it). `save_timeout` bounds each attempt at writing: past it the
@@ -271,11 +273,12 @@ def save(
 ) -> SaveResult:
     """`torch.save(obj, path, **torch_save_kwargs)`, made atomic, retried and redirectable.
 
-    A drop-in for `torch.save`; see `atomic_write` for the other arguments. Given a writable
-    file object instead of a path (an ``io.BytesIO``, an open file), it is `torch.save` and
-    nothing more: there is no file of fsprobe's to make atomic, retry or redirect, so the
-    other arguments are ignored; `SaveResult.bytes` is what the stream's position moved by.
-    Without PyTorch it raises `fsprobe.extras.MissingExtra` naming ``fsprobe[torch]``.
+    `path` is the checkpoint file (``ckpt/model.pt``), as for `torch.save`. A drop-in for
+    `torch.save`; see `atomic_write` for the other arguments. Given a writable file object
+    instead of a path (an ``io.BytesIO``, an open file), it is `torch.save` and nothing more:
+    there is no file of fsprobe's to make atomic, retry or redirect, so the other arguments
+    are ignored; `SaveResult.bytes` is what the stream's position moved by. Without PyTorch
+    it raises `fsprobe.extras.MissingExtra` naming ``fsprobe[torch]``.
     """
     # Imported on use: `import fsprobe` must not import torch.
     torch = import_extra("torch", "torch", "fsprobe.save")

@@ -463,8 +463,12 @@ def preflight(
     quota: ServerProbeSettings | None = None,
     settings: ProbeSettings | None = None,
 ) -> Decision:
-    """Decide, right before writing the file `path`, whether and where to write it.
+    """Decide, right before writing the checkpoint `path`, whether and where to write it.
 
+    `path` is the checkpoint about to be written: a file (as `save` and `atomic_write` take
+    it) or a checkpoint directory (as `save_dir` takes it). What is judged is the directory
+    that will hold it, its parent; but a `path` that is an existing directory is judged
+    itself (`preflight(CKPT_DIR)` asks about CKPT_DIR, not about the directory above it).
     `need_bytes` defaults to the size of the last successful save into the same directory
     times 1.1 (no fit check before the first one). `fallback_dirs` (and
     ``FSPROBE_FALLBACK_DIRS``, colon-separated) are tried in order for a redirect, unless
@@ -472,10 +476,63 @@ def preflight(
     `quota`/`settings` configure the inline probe (no quota by default: `lfs quota` costs a
     metadata-server RPC per save).
     """
+    requested = os.path.abspath(os.fspath(path))
+    directory = _judged_directory(requested, state_dir, timeout)
+    return _decide(
+        requested, directory, need_bytes, need_inodes, max_wait, fallback_dirs,
+        state_dir=state_dir, timeout=timeout, on_unhealthy=on_unhealthy, redirect=redirect,
+        quota=quota, settings=settings,
+    )  # fmt: skip
+
+
+def preflight_write(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Decision:
+    """`preflight` as a save asks it: of the directory its temp file or staging directory
+    goes into, the parent of `path`, whether or not `path` exists yet."""
+    requested = os.path.abspath(os.fspath(path))
+    return _decide(requested, os.path.dirname(requested), *args, **kwargs)
+
+
+def _judged_directory(requested: str, state_dir: str | None, timeout: float) -> str:
+    """`requested` if it is a directory, else its parent; decided without touching the
+    filesystem when the daemon watches `requested` itself or, as usual, judges both the same
+    way (then the parent), and otherwise in the probe runner (a hung mount must not hang the
+    caller): an inline probe comes next anyway."""
+    parent = os.path.dirname(requested)
+    try:
+        state = _reader(state_dir).read()
+    except (StateFileError, OSError):
+        state = None
+    if state is not None:
+        watched = state.target_for(requested)
+        if watched == requested:
+            return requested
+        if watched is not None:
+            return parent  # the same watched target judges both
+    check = shared_runner().submit(
+        requested, "exists", functools.partial(os.path.isdir, requested), timeout
+    )
+    result = check.result()
+    return requested if result.ok and result.value else parent
+
+
+def _decide(
+    requested: str,
+    directory: str,
+    need_bytes: int | None = None,
+    need_inodes: int | None = 1,
+    max_wait: float = 0.0,
+    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+    *,
+    state_dir: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_unhealthy: str = "proceed",
+    redirect: bool = True,
+    quota: ServerProbeSettings | None = None,
+    settings: ProbeSettings | None = None,
+) -> Decision:
+    """The decision on a save of `requested`, judged by `directory`."""
     if on_unhealthy not in ON_UNHEALTHY:
         raise ValueError(f"on_unhealthy must be one of {ON_UNHEALTHY}, not {on_unhealthy!r}")
-    requested = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(requested)
     need = need_bytes if need_bytes is not None else expected_need(requested)
     probe_settings = functools.partial(_inline_settings, settings, quota, timeout)
 

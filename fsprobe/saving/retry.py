@@ -43,7 +43,7 @@ from fsprobe.redirect.fallback import (
 )
 from fsprobe.redirect.manifest import new_entry, record
 from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
-from fsprobe.saving.preflight import preflight as run_preflight
+from fsprobe.saving.preflight import preflight_write as run_preflight
 from fsprobe.units import format_bytes, format_seconds
 
 log = logging.getLogger("fsprobe.save")
