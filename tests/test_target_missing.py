@@ -41,7 +41,7 @@ def test_the_daemon_warns_of_a_missing_target_at_start_and_when_it_changes(tmp_p
         daemon.wait_for_log("event=target_exists")
         missing.rmdir()
         daemon.wait_for_log("event=target_missing", count=2)
-        code, out, _ = run_fsprobe("status", "--state-dir", str(daemon.state_dir), "--json")
+        _, out, _ = run_fsprobe("status", "--state-dir", str(daemon.state_dir), "--json")
         assert json.loads(out)["targets"][str(missing)]["exists"] is False
     assert daemon.log().count("event=target_missing") == 2  # not once per probe
 
