@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.lustre.layout import Component, Layout, parse_layout
@@ -19,6 +21,7 @@ from fsprobe.lustre.pools import (
 from fsprobe.lustre.runner import LfsRun
 from fsprobe.model import LustreTarget, Mount
 from tests.fakes.fake_lfs import load_fixtures
+from tests.test_lfs_parser_robustness import damaged
 
 CASES = load_fixtures("layout")
 
@@ -100,3 +103,32 @@ def test_a_placement_marks_the_osts_a_new_file_can_reach():
     tail_anywhere = Placement(Layout((Component("flash"), Component(None))), members)
     assert [t.in_layout for t in tail_anywhere.mark((_ost(0), _ost(2)))] == [True, True]
     assert [t.pools for t in tail_anywhere.mark((_ost(0), _ost(2)))] == [("flash",), ()]
+
+
+LAYOUT_SAMPLES = [case["stdout"] for name, case in CASES if name.startswith("getstripe/")]
+READERS = {
+    "getstripe": parse_layout,
+    "pool_list": lambda run: parse_pool_members(run, "lustre", "flash"),
+    "getname": parse_getname,
+    "version": parse_version,
+}
+
+
+@settings(max_examples=200)
+@given(
+    st.sampled_from(sorted(READERS)),
+    st.one_of(st.text(), damaged(LAYOUT_SAMPLES).map(lambda lines: "\n".join(lines) + "\n")),
+    st.integers(min_value=-64, max_value=300),
+)
+def test_any_text_reads_or_is_refused_with_a_name_never_an_exception(kind, stdout, status):
+    run = LfsRun(("lfs", kind), stdout, "", status, 0.0, 0.0)
+    try:
+        value = READERS[kind](run)
+    except ProbeFailure as failure:
+        assert failure.error and "lfs " + kind in failure.message
+    else:
+        assert status == 0
+        if isinstance(value, Layout):
+            assert value.components and all(
+                c.pool is None or c.pool.strip() for c in value.components
+            )
