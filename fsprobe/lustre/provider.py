@@ -226,9 +226,11 @@ class LustreQuotaProvider(QuotaProvider):
             failure = ProbeFailure(TIMEOUT, message)
             return IdOutcome(quota_type, quota_id, failure=failure, pool=pool)
 
-    def _pools(self, request: QuotaRequest, binary: str) -> tuple[tuple[str, ...], str | None]:
-        """The pools whose quotas apply to new files in the directory, or an error saying why
-        they could not be found; none where this `lfs` has no pool quotas."""
+    def _pools(
+        self, request: QuotaRequest, binary: str
+    ) -> tuple[tuple[str, ...], ProbeFailure | None]:
+        """The pools whose quotas apply to new files in the directory, or the failure that
+        kept them from being found; none where this `lfs` has no pool quotas."""
         try:
             if not self.placements.has_pool_quotas(binary, request.deadline):
                 return (), None
@@ -236,7 +238,7 @@ class LustreQuotaProvider(QuotaProvider):
                 request.directory, request.mount, binary, request.settings, request.deadline
             )
         except ProbeFailure as failure:
-            return (), f"pool quotas not read: {failure.error}: {failure.message}"
+            return (), failure
         return placement.layout.pools, None
 
     def read(self, request: QuotaRequest) -> QuotaReading:
@@ -244,7 +246,9 @@ class LustreQuotaProvider(QuotaProvider):
         are looked up first, so that the quota rows, whose grace countdowns are made absolute
         with the time of their run, are the last thing read."""
         binary = lfs_binary(request.settings.lfs)
-        pools, error = self._pools(request, binary)
+        pools, failure = self._pools(request, binary)
+        if failure is not None and failure.error == TIMEOUT:  # a hung filesystem: say so
+            return QuotaReading(tuple(IdOutcome(t, i, failure=failure) for t, i in request.queries))
         outcomes = [
             self._outcome(request, binary, quota_type, quota_id, None)
             for quota_type, quota_id in request.queries
@@ -256,7 +260,8 @@ class LustreQuotaProvider(QuotaProvider):
                 outcome = self._outcome(request, binary, quota_type, quota_id, pool)
                 if _limited(outcome):
                     outcomes.append(outcome)
-        return QuotaReading(tuple(outcomes), (error,) if error else ())
+        said = f"pool quotas not read: {failure.error}: {failure.message}" if failure else None
+        return QuotaReading(tuple(outcomes), (said,) if said else ())
 
     def project(
         self, directory: str, settings: ServerProbeSettings, deadline: Deadline
