@@ -235,3 +235,21 @@ def test_every_recording_rule_is_used_by_an_alert_or_the_dashboard() -> None:
     dashboard = (REPO / "deploy" / "grafana" / "fsprobe.json").read_text(encoding="utf-8")
     for name in deploy_metrics.recording_rules(groups):
         assert name in used or name in dashboard, f"recording rule {name} is used nowhere"
+
+
+def test_generate_writes_the_rule_file_and_the_prometheusrule_to_separate_places(
+    tmp_path: Path,
+) -> None:
+    """`--output-dir` is a Prometheus rules directory: on main it also got the Kubernetes
+    PrometheusRule, on which `promtool check rules DIR/*` fails."""
+    rules_dir, kubernetes_dir = tmp_path / "rules", tmp_path / "k8s"
+    rules_dir.mkdir()
+    kubernetes_dir.mkdir()
+    generate = [sys.executable, str(PROMETHEUS / "generate.py")]
+    subprocess.run([*generate, "--output-dir", str(rules_dir)], check=True)
+    assert [p.name for p in rules_dir.iterdir()] == ["fsprobe.rules.yml"]
+    _run_promtool("check", "rules", *map(str, rules_dir.iterdir()), cwd=tmp_path)
+    subprocess.run([*generate, "--kubernetes-dir", str(kubernetes_dir)], check=True)
+    assert [p.name for p in kubernetes_dir.iterdir()] == ["prometheusrule.yaml"]
+    shipped = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
+    assert (kubernetes_dir / "prometheusrule.yaml").read_text() == shipped.read_text()

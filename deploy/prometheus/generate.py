@@ -21,6 +21,11 @@ The rule groups are copied as text, so the comments survive.
     python deploy/prometheus/generate.py --check           # exit 1 if either is out of date
     python deploy/prometheus/generate.py --job-selector 'job="node-fsprobe"' \\
         --runbook-base https://wiki.example.org/fsprobe/runbook --output-dir /etc/prometheus/fsprobe
+    python deploy/prometheus/generate.py --kubernetes-dir ./k8s    # the PrometheusRule alone
+
+`--output-dir` writes only the Prometheus rule file and `--kubernetes-dir` only the
+PrometheusRule: a rules directory holds files that `promtool check rules` and Prometheus load,
+and a PrometheusRule there fails them.
 """
 
 from __future__ import annotations
@@ -105,17 +110,25 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_JOB_SELECTOR,
         help=f"label matchers of fsprobe's scrape job (default: {DEFAULT_JOB_SELECTOR})",
     )
-    parser.add_argument("--output-dir", type=Path, help="write both files here instead")
+    parser.add_argument(
+        "--output-dir", type=Path, help=f"write {RULES.name} (for rule_files:) into this directory"
+    )
+    parser.add_argument(
+        "--kubernetes-dir",
+        type=Path,
+        help=f"write {PROMETHEUS_RULE.name} (for the Prometheus Operator) into this directory",
+    )
     parser.add_argument("--check", action="store_true", help="only check that they are current")
     args = parser.parse_args(argv)
     runbook_base = (args.runbook_base or default_runbook_base()).rstrip("#")
     outputs = render(TEMPLATE.read_text(encoding="utf-8"), runbook_base, args.job_selector)
     places = {RULES.name: RULES, PROMETHEUS_RULE.name: PROMETHEUS_RULE}
-    if args.output_dir is not None:
-        places = {name: args.output_dir / name for name in places}
+    if args.output_dir is not None or args.kubernetes_dir is not None:
+        wanted = {RULES.name: args.output_dir, PROMETHEUS_RULE.name: args.kubernetes_dir}
+        places = {name: where / name for name, where in wanted.items() if where is not None}
     stale = []
-    for name, content in outputs.items():
-        path = places[name]
+    for name, path in places.items():
+        content = outputs[name]
         if args.check:
             if not path.exists() or path.read_text(encoding="utf-8") != content:
                 stale.append(path)
