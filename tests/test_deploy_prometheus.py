@@ -130,6 +130,7 @@ def test_a_site_sets_its_runbook_and_job_in_one_place(tmp_path: Path) -> None:
     subprocess.run(
         [
             sys.executable, str(GENERATE), "--output-dir", str(tmp_path),
+            "--kubernetes-dir", str(tmp_path),
             "--runbook-base", "https://wiki.example.org/ops/fsprobe",
             "--job-selector", 'job="node-fsprobe", cluster="a"',
         ],
