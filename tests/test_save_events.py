@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 import fsprobe
+from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.emit import SOCKET_NAME, report
 from fsprobe.events.event import OUTCOMES, SaveEvent
 from fsprobe.model import DirectoryOwner
+from fsprobe.policy import Policy
 from fsprobe.saving.retry import Backoff
 from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
 from tests.support.ranks import run_ranks
@@ -297,12 +299,15 @@ def test_a_flood_from_one_user_is_rate_limited(tmp_path, local_users):
             "from fsprobe.events.emit import report\n"
             "from fsprobe.events.event import SaveEvent\n"
             "e = SaveEvent(sys.argv[2], sys.argv[2], 1, 0.1, 1, (), time.time(), 'h', 1)\n"
+            "sent = 0\n"
             "for _ in range(400):\n"
-            "    report(e, sys.argv[1])\n"
+            "    sent += report(e, sys.argv[1])\n"
             "    time.sleep(0.001)\n"
+            "print(sent)\n"
         )
         done = mallory.python(flood, str(daemon.state_dir), str(target / "x.pt"))
         assert done.returncode == 0, done.stderr
+        assert int(done.stdout) > 0, "not one event reached the socket"
         daemon.wait_for_present("fsprobe_save_events_dropped_total")
         time.sleep(1.0)
         counted = daemon.value("fsprobe_saves_total", path=str(target), outcome="ok")
@@ -490,3 +495,30 @@ def test_a_hung_mount_is_still_marked_stuck_while_saves_stood_for_the_write_prob
         finally:
             faultfs.ctl.remove(rule)
         daemon.wait_for_value("fsprobe_mount_stuck", 0.0, path=path, timeout=15)
+
+
+def test_a_save_every_few_minutes_stands_for_a_write_probe_every_minute_until_it_is_late():
+    """Saves every 5 minutes, a write probe every minute: once the save interval is known (the
+    third save), a landed save stands for the probe for 1.5 save intervals, and the policy
+    does not call the saves' write results stale meanwhile; a late save lets the probe run."""
+    now = [1000.0]
+    store = Store(clock=lambda: now[0])
+    intervals = {"statvfs": 15.0, "write": 60.0}
+    store.configure([TargetSpec("/ckpt", Policy(intervals=intervals), intervals)])
+
+    def save_and_wait(seconds: float) -> None:
+        event = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 1.0, 1, (), now[0], "h", 1)
+        assert store.record_save(Sender(0, 0, 1), event)[0] is None
+        now[0] += seconds
+
+    save_and_wait(100.0)
+    assert store.skip_write_probe("/ckpt") is None  # one save: it stands for 60 s only
+    now[0] += 200.0
+    save_and_wait(300.0)
+    save_and_wait(400.0)  # the third save, 300 s after the second: 450 s of evidence
+    assert store.view("/ckpt").saves.interval == 300.0
+    assert store.skip_write_probe("/ckpt") is not None
+    codes = {reason.code for reason in store.view("/ckpt").verdict.reasons}
+    assert "probe_stale" not in codes
+    now[0] += 60.0  # 460 s after the last save: late
+    assert store.skip_write_probe("/ckpt") is None

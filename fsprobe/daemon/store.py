@@ -13,6 +13,7 @@ here knows about Prometheus or files.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 import time
@@ -40,6 +41,11 @@ from fsprobe.view import Histogram, LastSave, SaveStats, TargetView
 
 #: Successful saves whose gaps give a target's regular save interval (their median).
 INTERVAL_SAVES = 9
+#: While a target is saved at a regular interval, a landed save stands for the write probe for
+#: this many of those intervals (a save a little late is not yet a reason to probe) ...
+EVIDENCE_SAVE_INTERVALS = 1.5
+#: ... but never for more than this many write-probe intervals.
+MAX_EVIDENCE_PROBE_INTERVALS = 10.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,27 @@ class _Target:
             )
             if total is not None:
                 self.latency = self.latency.observe(total)
+
+    def evidence_window(self) -> float | None:
+        """How long a landed save stands for the write probe (None: no write probe): its
+        interval, or while the target is saved at a regular interval, 1.5 of those (at most
+        10 probe intervals), so that saves every few minutes replace a probe every minute."""
+        interval = self.spec.intervals.get("write")
+        regular = self.saves.interval
+        if interval is None or regular is None:
+            return interval
+        return min(
+            max(interval, EVIDENCE_SAVE_INTERVALS * regular),
+            MAX_EVIDENCE_PROBE_INTERVALS * interval,
+        )
+
+    def policy(self) -> Policy:
+        """The target's policy, with the write results judged stale by the evidence window
+        (a save every few minutes is as fresh as a probe every minute)."""
+        policy, window = self.spec.policy, self.evidence_window()
+        if window is None or window == self.spec.intervals.get("write"):
+            return policy
+        return dataclasses.replace(policy, intervals={**policy.intervals, "write": window})
 
     def add_save(self, sender: Sender, save: SaveEvent, now: float) -> None:
         """Count one save event in `saves`."""
@@ -225,10 +252,10 @@ class Store:
         for the probe due now: the new view (the skip counted), or None to run the probe."""
         with self._lock:
             target = self._targets.get(path)
-            interval = target.spec.intervals.get("write") if target is not None else None
-            if target is None or interval is None or target.written_at is None:
+            window = target.evidence_window() if target is not None else None
+            if target is None or window is None or target.written_at is None:
                 return None
-            if self._clock() - target.written_at >= interval:
+            if self._clock() - target.written_at >= window:
                 return None
             target.skipped["write"] += 1
             return self._publish(target)
@@ -285,7 +312,7 @@ class Store:
         if target.bug is not None:
             return unjudged(*target.bug)
         try:
-            verdict = evaluate(snapshot, target.spec.policy, now)
+            verdict = evaluate(snapshot, target.policy(), now)
         except Exception as error:  # a bug of the policy's: this target only, never the others
             self.internal_errors.failed(
                 snapshot.target, "judge", summary(error), traceback.format_exc()
