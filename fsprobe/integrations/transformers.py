@@ -404,19 +404,6 @@ class _ProtectedCheckpoints:
     def _after_commit(self, run_dir: str, result: SaveResult) -> None:
         state, args = self.trainer.state, self.trainer.args
         self.results.append(result)
-        state.log_history.append(
-            {
-                "fsprobe_save": {
-                    "path": result.path,
-                    "redirected": result.redirected,
-                    "attempts": result.attempts,
-                    "errors": list(result.errors),
-                    "bytes": result.bytes,
-                    "seconds": round(result.seconds, 3),
-                },
-                "step": state.global_step,
-            }
-        )
         if result.redirected:
             log.warning(
                 "fsprobe: checkpoint %s was redirected to %s; `fsprobe sync` brings it back, "

@@ -42,7 +42,8 @@ def tiny_trainer(
     **arguments: Any,
 ) -> Trainer:
     """A Trainer of a tiny GPT-2 on `samples` random sequences, on CPU, with a checkpoint
-    every step; `arguments` go to `TrainingArguments` (an eval strategy gets an eval set)."""
+    every step unless `arguments` (for `TrainingArguments`) say otherwise; an eval strategy
+    gets an eval set."""
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     data = [
@@ -51,13 +52,15 @@ def tiny_trainer(
     args = TrainingArguments(
         output_dir=str(output_dir),
         max_steps=max_steps,
-        save_steps=1,
-        logging_steps=1,
-        per_device_train_batch_size=2,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        **arguments,
+        **{
+            "save_steps": 1,
+            "logging_steps": 1,
+            "per_device_train_batch_size": 2,
+            "report_to": [],
+            "use_cpu": True,
+            "disable_tqdm": True,
+            **arguments,
+        },
     )
     evaluating = arguments.get("eval_strategy", "no") != "no"
     return Trainer(
