@@ -17,8 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as torch_dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 import fsprobe
 from fsprobe.integrations import dcp
@@ -261,3 +263,76 @@ def test_async_save_writes_the_state_as_it_was_when_called(tmp_path):
     saved = run_ranks(f"{HERE}:async_save_state", 2, tmp_path, target=str(target), seed=4)
     assert saved[0].value == saved[1].value and saved[0].value["result"]["path"] == str(target)
     assert_loads(target, 2, seed=4)
+
+
+def dcp_refusal(writer: torch_dcp.FileSystemWriter, state: dict) -> BaseException:
+    """What `dcp.save` raised: DCP's CheckpointException, around the rank's own exception."""
+    try:
+        torch_dcp.save(state, storage_writer=writer)
+    except CheckpointException as error:
+        assert list(error.failures) == [0]
+        return error.failures[0][0]
+    raise AssertionError(f"{type(writer).__name__}(overwrite=False) saved over a checkpoint")
+
+
+def test_overwrite_false_refuses_an_existing_checkpoint_as_dcp_does_before_writing(tmp_path):
+    """FileSystemWriter's own refusal, word for word, and the checkpoint there untouched."""
+    refusals = {}
+    for kind in (torch_dcp.FileSystemWriter, dcp.FsprobeWriter):
+        target = tmp_path / kind.__name__
+        torch_dcp.save(rank_state(0, 1), storage_writer=kind(target))
+        before = {p.name: p.read_bytes() for p in target.iterdir()}
+        refusal = dcp_refusal(kind(target, overwrite=False), rank_state(0, 2))
+        refusals[kind] = refusal
+        assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+        assert leftovers(tmp_path) == []
+    theirs, ours = refusals[torch_dcp.FileSystemWriter], refusals[dcp.FsprobeWriter]
+    assert type(ours) is type(theirs)
+    assert str(ours) == str(theirs)
+    assert "Checkpoint already exists and self.overwrite=False." in str(ours)
+    # Through fsprobe's save too: DCP's own exception, not a retry.
+    with pytest.raises(CheckpointException, match=r"Checkpoint already exists and self\.overwr"):
+        dcp.save(rank_state(0, 2), tmp_path / "FsprobeWriter", overwrite=False)
+    # A new checkpoint is written as ever.
+    dcp.save(rank_state(0, 3), tmp_path / "new", overwrite=False)
+
+
+def test_what_the_user_put_beside_the_checkpoint_is_carried_into_the_new_one(tmp_path):
+    """Plain DCP writes into the existing directory and leaves other files alone; fsprobe
+    publishes a fresh one and carries them over (files, a directory, a symlink), while DCP's
+    own files of the old checkpoint are replaced."""
+    target = tmp_path / "latest"
+    previous_checkpoint(target, 1, seed=1)
+    (target / "notes.txt").write_text("lr 3e-4, warmup 100\n")
+    os.chmod(target / "notes.txt", 0o640)
+    (target / "config").mkdir()
+    (target / "config" / "model.yaml").write_text("layers: 2\n")
+    (target / "run.log").symlink_to("/var/log/nowhere")
+    (target / "__5_0.distcp").write_bytes(b"a shard of a run with more ranks")
+    dcp.save(all_ranks_state(1, seed=2), target)
+    assert sorted(os.listdir(target)) == [
+        ".metadata",
+        "__0_0.distcp",
+        "config",
+        "notes.txt",
+        "run.log",
+    ]
+    assert (target / "notes.txt").read_text() == "lr 3e-4, warmup 100\n"
+    assert (target / "notes.txt").stat().st_mode & 0o777 == 0o640
+    assert (target / "config" / "model.yaml").read_text() == "layers: 2\n"
+    assert os.readlink(target / "run.log") == "/var/log/nowhere"
+    assert assert_loads(target, 1, seed=2) == str(target)
+    assert leftovers(tmp_path) == []
+
+
+def test_an_entry_that_cannot_be_carried_fails_the_save_naming_it(tmp_path):
+    target = tmp_path / "latest"
+    previous_checkpoint(target, 1, seed=1)
+    os.mkfifo(target / "control")
+    with pytest.raises(fsprobe.SaveError) as raised:
+        dcp.save(all_ranks_state(1, seed=2), target, attempts=1)
+    assert [(a.errno, a.step) for a in raised.value.attempts] == [("EPERM", "carry")]
+    assert "control in the checkpoint is neither" in raised.value.attempts[0].message
+    assert_loads(target, 1, seed=1)  # the old checkpoint, untouched
+    assert (target / "control").exists()
+    assert leftovers(tmp_path) == []

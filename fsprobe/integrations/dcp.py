@@ -36,10 +36,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
 import logging
 import math
 import os
 import queue
+import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -64,7 +67,8 @@ with extra_imports("torch", __name__, "torch"):
     from torch.futures import Future
 
 from fsprobe.errors import ErrorClass, classify
-from fsprobe.posix.tree import sync_file_at
+from fsprobe.posix.tree import open_directory, open_regular, opened, sync_file_at
+from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.locate import locate
 from fsprobe.redirect.manifest import sha256_of_directory
 from fsprobe.saving.deadline import Progress
@@ -87,6 +91,11 @@ from fsprobe.saving.retry import (
 log = logging.getLogger("fsprobe.save")
 
 _METADATA = ".metadata"
+#: The names DCP's `FileSystemWriter` gives what it writes (shards, metadata, its temp name):
+#: the part of an existing checkpoint that a new save replaces; anything else is carried over.
+_DCP_FILE = re.compile(r"(__\d+_\d+\.distcp|(__\d+)?\.metadata(\.tmp)?)\Z")
+#: No bound on what a carried directory holds: it is the user's, copied as it is.
+_UNBOUNDED = 1 << 62
 #: Bytes assumed for a non-tensor item (a pickled Python object) and for the ``.metadata``.
 _SMALL_ITEM_BYTES = 64 * 1024
 
@@ -118,6 +127,56 @@ class _StagingFileSystem(FileSystem):
     def mkdir(self, path: str | os.PathLike) -> None:
         if Path(path) != self.checkpoint:  # the staging directory is made by the coordinator
             super().mkdir(path)
+
+
+def carry_over(source_fd: int, target_fd: int) -> list[str]:
+    """Copy into the new checkpoint `target_fd` what the one it replaces (`source_fd`) holds
+    besides DCP's own files (a config copy, notes, another library's sidecar); their names.
+
+    Plain DCP writes into the existing directory and leaves such files; a save that publishes
+    a fresh directory would delete them. Files are hard-linked (no data copied) or else
+    copied, directories copied (their owner's files only), symlinks recreated, never followed;
+    anything else (a FIFO, a socket) is refused, naming it: nothing is dropped silently.
+    """
+    carried = []
+    for name in sorted(os.listdir(source_fd)):
+        if _DCP_FILE.match(name):
+            continue
+        info = os.stat(name, dir_fd=source_fd, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(name, dir_fd=source_fd), name, dir_fd=target_fd)
+        elif stat.S_ISREG(info.st_mode):
+            _link_or_copy(source_fd, target_fd, name, info)
+        elif stat.S_ISDIR(info.st_mode):
+            with opened(open_directory(name, source_fd)) as source:
+                os.mkdir(name, stat.S_IRWXU, dir_fd=target_fd)
+                with opened(open_directory(name, target_fd)) as target:
+                    copy_tree(source, target, info.st_uid, _UNBOUNDED)
+                    os.fchmod(target, stat.S_IMODE(info.st_mode))
+        else:
+            raise OSError(
+                errno.EPERM,
+                f"{name} in the checkpoint is neither a file nor a directory nor a symlink: "
+                "the new checkpoint replaces the directory and cannot carry it; move it away",
+            )
+        carried.append(name)
+    return carried
+
+
+def _link_or_copy(source_fd: int, target_fd: int, name: str, info: os.stat_result) -> None:
+    try:
+        os.link(name, name, src_dir_fd=source_fd, dst_dir_fd=target_fd, follow_symlinks=False)
+        return
+    except OSError:
+        pass  # another owner's file (protected_hardlinks), a filesystem without links: copy
+    with opened(open_regular(name, source_fd)) as source:
+        created = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+            dir_fd=target_fd,
+        )
+        with opened(created) as target:
+            copy_bytes(source, target, info.st_size)
+            os.fchmod(target, stat.S_IMODE(info.st_mode))
 
 
 def _planned_bytes(plans: list[SavePlan]) -> tuple[int, int]:
@@ -215,7 +274,9 @@ class FsprobeWriter(FileSystemWriter):
             )
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        return plan  # DCP would create the checkpoint directory here; nothing exists before commit
+        """DCP's own check of an existing checkpoint (``overwrite``), on every rank, before
+        anything is written; its mkdir of the checkpoint is skipped (`_StagingFileSystem`)."""
+        return super().prepare_local_plan(plan)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """On the coordinator: preflight for every rank's bytes, staging dir, destination.
@@ -315,8 +376,10 @@ class FsprobeWriter(FileSystemWriter):
         self.fs.staging = Path(self._staging.path)
         super().finish(metadata, results)
         progress = Progress()
-        progress.at("fsync")
         try:
+            progress.at("carry")
+            self._carry_over()
+            progress.at("fsync")
             if self.sync_files:
                 # torch 2.13 fsyncs the .metadata before Python's buffer is flushed into it
                 # (pickle.dump, then os.fsync, then close): the data itself is synced here.
@@ -329,6 +392,35 @@ class FsprobeWriter(FileSystemWriter):
         finally:
             self.drop_staging()
         self.last_result = self._attempts.succeeded(size.bytes, sha256_of_directory)
+
+
+    def _carry_over(self) -> None:
+        """The files of the checkpoint being replaced that DCP did not write, into the new one:
+        from the destination, or (a first redirect) from the requested path."""
+        assert self._staging is not None and self._attempts is not None
+        staging = self._staging
+        places = [staging.final]
+        if staging.final != str(self.path):
+            places.append(str(self.path))
+        for place in places:
+            parent, name = os.path.split(place)
+            try:
+                with opened(os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as up:
+                    source = open_directory(name, up)
+            except OSError as error:
+                if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    continue  # no checkpoint there (a symlink is not one: publish refuses it)
+                raise
+            with opened(source):
+                carried = carry_over(source, staging.fd)
+            if carried:
+                log.info(
+                    "dcp save %s: carried %s from %s into the new checkpoint",
+                    self.path,
+                    ", ".join(carried),
+                    place,
+                )
+            return
 
 
 # -- save, async_save, load -------------------------------------------------------------------
