@@ -336,3 +336,45 @@ def test_an_entry_that_cannot_be_carried_fails_the_save_naming_it(tmp_path):
     assert_loads(target, 1, seed=1)  # the old checkpoint, untouched
     assert (target / "control").exists()
     assert leftovers(tmp_path) == []
+
+
+def test_a_collective_that_fails_for_its_own_cause_names_it_first(tmp_path):
+    """torch.distributed's object collectives need numpy (the receiving rank unpickles from
+    ``tensor.numpy()``); without it the save's broadcast fails on the rank that receives, and
+    its error says so first, a dead rank only as a possibility."""
+    hidden = tmp_path / "no-numpy"
+    (hidden / "numpy").mkdir(parents=True)
+    (hidden / "numpy" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named numpy (hidden by a test)", name="numpy")\n'
+    )
+    target = tmp_path / "step-10"
+    ranks = start_ranks(
+        f"{HERE}:save_state",
+        2,
+        tmp_path,
+        collective_timeout=20.0,
+        first_on_path=hidden,
+        target=str(target),
+    )
+    coordinator, other = finish(ranks, timeout=60)
+    for rank in (coordinator, other):
+        assert rank.returncode == 1 and rank.raised["type"] == "SaveError", rank.errors[-2000:]
+        assert "another rank died" not in rank.raised["message"]
+    # The coordinator gathers the plans: its own cause first, the install that fixes it.
+    message = coordinator.raised["message"]
+    assert "failed: Numpy is not available (torch.distributed's object collectives" in message
+    assert message.index("Numpy is not available") < message.index("another rank may have died")
+    # The other rank saw the coordinator go: a lost connection, and it says so first.
+    assert "Connection closed by peer" in other.raised["message"]
+    assert not target.exists() and leftovers(tmp_path) == []
+
+
+def test_the_torch_extra_installs_what_the_object_collectives_need():
+    """``pip install 'fsprobe[torch]'`` must bring numpy (the test above shows why)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert any(r.startswith("numpy") for r in extras["torch"])

@@ -490,7 +490,7 @@ def save(
         except RuntimeError as error:  # not DCP's: a collective failed (a rank died or hung)
             writer.drop_staging()
             rank = dist.get_rank(process_group) if dist.is_initialized() else 0
-            raise collective_failure(rank, requested, "dcp.save", error) from error
+            raise collective_failure(rank, requested, "DCP collectives", error) from error
         except CheckpointException as error:
             verdict = _verdict(writer, error) if _is_coordinator(process_group) else None
             verdict = _broadcast(verdict, process_group)
