@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from tests.support.capability import need_module
 need_module("lightning")
 
 from lightning import LightningModule, Trainer  # noqa: E402
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -20,6 +25,8 @@ from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
 from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
 from fsprobe.saving.retry import Backoff  # noqa: E402
 from tests.support.state import daemon_view, publish  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Tiny(LightningModule):
@@ -95,9 +102,62 @@ def test_redirected_checkpoint_is_loaded_and_removed_through_the_plugin(tmp_path
         plugin.load_checkpoint(path)
 
 
-def test_storage_options_are_refused_like_lightning_does(tmp_path):
-    with pytest.raises(TypeError, match="storage_options"):
-        FsprobeCheckpointIO().save_checkpoint({}, str(tmp_path / "x.ckpt"), storage_options={})
+def test_storage_options_are_refused_as_lightning_refuses_them(tmp_path):
+    plugin = FsprobeCheckpointIO()
+    with pytest.raises(TypeError) as lightnings:
+        TorchCheckpointIO.save_checkpoint(plugin, {}, str(tmp_path / "x.ckpt"), storage_options={})
+    with pytest.raises(TypeError) as ours:
+        plugin.save_checkpoint({}, str(tmp_path / "x.ckpt"), storage_options={})
+    assert str(ours.value) == str(lightnings.value)
+    assert "is not supported for `FsprobeCheckpointIO`" in str(ours.value)
+    assert os.listdir(tmp_path) == []
+
+
+#: A fit whose every checkpoint save the daemon's state file answers (one process, no probe).
+ANSWERED_FROM_THE_STATE = """
+import json, sys, threading
+import psutil
+from tests.test_integration_lightning import FsprobeCheckpointIO, loader, trainer, Tiny
+checkpoints, root, state = sys.argv[1:4]
+print("imported", flush=True)
+sys.stdin.readline()  # the state file is published now
+plugin = FsprobeCheckpointIO(state_dir=state)
+trainer(plugin, checkpoints, root).fit(Tiny(), loader())
+print(json.dumps({
+    "source": plugin.last_result is not None and sorted(os.listdir(checkpoints)),
+    "children": [p.cmdline() for p in psutil.Process().children(recursive=True)],
+    "fsprobe_threads": [t.name for t in threading.enumerate() if t.name.startswith("fsprobe")],
+}))
+""".replace("import json,", "import os, json,")
+
+
+def test_a_fit_whose_saves_the_state_file_answers_starts_no_probe_worker(tmp_path):
+    """Lightning's own tests fail on a thread left behind: a probe worker (and its reader
+    thread) starts only when a save needs a probe."""
+    checkpoints, state = tmp_path / "checkpoints", tmp_path / "state"
+    checkpoints.mkdir()
+    state.mkdir(mode=0o700)
+    fit = subprocess.Popen(
+        [sys.executable, "-c", ANSWERED_FROM_THE_STATE, checkpoints, tmp_path / "root", state],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert fit.stdout.readline() == "imported\n"
+        # Probed and published now (in the test's process): fresh however slow the imports.
+        publish(str(state), {str(checkpoints): daemon_view(str(checkpoints))})
+        output, errors = fit.communicate("go\n", timeout=240)
+    finally:
+        fit.kill()
+    assert fit.returncode == 0, errors[-3000:]
+    answer = json.loads(output.splitlines()[-1])
+    assert answer["source"] == ["epoch=2-step=12.ckpt"]
+    assert answer["children"] == []
+    assert answer["fsprobe_threads"] == []
 
 
 def test_a_misspelt_option_fails_when_the_plugin_is_made():

@@ -8,6 +8,8 @@ import os
 import threading
 import time
 
+import psutil
+
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import TIMEOUT
 from fsprobe.probing.runner import ProbeRunner, timed_call
@@ -101,3 +103,40 @@ def test_an_unpicklable_probe_is_an_error_not_a_crash():
     runner = ProbeRunner(ProcessExecutor())
     result = runner.submit("/a", "statvfs", lambda: 1, 5).result()
     assert result.error == "EUNKNOWN" and "cannot hand the probe to the worker" in result.message
+
+
+def readers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "fsprobe-worker-reader"}
+
+
+def test_an_idle_worker_and_its_reader_end_and_the_next_probe_starts_them_again():
+    """A training job probes at a save, then trains for hours: no process, no thread left."""
+    before = readers()
+    executor = ProcessExecutor(idle_seconds=0.5)
+    runner = ProbeRunner(executor)
+    first = runner.submit("/a", "statvfs", functools.partial(os.getpid), 5).result().value
+    (reader,) = readers() - before
+    reader.join(timeout=15)
+    assert not reader.is_alive()
+    assert executor.pid is None
+    assert not psutil.pid_exists(first)  # exited and reaped
+    again = runner.submit("/a", "statvfs", functools.partial(os.getpid), 5).result()
+    assert again.ok and again.value != first and again.value == executor.pid
+    (reader,) = readers() - before
+    reader.join(timeout=15)
+    assert not reader.is_alive() and not psutil.pid_exists(again.value)
+
+
+def test_a_worker_that_still_owes_an_answer_is_not_let_go():
+    before = readers()
+    executor = ProcessExecutor(idle_seconds=0.2)
+    runner = ProbeRunner(executor)
+    stuck = runner.submit("/hung", "statvfs", functools.partial(time.sleep, 2.0), 0.1)
+    assert stuck.result().stuck
+    (reader,) = readers() - before
+    time.sleep(1.0)  # five idle periods, with the sleep still running in the worker
+    assert reader.is_alive() and executor.pid is not None
+    pid = executor.pid
+    assert runner.submit("/b", "statvfs", os.getpid, 5).result().value == pid
+    reader.join(timeout=15)  # answered at last, then idle: let go
+    assert not reader.is_alive() and not psutil.pid_exists(pid)

@@ -79,13 +79,9 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
         path: str | os.PathLike[str],
         storage_options: Any | None = None,
     ) -> None:
-        if storage_options is not None:
-            raise TypeError(
-                f"`storage_options` is not supported by {type(self).__name__}; "
-                "write a CheckpointIO of your own to use them"
-            )
-        if not _is_local(path):
-            super().save_checkpoint(checkpoint, path)
+        if storage_options is not None or not _is_local(path):
+            # Lightning's own refusal of storage_options (its wording), or a remote path.
+            super().save_checkpoint(checkpoint, path, storage_options)
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.last_result = atomic_write(

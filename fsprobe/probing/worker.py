@@ -21,6 +21,7 @@ from `/`, and finds fsprobe where the parent found it: the directory of this ver
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import io
@@ -28,6 +29,7 @@ import itertools
 import logging
 import os
 import pickle
+import select
 import socket
 import struct
 import subprocess
@@ -48,6 +50,11 @@ _LENGTH = struct.Struct("!I")
 #: Larger than any answer of a real probe or task (a sync of thousands of checkpoints is a few
 #: MiB); a message that says it is longer is not one of ours.
 MAX_MESSAGE = 64 * 1024 * 1024
+
+#: A worker that has answered everything and been asked nothing for this long is let go
+#: (with the parent's reader thread); the next probe starts a new one. A training job that
+#: probes once at its first save keeps no process or thread for the rest of its run.
+IDLE_SECONDS = 60.0
 
 #: Where the parent imported fsprobe from; the isolated worker imports the same code, from there.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,21 +110,39 @@ class Channel:
         self, sock: socket.socket, unpickler: type[pickle.Unpickler] = pickle.Unpickler
     ) -> None:
         self.sock = sock
-        self._reader = sock.makefile("rb")
+        # Unbuffered: nothing of a message waits in our memory while `readable` polls the socket.
+        self._reader = sock.makefile("rb", buffering=0)
         self._unpickler = unpickler
+
+    def readable(self, timeout: float) -> bool:
+        """Whether a message (or the end) arrives within `timeout` seconds."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+
+    def _read(self, size: int) -> bytes:
+        """`size` bytes, fewer only at the end of the stream."""
+        chunks, missing = [], size
+        while missing:
+            chunk = self._reader.read(missing)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            missing -= len(chunk)
+        return b"".join(chunks)
 
     def send(self, message: object) -> None:
         payload = pickle.dumps(message)
         self.sock.sendall(_LENGTH.pack(len(payload)) + payload)
 
     def recv(self) -> object:
-        header = self._reader.read(_LENGTH.size)
+        header = self._read(_LENGTH.size)
         if len(header) < _LENGTH.size:
             raise EOFError("the other end closed the channel")
         (length,) = _LENGTH.unpack(header)
         if length > MAX_MESSAGE:
             raise NotAResult(f"a message of {length} bytes is longer than any of ours")
-        payload = self._reader.read(length)
+        payload = self._read(length)
         if len(payload) < length:
             raise EOFError("the channel closed in the middle of a message")
         return self._unpickler(io.BytesIO(payload)).load()
@@ -128,9 +153,14 @@ class Channel:
 
 
 class ProcessExecutor:
-    """Runs probe functions in the worker process; they must be picklable (module functions)."""
+    """Runs probe functions in the worker process; they must be picklable (module functions).
 
-    def __init__(self) -> None:
+    The worker starts on the first probe and ends after `idle_seconds` with nothing asked or
+    owed (`IDLE_SECONDS`); a probe after that starts a new one.
+    """
+
+    def __init__(self, idle_seconds: float = IDLE_SECONDS) -> None:
+        self.idle_seconds = idle_seconds
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._pending: dict[int, tuple[str, Future]] = {}
@@ -178,6 +208,10 @@ class ProcessExecutor:
     def _read_results(self, connection: Channel, process: subprocess.Popen) -> None:
         refused = None
         while True:
+            if not connection.readable(self.idle_seconds) and self._retire_if_idle(connection):
+                connection.close()  # the worker reads the end and exits
+                _reap(process)
+                return
             try:
                 job, result = connection.recv()
             except (EOFError, OSError):
@@ -191,6 +225,14 @@ class ProcessExecutor:
             if entry is not None:
                 entry[1].set_result(result)
         self._worker_lost(connection, process, refused)
+
+    def _retire_if_idle(self, connection: Channel) -> bool:
+        """Whether `connection`'s worker, owed nothing, is let go (the next probe starts anew)."""
+        with self._lock:
+            if self._pending or self._connection is not connection:
+                return False
+            self._connection, self._process = None, None
+            return True
 
     def _worker_lost(
         self, connection: Channel, process: subprocess.Popen, refused: str | None = None
@@ -236,6 +278,12 @@ def shared_runner() -> ProbeRunner:
         if _shared is None:
             _shared = ProbeRunner(ProcessExecutor())
         return _shared
+
+
+def _reap(process: subprocess.Popen) -> None:
+    """Collect a worker that was let go (it exits as soon as it reads the end of the channel)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: exits later
+        process.wait(timeout=5.0)
 
 
 def _lost(probe: str, message: str) -> ProbeResult:
