@@ -1,0 +1,230 @@
+"""RETURNN (PyTorch backend): every epoch's model and optimizer saved through fsprobe, and a
+resume that finds the newest epoch wherever it landed. One import and one call in the config::
+
+    #!rnn.py
+    import fsprobe.integrations.returnn
+
+    fsprobe.integrations.returnn.protect(fallback_dirs=["/scratch/me/fallback"], max_wait=600)
+
+    backend = "torch"
+    model = "/lustre/me/run7/model"
+    ...
+
+RETURNN writes ``model.NNN.pt`` and ``model.NNN.opt.pt`` with `torch.save` to a
+``.tmp_write`` name and renames it: atomic, but one EIO on a write kills a run of days
+("PytorchStreamWriter failed writing file data/322: file write failed"). After `protect`,
+both go through `fsprobe.save` (temp file in the target directory, fsync, rename), retried
+after a transient error and redirected to a fallback when the target cannot take them (full,
+over quota, read-only). On resume, RETURNN's search for the last epoch (its
+``get_existing_models``) also sees redirected epochs through `fsprobe.locate`, so an epoch saved
+to a fallback is loaded (model and optimizer), not trained again; ``fsprobe sync`` later
+copies it back to where RETURNN expects it.
+
+What is patched, and why it is pinned: RETURNN builds both files' contents in the methods
+that write them (`Engine._save_model`, `Updater.save_optimizer`), so those two are replaced by
+copies that build the same dictionaries and hand them to `fsprobe.save`; the copies use
+RETURNN's internals, so `protect` refuses any RETURNN version but those in
+`RETURNN_VERSIONS`, whose source a test holds them to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from fsprobe.extras import extra_imports
+
+with extra_imports("returnn", __name__, "returnn", "torch"):
+    import returnn
+    import returnn.torch.engine as returnn_engine
+    import returnn.torch.updater as returnn_updater
+    from returnn.log import log as returnn_log
+    from returnn.util import basic as returnn_util
+
+from fsprobe.redirect.locate import locate
+from fsprobe.saving.file import save
+
+#: The RETURNN releases whose save and load code these patches were written against, with the
+#: sha256 of the source of each method replaced or relied on (a modified install is refused).
+RETURNN_VERSIONS = {
+    "1.20261022.211313": {
+        "Engine._save_model": "1b92b93dfcd6597393428b844fc157700a5978c058a7dfa14e79f0f5077b2400",
+        "Updater.save_optimizer": (
+            "489d3b2e96704bdef720c9d1a603264bafe8c18b801e9e9322e4a519cdab53c5"
+        ),
+        "EngineBase.get_existing_models": (
+            "974f5322b60d13ac570e23b652fab8bd5ce790ad2a5fb302e5fe17d2315bb37b"
+        ),
+    },
+}
+_MODEL_SUFFIX = ".pt"
+_OPTIMIZER_SUFFIX = ".opt.pt"
+
+
+class UnknownReturnn(RuntimeError):
+    """The installed RETURNN is not one whose save code fsprobe knows."""
+
+
+class _Protection:
+    """The save options of `protect`, and the patched methods that use them."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        self.fallback_dirs = tuple(os.fspath(d) for d in options.get("fallback_dirs", ()))
+
+    def save(self, obj: dict[str, Any], filename: str) -> None:
+        directory = os.path.dirname(filename)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        save(obj, filename, **self.options)
+
+    def located(self, filename: str) -> str:
+        return locate(filename, fallback_dirs=self.fallback_dirs)
+
+    # -- the patched methods (self is the protection; the engine or updater comes first) -------
+
+    def save_model(self, engine: Any) -> None:
+        """`Engine._save_model`: the same dictionary, saved by `fsprobe.save`."""
+        if not engine._do_save():
+            return
+        filename = engine.get_epoch_model_filename() + returnn_util.get_model_filename_postfix()
+        print(f"Save model under {filename}", file=returnn_log.v4)
+        state_dict = engine._pt_model.state_dict()
+        if engine._ignore_param_set:
+            remaining = set(state_dict).intersection(engine._ignore_param_set)
+            assert not remaining, f"_save_model: found remaining params to ignore: {remaining}"
+        updater = engine._updater
+        self.save(
+            {
+                "model": state_dict,
+                "epoch": engine.epoch,
+                "step": engine.global_train_step,
+                "effective_learning_rate": updater.get_effective_learning_rate()
+                if updater
+                else None,
+                "returnn_version": returnn.__long_version__,
+            },
+            filename,
+        )
+
+    def save_optimizer(self, updater: Any, filename: str) -> None:
+        """`Updater.save_optimizer`: the same dictionary, saved by `fsprobe.save`."""
+        param_names, _ = updater._get_opt_param_names()
+        print(f"Save optimizer under {filename}", file=returnn_log.v4)
+        state = updater.optimizer.state_dict()
+        if updater._optimizer_step is not None:
+            state = updater._optimizer_step.state_dict_to_host_scalars(state)
+        self.save(
+            {
+                "optimizer": state,
+                "optimizer_class_name": updater.optimizer.__class__.__name__,
+                "optimizer_opts": returnn_updater._optimizer_opts_for_checkpoint(
+                    updater._optimizer_opts
+                ),
+                "param_names": param_names,
+                "epoch": updater._current_epoch,
+                "step": updater._current_train_step,
+                "effective_learning_rate": updater.get_effective_learning_rate(),
+                "returnn_version": returnn.__long_version__,
+            },
+            filename,
+        )
+
+    def existing_models(self, original: Any, config: Any, for_training: bool | None) -> dict:
+        """RETURNN's epochs on disk, each at its newest copy: the target or a fallback."""
+        found = original(config, for_training=for_training)
+        model = config.value("model", "")
+        if not model:
+            return found
+        if for_training is None:
+            for_training = config.value("task", "train") == "train"
+        final = returnn_engine.Engine.config_get_final_epoch(config)
+        for epoch in range(1, final + 1):
+            base = returnn_engine.Engine.epoch_model_filename(model, epoch)
+            where = self.located(base + _MODEL_SUFFIX)
+            if where == os.path.abspath(base + _MODEL_SUFFIX) or not os.path.exists(where):
+                continue  # not redirected: RETURNN's own answer stands
+            if for_training and not os.path.exists(self.located(base + _OPTIMIZER_SUFFIX)):
+                continue  # as RETURNN: no optimizer state, no resume from it
+            found[epoch] = where[: -len(_MODEL_SUFFIX)]
+        return found
+
+    def load_optimizer(self, original: Any, updater: Any, filename: str) -> None:
+        """`Updater.load_optimizer` of the newest copy of `filename`."""
+        original(updater, self.located(filename))
+
+
+_installed: list[_Protection] = []
+
+
+def protect(
+    *,
+    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+    max_wait: float = 0.0,
+    save_timeout: float | None = None,
+    **save_kwargs: Any,
+) -> None:
+    """Send RETURNN's model and optimizer saves through `fsprobe.save`, and let its resume find
+    redirected epochs. Call it once, from the config; `fallback_dirs`, `max_wait`,
+    `save_timeout` and `save_kwargs` (``attempts``, ``backoff``, ``state_dir``...) are those of
+    `fsprobe.save`. Raises `UnknownReturnn` on a RETURNN version it does not know.
+    """
+    _check_version()
+    if _installed:
+        raise RuntimeError("fsprobe.integrations.returnn.protect() was called already")
+    options = dict(
+        save_kwargs, fallback_dirs=fallback_dirs, max_wait=max_wait, save_timeout=save_timeout
+    )
+    _check_options(options)
+    protection = _Protection(options)
+    engine, updater = returnn_engine.Engine, returnn_updater.Updater
+    existing, loading = engine.get_existing_models.__func__, updater.load_optimizer
+    engine._save_model = lambda self: protection.save_model(self)
+    updater.save_optimizer = lambda self, filename: protection.save_optimizer(self, filename)
+    engine.get_existing_models = classmethod(
+        lambda cls, config, *, for_training=None: protection.existing_models(
+            lambda c, for_training: existing(cls, c, for_training=for_training),
+            config,
+            for_training,
+        )
+    )
+    updater.load_optimizer = lambda self, filename: protection.load_optimizer(
+        loading, self, filename
+    )
+    _installed.append(protection)
+
+
+def _check_version() -> None:
+    """Refuse a RETURNN whose save code is not the one the patches copy."""
+    known = RETURNN_VERSIONS.get(returnn.__version__)
+    if known is None:
+        raise UnknownReturnn(
+            f"fsprobe.integrations.returnn knows RETURNN {', '.join(sorted(RETURNN_VERSIONS))}, "
+            f"not {returnn.__version__} ({returnn.__long_version__}): its save code may differ, "
+            "and a patch that wrote other files than RETURNN's would break resuming. Install a "
+            "known version (pip install 'fsprobe[returnn]') or ask fsprobe to support this one"
+        )
+    methods = {
+        "Engine._save_model": returnn_engine.Engine._save_model,
+        "Updater.save_optimizer": returnn_updater.Updater.save_optimizer,
+        "EngineBase.get_existing_models": returnn_engine.EngineBase.get_existing_models,
+    }
+    changed = [
+        name
+        for name, method in methods.items()
+        if hashlib.sha256(inspect.getsource(method).encode()).hexdigest() != known[name]
+    ]
+    if changed:
+        raise UnknownReturnn(
+            f"RETURNN {returnn.__version__} here is not as released: {', '.join(changed)} "
+            "changed (a patched or newer install under an old version number); fsprobe's "
+            "copies of them would not write what it writes"
+        )
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """A misspelt option fails in the config, not at the end of the first epoch."""
+    inspect.signature(save).bind(object(), "x", **options)

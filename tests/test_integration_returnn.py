@@ -1,0 +1,197 @@
+"""`fsprobe.integrations.returnn.protect`: real RETURNN trainings (PyTorch backend, CPU, the
+generated Task12AXDataset, a small LSTM, adam) under real faults (the FUSE fault filesystem):
+the original report's EIO, a quota that is full for two epochs, a resume after them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.capability import need_module
+
+need_module("returnn")
+need_module("tree")  # dm-tree: RETURNN's PyTorch engine needs it
+
+import returnn  # noqa: E402
+
+import fsprobe  # noqa: E402
+from fsprobe.integrations import returnn as protection  # noqa: E402
+from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: A RETURNN config as a user writes one; {protect} is the line under test (or nothing).
+CONFIG = """\
+#!rnn.py
+{protect}
+import torch
+
+backend = "torch"
+task = "train"
+device = "cpu"
+train = {{"class": "Task12AXDataset", "num_seqs": 16}}
+dev = {{"class": "Task12AXDataset", "num_seqs": 4, "fixed_random_seed": 1}}
+extern_data = {{"data": {{"dim": 9}}, "classes": {{"dim": 2, "sparse": True}}}}
+batch_size = 2000
+max_seqs = 8
+num_epochs = {epochs}
+model = {model!r}
+optimizer = {{"class": "adam", "epsilon": 1e-8}}
+learning_rate = 0.01
+log_verbosity = 4
+torch_dataloader_opts = {{"num_workers": 0}}
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(9, 8)
+        self.lstm = torch.nn.LSTM(8, 16, batch_first=True)
+        self.out = torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.out(self.lstm(self.embed(x))[0])
+
+
+def get_model(**_kwargs):
+    return Model()
+
+
+def train_step(*, model, extern_data, **_kwargs):
+    import returnn.frontend as rf
+
+    data, classes = extern_data["data"], extern_data["classes"]
+    logits = model(data.raw_tensor.float())
+    lengths = data.dims[1].dyn_size_ext.raw_tensor
+    mask = torch.arange(logits.shape[1])[None, :] < lengths[:, None]
+    targets = classes.raw_tensor.long()[mask]
+    loss = torch.nn.functional.cross_entropy(logits[mask], targets, reduction="none")
+    rf.get_run_ctx().mark_as_loss(name="ce", loss=loss)
+"""
+
+#: The README's two lines, with a backoff that does not make the test wait.
+PROTECT = """\
+import fsprobe.integrations.returnn
+from fsprobe.saving.retry import Backoff
+
+fsprobe.integrations.returnn.protect(
+    fallback_dirs={fallbacks!r}, max_wait=0, save_timeout=120, backoff=Backoff(base=0.05, cap=0.2)
+)
+"""
+
+
+def train(
+    tmp_path: Path, model: Path, epochs: int, fallbacks: list[str] | None
+) -> subprocess.CompletedProcess:
+    """One RETURNN training run (``python -m returnn config``) in a process of its own."""
+    protect = "" if fallbacks is None else PROTECT.format(fallbacks=fallbacks)
+    config = tmp_path / f"config-{epochs}.py"
+    config.write_text(CONFIG.format(protect=protect, epochs=epochs, model=str(model)))
+    return subprocess.run(
+        [sys.executable, "-m", "returnn", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"},
+    )
+
+
+def loads(path: Path, epoch: int) -> None:
+    """A model or optimizer file RETURNN can resume from: whole, of that epoch."""
+    checkpoint = torch.load(path, map_location="cpu")
+    assert checkpoint["epoch"] == epoch, path
+    assert checkpoint.get("model") or checkpoint.get("optimizer"), path
+
+
+def temps(directory: Path) -> list[str]:
+    return [n for n in os.listdir(directory) if parse_temp_name(n) or n.endswith(".tmp_write")]
+
+
+@pytest.mark.parametrize("protected", [False, True], ids=["as-shipped", "protected"])
+def test_an_eio_on_the_model_and_the_optimizer_write_is_survived(faultfs, tmp_path, protected):
+    """As shipped, one EIO on a write of ``model.002.pt.tmp_write`` kills the run (the
+    original report); protected, both files are retried and every checkpoint loads."""
+    run = faultfs.mountpoint / "run"
+    # One failing write in each file of epoch 2, wherever RETURNN or fsprobe writes it.
+    rules = [
+        faultfs.ctl.fail("write", "EIO", path=f"/run/*{name}*", sticky=True)
+        for name in ("model.002.pt", "model.002.opt.pt")
+    ]
+    done = train(tmp_path, run / "model", 3, [] if protected else None)
+    if not protected:
+        assert done.returncode != 0
+        assert "model.002.pt.tmp_write" in done.stdout + done.stderr
+        assert not (run / "model.002.pt").exists()
+        return
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert [faultfs.ctl.rule(rule)["hits"] for rule in rules] == [1, 1]
+    assert "Finished training at epoch 3" in done.stdout
+    for epoch in (1, 2, 3):
+        loads(run / f"model.{epoch:03d}.pt", epoch)
+    for epoch in (2, 3):  # RETURNN keeps the last two optimizer states
+        loads(run / f"model.{epoch:03d}.opt.pt", epoch)
+    assert not (run / "model.001.opt.pt").exists()
+    assert temps(run) == []
+
+
+def test_a_full_quota_for_two_epochs_redirects_them_and_the_resume_starts_at_epoch_3(
+    faultfs, tmp_path
+):
+    run, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    quota = faultfs.ctl.fail("write", "EDQUOT", path="/run/*", times=None)
+    first = train(tmp_path, run / "model", 2, [str(fallback)])
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert faultfs.ctl.rule(quota)["hits"] > 0
+    assert not run.exists() or [n for n in os.listdir(run) if n.startswith("model.")] == []
+    redirected = {
+        name: fsprobe.locate(run / name, fallback_dirs=[fallback])
+        for name in ("model.001.pt", "model.002.pt", "model.001.opt.pt", "model.002.opt.pt")
+    }
+    for name, where in redirected.items():
+        assert where.startswith(str(fallback)), name
+        loads(Path(where), int(name.split(".")[1]))
+
+    faultfs.ctl.remove(quota)  # the quota was raised
+    resumed = train(tmp_path, run / "model", 3, [str(fallback)])
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert f"Load model {redirected['model.002.pt']}" in resumed.stdout
+    assert f"Load optimizer {redirected['model.002.opt.pt']}" in resumed.stdout
+    assert "Starting training at epoch 3" in resumed.stdout
+    assert "start epoch 1 " not in resumed.stdout and "start epoch 2 " not in resumed.stdout
+    loads(run / "model.003.pt", 3)
+    loads(run / "model.003.opt.pt", 3)
+
+    synced = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(fallback), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    json.loads(synced.stdout)
+    for name in ("model.001.pt", "model.002.pt", "model.002.opt.pt"):
+        loads(run / name, int(name.split(".")[1]))
+    assert temps(run) == []
+
+
+def test_an_unknown_returnn_is_refused_loudly(monkeypatch):
+    monkeypatch.setattr(returnn, "__version__", "1.20990101.000000")
+    with pytest.raises(
+        protection.UnknownReturnn, match=r"knows RETURNN 1\.20261022\.211313, not 1\.2099"
+    ):
+        protection.protect(fallback_dirs=["/nowhere"])
+
+
+def test_the_installed_returnn_is_the_one_the_patches_know():
+    """The extra pins it; the check behind `protect` accepts it as it is installed."""
+    assert returnn.__version__ in protection.RETURNN_VERSIONS
+    protection._check_version()
