@@ -7,5 +7,7 @@
   retried, redirected), one process or many;
 - `fsprobe.integrations.transformers.FsprobeCallback`: a Hugging Face ``TrainerCallback`` that
   runs the preflight before each save step and reports what it found;
-- `fsprobe.integrations.dcp`: PyTorch Distributed Checkpoint through `FsprobeWriter`.
+- `fsprobe.integrations.dcp`: PyTorch Distributed Checkpoint through `FsprobeWriter`;
+- `fsprobe.integrations.returnn.protect`: RETURNN's epoch saves through `fsprobe.save`, and its
+  resume finding redirected epochs (one call from the config).
 """
