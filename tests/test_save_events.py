@@ -522,3 +522,25 @@ def test_a_save_every_few_minutes_stands_for_a_write_probe_every_minute_until_it
     assert "probe_stale" not in codes
     now[0] += 60.0  # 460 s after the last save: late
     assert store.skip_write_probe("/ckpt") is None
+
+
+def test_a_dcp_save_and_a_background_save_each_report_one_event(tmp_path, monkeypatch):
+    """DCP through FsprobeWriter on two gloo ranks: one event from the coordinator with both
+    ranks; `save_async`: its event when the background write lands."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    with start_daemon(tmp_path, target) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        path = str(target)
+        run_ranks(
+            "tests.test_integration_dcp:save_state", 2, tmp_path, target=str(target / "dcp-1")
+        )
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=path, outcome="ok")
+        state = status_json(daemon.state_dir)["targets"][path]["last_save"]
+        assert (state["requested"], state["ranks"]) == (str(target / "dcp-1"), 2)
+
+        future = fsprobe.save_async({"step": 1}, target / "async.pt")
+        assert future.result(timeout=60).path == str(target / "async.pt")
+        daemon.wait_for_value("fsprobe_saves_total", 2.0, path=path, outcome="ok")
+        state = status_json(daemon.state_dir)["targets"][path]["last_save"]
+        assert (state["requested"], state["ranks"]) == (str(target / "async.pt"), 1)
