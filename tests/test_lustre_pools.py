@@ -249,3 +249,26 @@ def test_the_daemon_asks_once_per_round_and_labels_the_pools(tmp_path, fake_lfs)
             assert ("fsprobe_lustre_target_avail_bytes", labels) in series
         status = ("fsprobe_health_status", frozenset({"path": run}.items()))
         assert series[status] == 0  # OST0004 is full, but outside the layout's pool
+
+
+@pytest.mark.mount
+def test_a_plain_layout_without_a_pool_takes_the_roots_pool(faultfs, fake_lfs: FakeLfs):
+    """LOD fills what a plain default leaves unset from the root's plain default: its pool."""
+    ckpt = faultfs.mountpoint / "ckpt"
+    ckpt.mkdir()
+    layouts = {str(faultfs.mountpoint): {"pool": "flash"}, str(ckpt): {"stripe_count": 4}}
+    state = world(faultfs.mountpoint, full=(4,), layouts=layouts)
+    fake_lfs.configure(state=state)
+    settings = ServerProbeSettings(provider="lfs")
+    targets = probe_lfs_df(str(ckpt), settings)
+    assert targets is not None
+    assert {t.name for t in targets if t.kind == "OST" and t.in_layout} == {
+        "lustre-OST0000", "lustre-OST0001",
+    }  # fmt: skip
+    fake_lfs.configure(state={**state, "layouts": {str(ckpt): {"stripe_count": 4}}})
+    targets = probe_lfs_df(str(ckpt), settings)  # the root has no pool: any OST
+    assert targets is not None and all(t.in_layout for t in targets)
+    composite = [{"end": 1048576}, {"end": "EOF"}]
+    fake_lfs.configure(state={**state, "layouts": {**layouts, str(ckpt): composite}})
+    targets = probe_lfs_df(str(ckpt), settings)  # a composite default is taken as it is
+    assert targets is not None and all(t.in_layout for t in targets)

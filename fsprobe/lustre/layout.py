@@ -44,6 +44,14 @@ class Layout:
     """A directory's default layout, as far as placement goes."""
 
     components: tuple[Component, ...]
+    composite: bool = False
+
+    @property
+    def inherits_pool(self) -> bool:
+        """Whether a new file takes the pool of the root's default layout instead: a plain
+        layout without a pool does (LOD's `lod_ah_init` fills in what a plain default leaves
+        unset from the root's plain default, the pool among it)."""
+        return not self.composite and self.components[0].pool is None
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -87,4 +95,7 @@ def parse_layout(run: LfsRun) -> Layout:
     placed = [fields for fields in components if "pattern" in fields or "pool" in fields]
     if not placed:
         raise ProbeFailure(PARSE, f"{run.command}: printed no layout ({run.stdout.strip()!r})")
-    return Layout(tuple(_component(fields) for fields in placed))
+    composite = any(
+        "lcm_entry_count" in fields or _COMPONENT_START in fields for fields in components
+    )
+    return Layout(tuple(_component(fields) for fields in placed), composite)

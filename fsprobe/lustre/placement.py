@@ -4,9 +4,10 @@ The quota probe (for pool quotas) and the `lfs df` probe (for the OSTs worth jud
 this. Each answer is kept for the quota interval (`ServerProbeSettings.cache_seconds`), and at
 least for one probe deadline so that the two probes of one round share it; a save never asks.
 Per directory that is one ``lfs getstripe -d -y`` (one getattr RPC to the MDS, two when the
-directory has no layout of its own and the root's applies); per filesystem and pool one
-``lfs pool_list`` (the client's own pool table: no RPC); per `lfs` binary one ``lfs --version``
-(no RPC), kept for an hour.
+directory has no layout of its own and the root's applies), and one for the filesystem root
+when the directory's plain layout names no pool (new files then take the root's); per
+filesystem and pool one ``lfs pool_list`` (the client's own pool table: no RPC); per `lfs`
+binary one ``lfs --version`` (no RPC), kept for an hour.
 """
 
 from __future__ import annotations
@@ -102,13 +103,12 @@ class Placements:
     ) -> Placement:
         """The placement of new files in `directory`; ProbeFailure when it cannot be read."""
         ttl = max(settings.cache_seconds, settings.timeout)
-        layout: Layout = self._get(
-            self._layouts,
-            (directory, binary),
-            lambda: self._run(("getstripe", "-d", "-y", directory), binary, deadline, parse_layout),
-            ttl,
-            deadline,
-        )
+        layout = self._layout(directory, binary, ttl, deadline)
+        root = mount.mountpoint if mount is not None else None
+        if layout.inherits_pool and root is not None and root != directory:
+            inherited = self._layout(root, binary, ttl, deadline)
+            if not inherited.composite and inherited.pools:
+                layout = inherited  # the root's plain default names the pool new files get
         if not layout.pools:
             return Placement(layout)
         filesystem = _filesystem_key(directory, mount)
@@ -135,6 +135,15 @@ class Placements:
             for pool in layout.pools
         }
         return Placement(layout, members)
+
+    def _layout(self, directory: str, binary: str, ttl: float, deadline: Deadline) -> Layout:
+        return self._get(
+            self._layouts,
+            (directory, binary),
+            lambda: self._run(("getstripe", "-d", "-y", directory), binary, deadline, parse_layout),
+            ttl,
+            deadline,
+        )
 
     def has_pool_quotas(self, binary: str, deadline: Deadline) -> bool:
         """Whether this `lfs` takes ``quota --pool`` (2.14+); ProbeFailure when it cannot tell."""
