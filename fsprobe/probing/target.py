@@ -30,6 +30,7 @@ from fsprobe.posix.identity import Identity
 OWNER, ROOT = "owner", "root"
 #: Opening a directory of the walk: never through a symlink, never inherited by a child.
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SEARCH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The kernel's own bound on symlinks in one lookup (MAXSYMLINKS).
 MAX_SYMLINKS = 40
 
@@ -107,8 +108,15 @@ class _Walk:
         return "/" + "/".join(self.names)
 
     def enter(self, name: str) -> None:
-        """Step into the directory `name`; OSError (ELOOP, ENOTDIR) for a symlink or a file."""
-        following = os.open(name, _DIRECTORY_FLAGS, dir_fd=self.fd)
+        """Step into the directory `name`; OSError (ELOOP, ENOTDIR) for a symlink or a file.
+
+        A directory the prober may search but not read (``chmod 711``, as a home or a shared
+        scratch root often is) is passed through all the same (``O_PATH``), as a path lookup
+        would: opening it for reading needs a permission the lookup does not."""
+        try:
+            following = os.open(name, _DIRECTORY_FLAGS, dir_fd=self.fd)
+        except PermissionError:
+            following = os.open(name, _SEARCH_FLAGS, dir_fd=self.fd)
         os.close(self.fd)
         self.fd = following
         if name == "..":
