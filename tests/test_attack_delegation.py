@@ -10,8 +10,10 @@ accounts, a real daemon and real processes.
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
+import resource
 import subprocess
 import sysconfig
 import time
@@ -20,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fsprobe.redirect import limits
 from tests.daemon_process import DaemonProcess, clean_environment
 from tests.support.capability import need_command
 from tests.support.users import REPO, share
@@ -333,3 +336,138 @@ def test_the_root_daemon_that_cannot_act_as_a_user_logs_an_error_and_counts_it(
     assert "level=error" in line and f"uid={alice.uid}" in line, line
     assert "is not executable by uid" in line and "install fsprobe where its users" in line
     assert not (target / "model.pt").exists()
+
+
+#: Mallory traces every process of hers that appears until `stop` exists (argv[1]), and
+#: prints what each attempt gave: {pid: [argv, traced]}.
+TRACE_EVERY = r"""
+import ctypes, json, os, sys, time
+PTRACE_ATTACH, PTRACE_DETACH, WALL = 16, 17, 0x40000000
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long] * 4
+stop, tried = sys.argv[1], {}
+deadline = time.monotonic() + 90
+while not os.path.exists(stop) and time.monotonic() < deadline:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) in (os.getpid(), os.getppid()) or pid in tried:
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        traced = libc.ptrace(PTRACE_ATTACH, int(pid), 0, 0) == 0
+        if traced:
+            os.waitpid(int(pid), WALL)
+            libc.ptrace(PTRACE_DETACH, int(pid), 0, 0)
+        tried[pid] = [argv, traced]
+print(json.dumps(tried))
+"""
+
+
+def test_no_process_root_starts_as_a_user_can_be_traced_by_her(local_users, place):
+    """The run as Mallory could not be traced, but the probe worker it started (with `exec`,
+    so hers) could: attached with gdb it ran her code inside root's service, with root's
+    limits. The run now starts no process of hers that lives: its probes run in its threads."""
+    mallory, _bob, scratch, targets = _two_pending_users(local_users, place)
+    stop = place / "stop"
+    tracer = subprocess.Popen(
+        [local_users.python, "-c", TRACE_EVERY, str(stop)],
+        stdout=subprocess.PIPE, text=True, **mallory.subprocess_kwargs(),
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)
+        done, started = _watch_roots_sync(local_users, scratch, mallory)
+        stop.touch()
+        tried = json.loads(tracer.communicate(timeout=120)[0])
+    finally:
+        tracer.kill()
+        tracer.wait()
+    assert any("sync" in argv for argv, _ in tried.values()), tried  # she saw her run
+    assert [argv for argv, traced in tried.values() if traced] == [], tried
+    assert started and all("fsprobe.redirect.delegate" in " ".join(argv) for argv in started), (
+        started  # her run and nothing else: no probe worker of hers
+    )
+    assert done.returncode == 0, done.stderr
+    assert (targets[mallory] / "model.pt").read_text() == f"{mallory.name}'s"
+
+
+def open_files_limit(pid: int) -> tuple[int, int]:
+    """(soft, hard) of RLIMIT_NOFILE, as /proc says (prlimit needs CAP_SYS_RESOURCE)."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no open files limit for {pid}")
+
+
+def test_roots_run_as_a_user_has_the_users_limits_not_roots(local_users, place):
+    """The run as a user inherited root's limits (a service's LimitNOFILE=4321, not the 1024
+    of the user's login), and so did everything it started."""
+    mallory, _bob, scratch, _targets = _two_pending_users(local_users, place)
+    done, limits_seen = _watch_roots_sync(local_users, scratch, mallory, open_files=4321)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["failures"] == []
+    assert limits_seen, "no run as Mallory was seen"
+    assert set(limits_seen) == {(1024, 4321)}, limits_seen  # a login's soft, under root's hard
+
+
+def _watch_roots_sync(
+    local_users, scratch: Path, user, open_files: int | None = None
+) -> tuple[subprocess.CompletedProcess, list]:
+    """Root's `fsprobe sync` of `scratch`, and what root sees of the processes it starts as
+    `user`: their argv, or with `open_files` (root's own limit then), their open-files limits."""
+    seen: dict[int, object] = {}
+
+    def limit_root() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
+    sync = subprocess.Popen(
+        [local_users.python, "-m", "fsprobe", "sync", "--json", "--fallback-dir", str(scratch)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=limit_root,
+    )  # fmt: skip
+    try:
+        while sync.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(sync.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
+                        if child.uids().real == user.uid and child.pid not in seen:
+                            seen[child.pid] = (
+                                child.cmdline() if open_files is None
+                                else open_files_limit(child.pid)
+                            )  # fmt: skip
+            time.sleep(0.005)
+        stdout, stderr = sync.communicate(timeout=120)
+    finally:
+        sync.kill()
+        sync.wait()
+    return subprocess.CompletedProcess(sync.args, sync.returncode, stdout, stderr), list(
+        seen.values()
+    )
+
+
+def test_login_limits_read_limits_conf_as_pam_limits_does(tmp_path, monkeypatch):
+    conf = tmp_path / "limits.conf"
+    conf.write_text(
+        "# domain type item value\n"
+        "*        soft  nofile  2048\n"
+        "*        hard  nofile  8192\n"
+        "@team    -     nofile  4096   # the team's line beats the wildcard\n"
+        "alice    hard  as      1048576\n"
+        "*        soft  core    unlimited\n"
+        "broken line\n"
+    )
+    monkeypatch.setattr(limits, "LIMITS_FILES", (str(conf), str(tmp_path / "none" / "*.conf")))
+    team = grp.getgrgid(os.getgid())
+    monkeypatch.setattr(limits.grp, "getgrgid", lambda gid: team if gid == 7 else None)
+    for_alice = limits.login_limits("alice", [])
+    assert for_alice[resource.RLIMIT_NOFILE] == (2048, 8192)
+    assert for_alice[resource.RLIMIT_AS] == (resource.RLIM_INFINITY, 1 << 30)
+    assert for_alice[resource.RLIMIT_CORE] == (resource.RLIM_INFINITY, 0)
+    conf.write_text(conf.read_text().replace("@team", f"@{team.gr_name}"))
+    assert limits.login_limits("bob", [7])[resource.RLIMIT_NOFILE] == (4096, 4096)
+    assert limits.login_limits("bob", [])[resource.RLIMIT_NOFILE] == (2048, 8192)

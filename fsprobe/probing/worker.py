@@ -42,7 +42,7 @@ from typing import Any
 
 from fsprobe.model import ProbeResult
 from fsprobe.posix import children
-from fsprobe.probing.runner import ProbeRunner, timed_call
+from fsprobe.probing.runner import ProbeRunner, ThreadExecutor, timed_call
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +284,20 @@ def _reap(process: subprocess.Popen) -> None:
     """Collect a worker that was let go (it exits as soon as it reads the end of the channel)."""
     with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: exits later
         process.wait(timeout=5.0)
+
+
+def probe_in_threads() -> None:
+    """Make this process's shared runner probe in threads of its own, never in a worker.
+
+    For root's run of ``fsprobe sync`` as a user (`fsprobe.redirect.delegate`), which gave up
+    root without ``exec`` so that the user cannot trace it: a worker it started would be the
+    user's own process, which she could trace and so run her code in root's service, with the
+    limits the run got from root. A probe stuck in the kernel then holds a thread of the run,
+    which root's deadline kills with the run; nothing of the user's outlives it.
+    """
+    global _shared
+    with _shared_lock:
+        _shared = ProbeRunner(ThreadExecutor())
 
 
 def _lost(probe: str, message: str) -> ProbeResult:

@@ -18,8 +18,12 @@ anything of theirs inside root's service (its memory and task limits). A process
 up root without ``exec`` stays "not dumpable", and the user it became can do none of that. What
 the user keeps is signalling it: a run they stop (``SIGSTOP``) is killed as soon as it is seen
 stopped, not waited for until the deadline; one they kill reports nothing. Its output is still
-data to check, never to act on: a run may start processes of its own (its probe worker), which
-are the user's own, debuggable ones.
+data to check, never to act on.
+
+The run starts no process of the user's that lives: its probes run in its own threads
+(`fsprobe.probing.worker.probe_in_threads`), not in a probe worker, which being started with
+``exec`` would be the user's to trace. And it runs with the limits a login of the user gets
+(`fsprobe.redirect.limits`), not root's.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fsprobe.posix import children
+from fsprobe.redirect.limits import login_limits, lower_to
 
 #: More than any report of a real run; a run that says more is killed and disbelieved.
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
@@ -54,6 +59,7 @@ _PR_SET_DUMPABLE = 4
 #: the user (`become`); only then does it run ``fsprobe ARGUMENTS``, as ``python -m`` would.
 _BOOTSTRAP = (
     "import sys; from fsprobe.redirect.delegate import become, refuse_if_unusable; "
+    "from fsprobe.probing.worker import probe_in_threads; probe_in_threads(); "
     "become(int(sys.argv[1]), int(sys.argv[2]), [int(g) for g in sys.argv[3].split(',') if g]); "
     "refuse_if_unusable(int(sys.argv[1])); "
     "import runpy; sys.argv[:4] = ['fsprobe']; runpy.run_module('fsprobe', run_name='__main__')"
@@ -115,6 +121,7 @@ def become(uid: int, gid: int, groups: Sequence[int]) -> None:
     switch back; the process is then marked not dumpable once more (the kernel did so when
     the IDs changed, unless ``fs.suid_dumpable`` says otherwise).
     """
+    lower_to(login_limits(pwd.getpwuid(uid).pw_name, [gid, *groups]))
     os.setgroups(list(groups))
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
