@@ -140,3 +140,16 @@ def test_a_worker_that_still_owes_an_answer_is_not_let_go():
     assert runner.submit("/b", "statvfs", os.getpid, 5).result().value == pid
     reader.join(timeout=15)  # answered at last, then idle: let go
     assert not reader.is_alive() and not psutil.pid_exists(pid)
+
+
+def test_the_reader_thread_stops_when_asked_and_the_next_probe_starts_a_worker_again():
+    """A host that stops leftover daemon threads (Lightning's tests) calls `stop()`, then
+    checks that the thread is gone at once."""
+    before = readers()
+    runner = ProbeRunner(ProcessExecutor())
+    first = runner.submit("/a", "statvfs", os.getpid, 5).result().value
+    (reader,) = readers() - before
+    reader.stop()
+    assert not reader.is_alive()
+    again = runner.submit("/a", "statvfs", os.getpid, 5).result()
+    assert again.ok and again.value != first

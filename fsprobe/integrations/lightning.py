@@ -81,7 +81,7 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
     ) -> None:
         if storage_options is not None or not _is_local(path):
             # Lightning's own refusal of storage_options (its wording), or a remote path.
-            super().save_checkpoint(checkpoint, path, storage_options)
+            super().save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.last_result = atomic_write(

@@ -152,6 +152,25 @@ class Channel:
         self.sock.close()
 
 
+class _Reader(threading.Thread):
+    """The thread that reads one worker's answers. `stop()` lets the worker go and returns once
+    this thread has ended: what hosts that stop leftover daemon threads call (Lightning's test
+    suite does, between tests)."""
+
+    def __init__(self, executor: ProcessExecutor, connection: Channel, process: subprocess.Popen):
+        super().__init__(
+            target=executor._read_results,
+            args=(connection, process),
+            name="fsprobe-worker-reader",
+            daemon=True,
+        )
+        self._executor = executor
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._executor.close()
+        self.join(timeout)
+
+
 class ProcessExecutor:
     """Runs probe functions in the worker process; they must be picklable (module functions).
 
@@ -197,12 +216,7 @@ class ProcessExecutor:
         finally:
             theirs.close()
         self._connection = ours
-        threading.Thread(
-            target=self._read_results,
-            args=(ours, self._process),
-            name="fsprobe-worker-reader",
-            daemon=True,
-        ).start()
+        _Reader(self, ours, self._process).start()
         return ours
 
     def _read_results(self, connection: Channel, process: subprocess.Popen) -> None:
