@@ -10,6 +10,7 @@ Whatever the worker sends must therefore be nothing more than data to the proces
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import socket
@@ -18,6 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from fsprobe.model import QuotaReport, QuotaState
+from fsprobe.probing.worker import NotAResult, ResultUnpickler
 from tests.support.users import REPO
 
 
@@ -65,3 +70,27 @@ def test_a_result_the_worker_forges_runs_nothing_in_the_process_it_serves(tmp_pa
     assert done.returncode == 0, done.stderr
     error, _, message = done.stdout.partition(" ")
     assert error == "EUNKNOWN" and "probe worker" in message, done.stdout
+
+
+class _ByName:
+    """Pickles as ``getattr(cls, name)``: how Python 3.11.2 pickles an enum member."""
+
+    def __init__(self, cls: object, name: str) -> None:
+        self.cls, self.name = cls, name
+
+    def __reduce__(self):
+        return (getattr, (self.cls, self.name))
+
+
+def test_an_enum_member_pickled_by_name_is_read_and_getattr_gives_nothing_else():
+    """A worker on Python 3.11.2 pickles QuotaState.OK as getattr(QuotaState, "OK"): every
+    quota result was refused as "builtins.getattr, which no probe returns" (fsprobe quota from
+    the system's Python 3.11 printed no quota). That getattr gives enum members only."""
+
+    def load(value: object) -> object:
+        return ResultUnpickler(io.BytesIO(pickle.dumps(value))).load()
+
+    assert load(_ByName(QuotaState, "OK")) is QuotaState.OK
+    for hostile in (_ByName(QuotaState, "__class__"), _ByName(QuotaReport, "__init__")):
+        with pytest.raises(NotAResult):
+            load(hostile)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -28,7 +29,11 @@ from fsprobe.probing.quota import lookup_quota, probe_quota
 from fsprobe.probing.write import probe_write
 from fsprobe.quota import ServerProbeSettings
 from tests.fakes.fake_lfs import fake_lfs_for
+from tests.support.capability import need_command, need_module
 from tests.support.users import REPO, LocalUser, share
+from tests.test_deploy_systemd import UNIT, _directives
+
+DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
 
 #: renameat2's flag that swaps two names atomically, from <linux/fs.h>.
 RENAME_EXCHANGE = 2
@@ -302,3 +307,52 @@ def test_check_takes_probe_as_on_the_command_line(tmp_path):
         check=False,
     )
     assert done.returncode == 64 and "probe_as" in done.stderr
+
+
+def _unit_capabilities() -> list[str]:
+    return " ".join(_directives(UNIT.read_text())["Service"]["CapabilityBoundingSet"]).split()
+
+
+def _daemonset_capabilities() -> list[str]:
+    yaml = need_module("yaml")
+    for document in yaml.safe_load_all(DAEMONSET.read_text()):
+        if document and document.get("kind") == "DaemonSet":
+            (container,) = document["spec"]["template"]["spec"]["containers"]
+            return [f"CAP_{name}" for name in container["securityContext"]["capabilities"]["add"]]
+    raise AssertionError(f"no DaemonSet in {DAEMONSET}")
+
+
+@pytest.mark.parametrize("shipped", [_unit_capabilities, _daemonset_capabilities])
+def test_the_shipped_capabilities_let_root_probe_as_the_owner(
+    shipped, local_users, faultfs, shared_fake_lfs, tmp_path
+):
+    """Root with only the capabilities the systemd unit and the DaemonSet keep: its probe of a
+    user's full directory meets her EDQUOT, and it reads her quota from a Lustre that refuses
+    anyone without CAP_SYS_ADMIN someone else's (the fake lfs checks its own CapEff)."""
+    setpriv = need_command("setpriv", "util-linux")
+    bounding = ",".join(["-all", *(f"+{name.lower()[4:]}" for name in shipped())])
+    alice = local_users.user()
+    full = full_home_of(alice, faultfs)
+    lustre = lustre_directory_of(alice, shared_fake_lfs, tmp_path)
+
+    def fsprobe_json(*arguments: str) -> dict:
+        python = [local_users.python, "-m", "fsprobe", *arguments, "--json"]
+        done = subprocess.run(
+            [setpriv, "--bounding-set", bounding, "--no-new-privs", *python],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.stdout, done.stderr
+        return json.loads(done.stdout)
+
+    write = fsprobe_json("check", str(full), "--quota-provider", "none")["write_probe"]
+    assert (write["ok"], write["errno"]) == (False, "EDQUOT"), write
+    quota = fsprobe_json("quota", str(lustre), "--quota-provider", "lfs")
+    assert quota["errors"] == [], quota
+    assert [(entry["type"], entry["id"]) for entry in quota["quota"]] == [
+        ("user", alice.uid),
+        ("group", alice.gid),
+    ]

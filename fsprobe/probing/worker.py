@@ -87,6 +87,8 @@ class ResultUnpickler(pickle.Unpickler):
     """
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member  # how some Python releases (3.11.2) pickle an enum member
         # Only what is already imported: naming a module must not import (and so run) it.
         loaded = sys.modules.get(module) if module.startswith("fsprobe.") else None
         found = getattr(loaded, name, None)
@@ -95,6 +97,14 @@ class ResultUnpickler(pickle.Unpickler):
         ):
             return found
         raise NotAResult(f"the probe worker sent {module}.{name}, which no probe returns")
+
+
+def _enum_member(cls: object, name: object) -> enum.Enum:
+    """``getattr(cls, name)`` as an unpickled enum member asks it, and nothing else: `cls` is
+    already one of ours (`ResultUnpickler.find_class`), `name` must be one of its members."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__:
+        return cls.__members__[name]  # type: ignore[index]
+    raise NotAResult(f"the probe worker asked for {name!r} of {cls!r}, which is no enum member")
 
 
 class Channel:
