@@ -48,6 +48,8 @@ def test_a_users_sync_back_is_not_killed_by_the_lfs_runs_beside_it(local_users, 
     assert result["redirected"], result
     os.chown(target, alice.uid, -1)  # now it can take the checkpoint back
     lfs_runs = place / "lfs-runs"
+    lfs_runs.touch(mode=0o666)  # `lfs quota` of Alice's directory runs as Alice
+    lfs_runs.chmod(0o666)
     lfs = place / "lfs"
     lfs.write_text(f"#!/bin/sh\necho run >> {lfs_runs}\n")
     lfs.chmod(0o755)

@@ -250,8 +250,9 @@ def test_a_user_cannot_trace_the_lfs_root_runs_as_her(local_users, shared_fake_l
     """The exec'd `lfs` is hers (her uid) yet not dumpable: ptrace(ATTACH) as her is refused."""
     alice = local_users.user()
     target = lustre_directory_of(alice, shared_fake_lfs, tmp_path)
+    settings = ServerProbeSettings(provider="lfs", timeout=20, cache_seconds=0)
+    lookup_quota(str(target), settings)  # root's `lfs --version` and `getstripe`, cached now
     os.environ["FAKE_LFS_FAIL"] = "hang"  # the monkeypatch of the fixture undoes it
-    settings = ServerProbeSettings(provider="lfs", timeout=20)
     outcome = []
     prober = threading.Thread(
         target=lambda: outcome.append(lookup_quota(str(target), settings).report)
@@ -259,7 +260,9 @@ def test_a_user_cannot_trace_the_lfs_root_runs_as_her(local_users, shared_fake_l
     prober.start()
     try:
         pid = _wait_for_pid(shared_fake_lfs.pidfile)
-        assert os.stat(f"/proc/{pid}").st_uid == alice.uid
+        status = Path(f"/proc/{pid}/status").read_text()
+        (uids,) = [line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")]
+        assert uids == [str(alice.uid)] * 4  # hers: real, effective, saved and fs uid
         traced = alice.python(ATTACH, str(pid), env={"PATH": os.defpath})
         assert traced.stdout.strip() == "EPERM", traced.stderr
     finally:

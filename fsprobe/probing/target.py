@@ -28,9 +28,10 @@ from fsprobe.posix.identity import Identity
 
 #: Who probes: the target directory's owner, root (the process itself), or a named account.
 OWNER, ROOT = "owner", "root"
-#: Opening a directory of the walk: never through a symlink, never inherited by a child.
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_SEARCH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Opening a directory of the walk: never through a symlink, never inherited by a child; only
+#: a handle (``O_PATH``), which needs search permission where a path would, not read permission
+#: (a home directory of mode 0711 is passed through, as by a path).
+_DIRECTORY_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The kernel's own bound on symlinks in one lookup (MAXSYMLINKS).
 MAX_SYMLINKS = 40
 
@@ -72,15 +73,21 @@ def probing_identity(probe_as: str, directory: os.stat_result) -> Identity:
 
 @dataclass
 class OpenedTarget:
-    """The directory a probe works in: its descriptor, the path the walk took to it (for the
-    mount table and messages, never to act on), who probes it, the symlinks followed, and
-    whether it is the target itself (else its nearest existing ancestor)."""
+    """The directory a probe works in: its descriptor (``O_PATH``: for ``*at`` calls, fstat and
+    fstatvfs; `open_directory` for more), the path the walk took to it (for the mount table
+    and messages, never to act on), who probes it, the symlinks followed, and whether it is
+    the target itself (else its nearest existing ancestor)."""
 
     fd: int
     path: str
     identity: Identity
     links: list[tuple[str, int]] = field(default_factory=list)  # (where, owner uid)
     exists: bool = True
+
+    def open_directory(self) -> int:
+        """A readable descriptor of the directory itself (to fsync it), opened as the caller
+        is now: with the probing identity's permissions in the write probe."""
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -113,10 +120,7 @@ class _Walk:
         A directory the prober may search but not read (``chmod 711``, as a home or a shared
         scratch root often is) is passed through all the same (``O_PATH``), as a path lookup
         would: opening it for reading needs a permission the lookup does not."""
-        try:
-            following = os.open(name, _DIRECTORY_FLAGS, dir_fd=self.fd)
-        except PermissionError:
-            following = os.open(name, _SEARCH_FLAGS, dir_fd=self.fd)
+        following = os.open(name, _DIRECTORY_FLAGS, dir_fd=self.fd)
         os.close(self.fd)
         self.fd = following
         if name == "..":

@@ -61,10 +61,17 @@ class _Rehearsal:
         self.timed("write", lambda: _write_all(temp.fd, self.data))
         self.timed("fsync", lambda: os.fsync(temp.fd))
         self.timed("rename", lambda: temp.rename(renamed))
-        self.timed("fsync_dir", lambda: os.fsync(directory))
+        self.timed("fsync_dir", self.fsync_directory)
         self.timed("unlink", lambda: os.unlink(renamed, dir_fd=directory))
         self.temp = None
         temp.release()
+
+    def fsync_directory(self) -> None:
+        fd = self.directory.open_directory()
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def create(self, name: str) -> None:
         self.temp = TempFile(self.directory.fd, name)
