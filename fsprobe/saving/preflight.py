@@ -410,7 +410,15 @@ def _first_acceptable(
         else:
             trouble = verdict.refusing + verdict.passing
             why = "; ".join(r.message for r in trouble) or verdict.status.label
-        log.info("preflight: fallback %s cannot take %s: %s", candidate.fallback, requested, why)
+        # A fallback someone pointed elsewhere (target_untrusted) is an attack, not weather.
+        untrusted = any(r.code == "target_untrusted" for r in verdict.reasons)
+        log.log(
+            logging.WARNING if untrusted else logging.INFO,
+            "preflight: fallback %s cannot take %s: %s",
+            candidate.fallback,
+            requested,
+            why,
+        )
     return None
 
 
