@@ -185,3 +185,25 @@ def test_manifest_validates_against_the_kubernetes_schema(name: str, kind: str) 
     sidecars (init containers with restartPolicy: Always) enabled by default."""
     validator = need_module("kubernetes_validate")
     validator.validate(_one(name, kind), "1.29.0", strict=True)
+
+
+def test_the_podmonitor_names_the_jobs_that_the_rules_select() -> None:
+    """Without jobLabel the Prometheus Operator names the job "<namespace>/fsprobe", and the
+    rules' FsprobeDown (job="fsprobe") fired its absent() form forever; the sidecars, gone
+    whenever no training job runs, must have a job of their own that no absent() watches."""
+    monitor = _one("podmonitor.yaml", "PodMonitor")["spec"]
+    label = monitor["jobLabel"]
+    job = _one("training-job.yaml", "Job")["spec"]["template"]["metadata"]["labels"][label]
+    node = _one("daemonset.yaml", "DaemonSet")["spec"]["template"]["metadata"]["labels"][label]
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "fsprobe.rules.yml").read_text())
+    down = [
+        rule["expr"]
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "FsprobeDown"
+    ]
+    assert down == [
+        f'up{{job="{node}"}} == 0 or up{{job="{job}"}} == 0',
+        f'absent(up{{job="{node}"}})',
+    ]
+    assert (node, job) == ("fsprobe", "fsprobe-sidecar")

@@ -145,7 +145,7 @@ def test_a_site_sets_its_runbook_and_job_in_one_place(tmp_path: Path) -> None:
     }
     down = [r["expr"] for r in alerts if r["alert"] == "FsprobeDown"]
     assert down == [
-        'up{job="node-fsprobe", cluster="a"} == 0',
+        'up{job="node-fsprobe", cluster="a"} == 0 or up{job="fsprobe-sidecar"} == 0',
         'absent(up{job="node-fsprobe", cluster="a"})',
     ]
     shipped = RULES.read_text()

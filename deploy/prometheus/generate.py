@@ -12,8 +12,12 @@ Two settings differ between sites and are filled in here, mixin style:
 - ``--runbook-base``: where docs/runbook.md is published; every alert's ``runbook_url`` is this
   plus ``#<alert name in lower case>``. Default: the ``Runbook`` URL in pyproject.toml's
   ``[project.urls]``, so the package metadata and the alerts name the same place;
-- ``--job-selector``: the label matchers of fsprobe's scrape job, for ``FsprobeDown``
-  (default ``job="fsprobe"``).
+- ``--job-selector``: the label matchers of the node daemons' scrape job, for ``FsprobeDown``
+  (default ``job="fsprobe"``: the DaemonSet's pods carry ``fsprobe.io/job: fsprobe``, which
+  the PodMonitor's ``jobLabel`` makes the job); its absence is an alert;
+- ``--sidecar-job-selector``: that of the sidecars beside training jobs (default
+  ``job="fsprobe-sidecar"``): a sidecar that fails to answer is an alert, its absence is not
+  (no sidecar runs while no training job does).
 
 The rule groups are copied as text, so the comments survive.
 
@@ -45,12 +49,14 @@ TEMPLATE = REPO / "deploy" / "prometheus" / "fsprobe.rules.template.yml"
 RULES = REPO / "deploy" / "prometheus" / "fsprobe.rules.yml"
 PROMETHEUS_RULE = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
 DEFAULT_JOB_SELECTOR = 'job="fsprobe"'
+DEFAULT_SIDECAR_JOB_SELECTOR = 'job="fsprobe-sidecar"'
 
 GENERATED = """\
 # GENERATED from deploy/prometheus/fsprobe.rules.template.yml by deploy/prometheus/generate.py:
 # edit the template, then rerun the script. Settings:
 #   --runbook-base {runbook_base}
 #   --job-selector '{job_selector}'
+#   --sidecar-job-selector '{sidecar_job_selector}'
 """
 RULES_HEADER = """\
 #
@@ -79,22 +85,34 @@ def default_runbook_base() -> str:
         return tomllib.load(stream)["project"]["urls"]["Runbook"]
 
 
-def _groups(template: str, runbook_base: str, job_selector: str) -> list[str]:
+def _groups(
+    template: str, runbook_base: str, job_selector: str, sidecar_job_selector: str
+) -> list[str]:
     """The template's lines from ``groups:`` on, with the settings filled in."""
     lines = template.splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith("groups:"))
     text = "\n".join(lines[start:])
     text = text.replace("@RUNBOOK_BASE@", runbook_base).replace("@JOB_SELECTOR@", job_selector)
+    text = text.replace("@SIDECAR_JOB_SELECTOR@", sidecar_job_selector)
     leftover = re.search(r"@[A-Z_]+@", text)
     if leftover:
         raise SystemExit(f"{TEMPLATE}: unknown placeholder {leftover[0]}")
     return text.splitlines()
 
 
-def render(template: str, runbook_base: str, job_selector: str) -> dict[str, str]:
+def render(
+    template: str,
+    runbook_base: str,
+    job_selector: str,
+    sidecar_job_selector: str = DEFAULT_SIDECAR_JOB_SELECTOR,
+) -> dict[str, str]:
     """{file name: content} of both outputs."""
-    groups = _groups(template, runbook_base, job_selector)
-    generated = GENERATED.format(runbook_base=runbook_base, job_selector=job_selector)
+    groups = _groups(template, runbook_base, job_selector, sidecar_job_selector)
+    generated = GENERATED.format(
+        runbook_base=runbook_base,
+        job_selector=job_selector,
+        sidecar_job_selector=sidecar_job_selector,
+    )
     indented = [f"  {line}" if line else "" for line in groups]
     return {
         RULES.name: generated + RULES_HEADER + "\n".join(groups) + "\n",
@@ -108,7 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--job-selector",
         default=DEFAULT_JOB_SELECTOR,
-        help=f"label matchers of fsprobe's scrape job (default: {DEFAULT_JOB_SELECTOR})",
+        help="label matchers of the node daemons' scrape job, whose absence is an alert "
+        f"(default: {DEFAULT_JOB_SELECTOR})",
+    )
+    parser.add_argument(
+        "--sidecar-job-selector",
+        default=DEFAULT_SIDECAR_JOB_SELECTOR,
+        help="label matchers of the sidecars' scrape job, absent while no training job runs "
+        f"(default: {DEFAULT_SIDECAR_JOB_SELECTOR})",
     )
     parser.add_argument(
         "--output-dir", type=Path, help=f"write {RULES.name} (for rule_files:) into this directory"
@@ -121,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that they are current")
     args = parser.parse_args(argv)
     runbook_base = (args.runbook_base or default_runbook_base()).rstrip("#")
-    outputs = render(TEMPLATE.read_text(encoding="utf-8"), runbook_base, args.job_selector)
+    outputs = render(
+        TEMPLATE.read_text(encoding="utf-8"),
+        runbook_base,
+        args.job_selector,
+        args.sidecar_job_selector,
+    )
     places = {RULES.name: RULES, PROMETHEUS_RULE.name: PROMETHEUS_RULE}
     if args.output_dir is not None or args.kubernetes_dir is not None:
         wanted = {RULES.name: args.output_dir, PROMETHEUS_RULE.name: args.kubernetes_dir}
