@@ -117,3 +117,30 @@ def test_lfs_df_can_be_switched_off_apart_from_quota(tmp_path):
     quiet, full = load(Overrides(config_file=str(config)), environ={}).targets
     assert "quota" in planned_probes(quiet) and "lfs_df" not in planned_probes(quiet)
     assert {"quota", "lfs_df"} <= set(planned_probes(full))
+
+
+@pytest.mark.parametrize(("rank", "asked"), [("0", True), ("2", False)])
+def test_check_on_a_rank_other_than_zero_asks_no_lfs_and_says_so(tmp_path, faultfs, rank, asked):
+    config = tmp_path / "fsprobe.toml"
+    config.write_text('[defaults]\nquota_provider = "lfs"\nwrite_probe = false\n')
+    log = tmp_path / "lfs.log"
+    env = clean_environment(
+        FSPROBE_LFS=str(FAKE_LFS),
+        FAKE_LFS_VERSION="2.16",
+        FAKE_LFS_CONTROL=str(faultfs.ctl.socket_path),
+        FAKE_LFS_LOG=str(log),
+        SLURM_PROCID=rank,
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+    )
+    status, shown, said = run_fsprobe(
+        "check", str(faultfs.mountpoint), "--config", str(config), "--json", env=env
+    )
+    assert status in (0, 1), said
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert bool(calls) is asked
+    assert (json.loads(shown)["quota"] is not None) is asked
+    if not asked:
+        assert (
+            "lfs quota and lfs df not asked here: the job's global rank 0 asks lfs quota and "
+            "lfs df for this job (SLURM_PROCID=2 here)" in said
+        )

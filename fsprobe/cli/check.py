@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
@@ -10,7 +11,7 @@ import click
 from fsprobe.checking import check as run_check
 from fsprobe.cli.options import DIRECTORY, PROBE_AS, SECONDS, SIZE, quota_options
 from fsprobe.cli.render import render_report
-from fsprobe.daemon.config import ConfigError, load_target
+from fsprobe.daemon.config import ConfigError, load_target, server_probes_elsewhere
 
 
 @click.command()
@@ -73,12 +74,19 @@ def check(
       fsprobe check "$CKPT_DIR" --need 120G --json | jq .headroom
       fsprobe check /lustre/proj/ckpt --config /etc/fsprobe/fsprobe.toml
     """
-    settings = None
+    settings, elsewhere = None, None
     if config_file:
         try:
-            settings = load_target(config_file, path).settings
+            target = load_target(config_file, path)
         except ConfigError as error:
             raise click.UsageError(str(error)) from None
+        settings, elsewhere = target.settings, target.server_probes_elsewhere
+    elif quota_provider == "auto":
+        elsewhere = server_probes_elsewhere("auto", os.environ)
+    if elsewhere is not None and quota_provider == "auto" and not no_quota:
+        # One rank of a job asks the servers for all (DESIGN §8); --quota-provider lfs asks.
+        click.echo(f"fsprobe check: lfs quota and lfs df not asked here: {elsewhere}", err=True)
+        no_quota = True
     report = run_check(
         path,
         need_bytes=need,
