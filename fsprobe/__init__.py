@@ -12,6 +12,7 @@ The public API (DESIGN §6)::
     fsprobe.wait_saves(timeout=None)                              # the background saves done
     fsprobe.locate(path) -> str                                   # where to resume from
     fsprobe.SaveError                                             # an OSError, every attempt
+    fsprobe.SaveOptions                                           # every save option, one value
 
 Every name is loaded on first use, so `import fsprobe` costs next to nothing (the probe worker
 process imports this package too), and none of them imports torch, Lightning or transformers;
@@ -41,6 +42,7 @@ _API = {
     "save_dir": "fsprobe.saving.directory",
     "SaveError": "fsprobe.saving.retry",
     "SaveResult": "fsprobe.saving.retry",
+    "SaveOptions": "fsprobe.saving.options",
     "save_async": "fsprobe.saving.background",
     "wait_saves": "fsprobe.saving.background",
     "locate": "fsprobe.redirect.locate",
@@ -55,6 +57,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from fsprobe.saving.directory import save_dir as save_dir
     from fsprobe.saving.file import atomic_write as atomic_write
     from fsprobe.saving.file import save as save
+    from fsprobe.saving.options import SaveOptions as SaveOptions
     from fsprobe.saving.preflight import Decision as Decision
     from fsprobe.saving.preflight import preflight as preflight
     from fsprobe.saving.retry import SaveError as SaveError

@@ -6,8 +6,9 @@ import dataclasses
 import os
 import time
 
-from fsprobe.policy import evaluate
+from fsprobe.policy import NEED_INODES, evaluate
 from fsprobe.probing.plan import ProbeSettings, probe_once
+from fsprobe.probing.runner import ProbeRunner
 from fsprobe.probing.worker import shared_runner
 from fsprobe.report import Report
 
@@ -26,6 +27,7 @@ def check(
     project: int | None = None,
     probe_as: str | None = None,
     settings: ProbeSettings | None = None,
+    runner: ProbeRunner | None = None,
 ) -> Report:
     """Probe `path` now (statvfs, quota, `lfs df`, a test write, $TMPDIR) and judge it.
 
@@ -34,8 +36,12 @@ def check(
     The probes run in a worker process, so a stuck probe never keeps this process from exiting.
     `probe_as` says who probes when this process is root ("owner", the default; "root"; an
     account name), see `fsprobe.probing.target.probing_identity`.
-    `settings`, when given, is the base that the keyword arguments refine.
+    `settings`, when given, is the base that the keyword arguments refine. `need_inodes`
+    defaults to one file when `need_bytes` is given (what a save needs, as in `preflight`).
+    `runner` is the probe runner (`fsprobe.probing.worker.shared_runner` unless given).
     """
+    if need_inodes is None and need_bytes is not None:
+        need_inodes = NEED_INODES
     base = settings or ProbeSettings()
     quota = dataclasses.replace(
         base.server_probes,
@@ -53,6 +59,6 @@ def check(
         probe_as=probe_as or base.probe_as,
         server_probes=quota,
     )
-    snapshot = probe_once(os.path.abspath(path), effective, shared_runner())
+    snapshot = probe_once(os.path.abspath(path), effective, runner or shared_runner())
     verdict = evaluate(snapshot, effective.policy, time.time(), need_bytes, need_inodes)
     return Report(path, snapshot, verdict, need_bytes, need_inodes)

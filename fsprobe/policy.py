@@ -53,6 +53,10 @@ DEFAULT_INTERVALS: Mapping[str, float] = {
 }
 
 
+#: Inodes a save needs unless told otherwise: it writes at least one file.
+NEED_INODES = 1
+
+
 @dataclass(frozen=True)
 class Policy:
     """Everything a target is judged by; all configurable per target.

@@ -310,9 +310,7 @@ def test_root_whose_interpreter_its_users_cannot_run_fails_loudly(local_users, p
     assert (scratch / f"uid-{alice.uid}").exists()
 
 
-def test_the_root_daemon_that_cannot_act_as_a_user_logs_an_error_and_counts_it(
-    local_users, place
-):
+def test_the_root_daemon_that_cannot_act_as_a_user_logs_an_error_and_counts_it(local_users, place):
     alice = local_users.user()
     fallback = make_dir(place / "fallback", 0o1777)
     target = make_dir(place / "ckpt", 0o755)

@@ -19,7 +19,7 @@ import fsprobe
 from fsprobe.daemon import schedule
 from fsprobe.daemon.config import Config, Overrides, TargetConfig, load
 from fsprobe.policy import DEFAULT_INTERVALS, Policy
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 from fsprobe.units import parse_size
 
 if sys.version_info >= (3, 11):

@@ -16,7 +16,7 @@ from pathlib import Path
 import deploy_metrics
 
 import fsprobe
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 from tests.daemon_process import DaemonProcess, clean_environment
 from tests.fakes.fake_lfs import FAKE_LFS
 

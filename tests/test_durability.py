@@ -18,8 +18,8 @@ import fsprobe
 from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.probing.write import probe_write
 from fsprobe.redirect import manifest, sync
+from fsprobe.saving.options import Backoff
 from fsprobe.saving.preflight import preflight_readiness
-from fsprobe.saving.retry import Backoff
 from tests.support.durability import (
     NotDurable,
     assert_file_saved,

@@ -26,7 +26,7 @@ import fsprobe
 from fsprobe.integrations import dcp
 from fsprobe.redirect.fallback import own_area
 from fsprobe.redirect.manifest import read_manifest
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 from tests.support.crash import a_while_ago, leftovers
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import (

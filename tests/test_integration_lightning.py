@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
 from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
-from fsprobe.saving.retry import Backoff  # noqa: E402
+from fsprobe.saving.options import Backoff  # noqa: E402
 from tests.support.state import daemon_view, publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

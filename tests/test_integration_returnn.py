@@ -78,7 +78,7 @@ def train_step(*, model, extern_data, **_kwargs):
 #: The README's two lines, with a backoff that does not make the test wait.
 PROTECT = """\
 import fsprobe.integrations.returnn
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 
 fsprobe.integrations.returnn.protect(
     fallback_dirs={fallbacks!r}, max_wait=0, save_timeout=120, backoff=Backoff(base=0.05, cap=0.2)

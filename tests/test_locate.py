@@ -12,7 +12,7 @@ import torch
 
 import fsprobe
 from fsprobe.redirect.sync import sync
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 
 
 def quick() -> Backoff:

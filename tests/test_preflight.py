@@ -17,6 +17,7 @@ import pytest
 import fsprobe
 from fsprobe.model import QuotaState, Status
 from fsprobe.policy import Policy
+from fsprobe.saving.preflight import SaveContext
 from fsprobe.state import Writer, write_state
 from tests.support.state import INTERVALS, daemon_view, publish, quota_entry
 
@@ -207,15 +208,13 @@ def test_bad_on_unhealthy_is_refused(dirs):
         fsprobe.preflight(os.path.join(dirs[0], "m.pt"), on_unhealthy="maybe")
 
 
-def test_remembered_sizes_stay_bounded_for_runs_that_save_into_new_directories(monkeypatch):
-    module = sys.modules["fsprobe.saving.preflight"]  # `fsprobe.preflight` is the function
-    monkeypatch.setattr(module, "MEMORY_ENTRIES", 4)
-    monkeypatch.setattr(module, "_last_sizes", {})
+def test_remembered_sizes_stay_bounded_for_runs_that_save_into_new_directories():
+    context = SaveContext(memory_entries=4)
     for epoch in range(10):
-        module.remember_save(f"/ckpt/epoch-{epoch}/model.pt", 1000 + epoch)
-    assert len(module._last_sizes) == 4
-    assert module.expected_need("/ckpt/epoch-9/model.pt") == math.ceil(1009 * 1.1)
-    assert module.expected_need("/ckpt/epoch-0/model.pt") is None  # forgotten
+        context.remember_save(f"/ckpt/epoch-{epoch}/model.pt", 1000 + epoch)
+    assert context.remembered() == 4
+    assert context.expected_need("/ckpt/epoch-9/model.pt") == math.ceil(1009 * 1.1)
+    assert context.expected_need("/ckpt/epoch-0/model.pt") is None  # forgotten
 
 
 def test_reads_the_state_file_that_fsprobe_run_writes(dirs):

@@ -22,8 +22,8 @@ from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.posix.owned import NotTrusted
 from fsprobe.redirect import manifest, sync
 from fsprobe.redirect.fallback import open_root
+from fsprobe.saving.options import Backoff
 from fsprobe.saving.preflight import preflight_readiness
-from fsprobe.saving.retry import Backoff
 from tests.support.durability import assert_file_saved
 from tests.support.state import daemon_view, publish, quota_entry
 

@@ -18,7 +18,8 @@ import torch
 import fsprobe
 from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.saving.file import AtomicFile
-from fsprobe.saving.retry import Backoff, FailedAttempt, SaveError
+from fsprobe.saving.options import Backoff
+from fsprobe.saving.retry import FailedAttempt, SaveError
 
 
 def quick(sleeps: list[float] | None = None) -> Backoff:

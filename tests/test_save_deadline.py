@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe.saving.retry import Backoff, SaveError
+from fsprobe.saving.options import Backoff
+from fsprobe.saving.retry import SaveError
 from tests.support.crash import leftovers
 
 #: The deadline of the tests, and what a stuck save may take beyond it on a busy machine.

@@ -24,7 +24,7 @@ from fsprobe.posix.swap import exchange, parse_retired_name
 from fsprobe.posix.tree import digest_tree, open_directory, opened
 from fsprobe.redirect.fallback import own_area
 from fsprobe.redirect.manifest import read_manifest
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 from tests.support.capability import need_module
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_directory_saved

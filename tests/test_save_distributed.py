@@ -15,7 +15,7 @@ import torch
 import fsprobe.distributed
 from fsprobe.redirect.fallback import own_area
 from fsprobe.redirect.manifest import read_manifest
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 from tests.support.crash import leftovers
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import (

@@ -21,7 +21,7 @@ from fsprobe.events.emit import SOCKET_NAME, report
 from fsprobe.events.event import OUTCOMES, SaveEvent
 from fsprobe.model import DirectoryOwner
 from fsprobe.policy import Policy
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
 from tests.support.ranks import run_ranks
 from tests.support.users import share

@@ -14,7 +14,8 @@ import torch
 
 import fsprobe
 from fsprobe.posix.atomic import parse_temp_name
-from fsprobe.saving.retry import Backoff, FailedAttempt, deciding, first_os_error
+from fsprobe.saving.options import Backoff
+from fsprobe.saving.retry import FailedAttempt, deciding, first_os_error
 from fsprobe.units import format_seconds
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_file_saved

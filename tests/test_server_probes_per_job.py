@@ -78,9 +78,10 @@ def lfs_calls(daemon: DaemonProcess) -> list[list[str]]:
 def test_ranks_other_than_zero_run_no_lfs_and_say_so(tmp_path, faultfs):
     target = faultfs.mountpoint
     control = str(faultfs.ctl.socket_path)
-    with sidecar(tmp_path, "rank0", target, 0, control) as rank0, sidecar(
-        tmp_path, "rank1", target, 1, control
-    ) as rank1:
+    with (
+        sidecar(tmp_path, "rank0", target, 0, control) as rank0,
+        sidecar(tmp_path, "rank1", target, 1, control) as rank1,
+    ):
         rank0.wait_for_present("fsprobe_quota_used_bytes")
         rank0.wait_for_present("fsprobe_lustre_target_avail_bytes")
         rank1.wait_for_value("fsprobe_probe_success", 1.0, path=str(target), probe="write")

@@ -28,7 +28,7 @@ from fsprobe.integrations.transformers import (  # noqa: E402
     protected_results,
 )
 from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
-from fsprobe.saving.retry import Backoff  # noqa: E402
+from fsprobe.saving.options import Backoff  # noqa: E402
 from tests.support.durability import assert_directory_saved  # noqa: E402
 from tests.support.torchrun import torchrun_job  # noqa: E402
 from tests.support.trainer_job import RESULT, tiny_trainer  # noqa: E402

@@ -90,7 +90,7 @@ def check(
     report = run_check(
         path,
         need_bytes=need,
-        need_inodes=need_inodes if need_inodes is not None else (1 if need else None),
+        need_inodes=need_inodes,
         timeout=timeout,
         write_probe=not no_write_probe,
         quota_provider="none" if no_quota else quota_provider,

@@ -99,7 +99,7 @@ class Daemon:
         self.publisher = Publisher(
             self.store.views, self.exposition, config.state_dir, config.textfile_dir
         )
-        self.scheduler = Scheduler(self.store, self.publisher.publish)
+        self.scheduler = Scheduler(self.store, self.publisher.publish, shared_runner())
         self.server: MetricsServer | None = None
         self.receiver: Receiver | None = None
         self._lock: WriterLock | None = None

@@ -43,8 +43,7 @@ from fsprobe.events.admission import Sender
 from fsprobe.events.event import SaveEvent
 from fsprobe.model import FilesystemInfo, ProbeResult, Status
 from fsprobe.probing.plan import PlannedProbe, plan
-from fsprobe.probing.runner import Run
-from fsprobe.probing.worker import shared_runner
+from fsprobe.probing.runner import ProbeRunner, Run
 from fsprobe.view import TargetView
 
 #: Wake this long after a run's deadline, so that the run reads as overdue when checked.
@@ -106,9 +105,14 @@ class Scheduler:
     """Runs the probes and tasks of every target on their intervals; `publish` gets the changed
     views."""
 
-    def __init__(self, store: Store, publish: Callable[[Sequence[TargetView]], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        publish: Callable[[Sequence[TargetView]], None],
+        runner: ProbeRunner,
+    ) -> None:
         self.store = store
-        self.runner = shared_runner()
+        self.runner = runner
         self._publish = publish
         self._schedule = Schedule()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

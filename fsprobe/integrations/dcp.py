@@ -67,26 +67,31 @@ with extra_imports("torch", __name__, "torch"):
     from torch.futures import Future
 
 from fsprobe.errors import ErrorClass, classify
-from fsprobe.posix.tree import open_directory, open_regular, opened, sync_file_at
+from fsprobe.posix.tree import open_directory, open_regular, opened
 from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.locate import locate
-from fsprobe.redirect.manifest import sha256_of_directory
-from fsprobe.saving.deadline import Progress
-from fsprobe.saving.directory import Staging, clean_directory
-from fsprobe.saving.distributed import collective_failure
-from fsprobe.saving.preflight import DEFAULT_TIMEOUT, NEED_MARGIN
-from fsprobe.saving.retry import (
+from fsprobe.saving.commit import (
     DEFAULT_ATTEMPTS,
+    DEFAULT_TIMEOUT,
+    NEED_MARGIN,
     Backoff,
     FailedAttempt,
     NextAttempt,
+    Progress,
     RetryState,
     SaveError,
     SaveOptions,
     SaveResult,
+    Staging,
+    clean_directory,
+    committed,
     deciding,
     failure_of,
+    sha256_of_directory,
+    start,
+    sync_file_at,
 )
+from fsprobe.saving.distributed import collective_failure
 
 log = logging.getLogger("fsprobe.save")
 
@@ -171,7 +176,9 @@ def _link_or_copy(source_fd: int, target_fd: int, name: str, info: os.stat_resul
         pass  # another owner's file (protected_hardlinks), a filesystem without links: copy
     with opened(open_regular(name, source_fd)) as source:
         created = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
             dir_fd=target_fd,
         )
         with opened(created) as target:
@@ -217,16 +224,16 @@ class FsprobeWriter(FileSystemWriter):
         super().__init__(os.path.abspath(os.fspath(path)), **filesystem_writer_kwargs)
         self.fs = _StagingFileSystem()
         self.fs.checkpoint = Path(self.path)
-        self.options = SaveOptions.of(
+        self.options = SaveOptions(
             attempts=attempts,
-            backoff=backoff,
-            fallback_dirs=fallback_dirs,
+            backoff=backoff or Backoff(),
+            fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
             redirect=redirect,
             max_wait=max_wait,
             on_unhealthy=on_unhealthy,
             state_dir=state_dir,
             timeout=timeout,
-        )
+        ).resolved()
         self.last_result: SaveResult | None = None
         self._attempts: RetryState | None = None  # the coordinator's, for one checkpoint
         self._staging: Staging | None = None  # the coordinator's, until published or dropped
@@ -289,9 +296,8 @@ class FsprobeWriter(FileSystemWriter):
             options = dataclasses.replace(
                 self.options, need_bytes=need_bytes, need_inodes=need_inodes
             )
-            attempts = RetryState(str(self.path), options, ranks=len(plans))
-            attempts.preflight()  # SaveError: not this checkpoint, not anywhere
-            self._attempts = attempts
+            # SaveError: not this checkpoint, not anywhere
+            self._attempts = start(str(self.path), options, ranks=len(plans))
         self._continuing = False
         destination = self._attempts.destination
         try:
@@ -391,8 +397,7 @@ class FsprobeWriter(FileSystemWriter):
             raise FailedAttempt.of(error, progress.step) from error
         finally:
             self.drop_staging()
-        self.last_result = self._attempts.succeeded(size.bytes, sha256_of_directory)
-
+        self.last_result = committed(self._attempts, size.bytes, sha256_of_directory)
 
     def _carry_over(self) -> None:
         """The files of the checkpoint being replaced that DCP did not write, into the new one:

@@ -39,9 +39,27 @@ _NAME = re.compile(
 #: Room left for the final name inside NAME_MAX (255) after prefix, host, pid, token and suffix.
 _MAX_BASE = 96
 
-#: (st_dev, st_ino) of the temp files this process holds open: its own threads' saves. A
-#: lock is no proof of life within one process on NFS (whose flock is a per-process POSIX lock).
-_live: set[tuple[int, int]] = set()
+
+class Claims:
+    """(st_dev, st_ino) of the temp files and staging directories this process is writing: its
+    own threads' saves. A lock is no proof of life within one process on NFS (whose flock is a
+    per-process POSIX lock), so cleanup asks this too. One per process (`CLAIMS`). No lock:
+    a set's add, discard and lookup are atomic, and a lock held at a fork would stay held."""
+
+    def __init__(self) -> None:
+        self._live: set[tuple[int, int]] = set()
+
+    def add(self, identity: tuple[int, int]) -> None:
+        self._live.add(identity)
+
+    def discard(self, identity: tuple[int, int]) -> None:
+        self._live.discard(identity)
+
+    def __contains__(self, identity: object) -> bool:
+        return identity in self._live
+
+
+CLAIMS = Claims()
 
 
 @dataclass(frozen=True)
@@ -78,7 +96,7 @@ def open_exclusive(path: str, mode: int = 0o600) -> int:
 
 def is_live_here(info: os.stat_result) -> bool:
     """Whether a file is a temp file that this process is writing right now."""
-    return (info.st_dev, info.st_ino) in _live
+    return (info.st_dev, info.st_ino) in CLAIMS
 
 
 def claim(fd: int) -> tuple[int, int]:
@@ -90,12 +108,12 @@ def claim(fd: int) -> tuple[int, int]:
     """
     info = os.fstat(fd)
     identity = (info.st_dev, info.st_ino)
-    _live.add(identity)
+    CLAIMS.add(identity)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
         if error.errno not in LOCK_UNSUPPORTED:
-            _live.discard(identity)
+            CLAIMS.discard(identity)
             raise
     return identity
 
@@ -120,7 +138,7 @@ def lock_within(fd: int, seconds: float, poll: float) -> bool:
 
 def unclaim(identity: tuple[int, int]) -> None:
     """The temp file or directory of `claim` is no longer being written by this process."""
-    _live.discard(identity)
+    CLAIMS.discard(identity)
 
 
 class TempFile:

@@ -78,6 +78,10 @@ class BackgroundSaves:
     def __init__(self, workers: int = WORKERS, max_waiting: int = MAX_WAITING) -> None:
         self.workers = workers
         self.max_waiting = max_waiting
+        self.forget()
+
+    def forget(self) -> None:
+        """Start empty (also in a forked child: its parent's saves and threads are not its own)."""
         self._changed = threading.Condition()
         self._queues: dict[str, collections.deque[_Job]] = {}  # waiting, per destination
         self._ready: collections.deque[str] = collections.deque()  # whose next job may start
@@ -233,7 +237,8 @@ def _release_snapshot(error: BaseException) -> None:
 
 
 _SAVE_PARAMETERS = inspect.signature(save).parameters
-_saves = BackgroundSaves()
+#: The process's background saves, which `save_async` and `wait_saves` use.
+SAVES = BackgroundSaves()
 
 
 def _check_arguments(obj: object, path: object, save_kwargs: dict[str, Any]) -> None:
@@ -264,7 +269,7 @@ def save_async(obj: object, path: str | os.PathLike[str], **save_kwargs: Any) ->
         copied = cpu_copy(obj)
         return lambda: save(copied, requested, **save_kwargs)
 
-    return _saves.submit(requested, prepare)
+    return SAVES.submit(requested, prepare)
 
 
 def wait_saves(timeout: float | None = None) -> None:
@@ -273,11 +278,11 @@ def wait_saves(timeout: float | None = None) -> None:
     Raises `TimeoutError` (`concurrent.futures.TimeoutError`) if some are still running after
     `timeout` seconds. Failures are on each save's future (and in the log), not raised here.
     """
-    _saves.wait(timeout)
+    SAVES.wait(timeout)
 
 
 def _wait_at_exit() -> None:
-    pending = _saves.pending()
+    pending = SAVES.pending()
     if not pending:
         return
     log.warning(
@@ -285,14 +290,9 @@ def _wait_at_exit() -> None:
         len(pending),
         ", ".join(pending),
     )
-    _saves.wait(report="still waiting for background saves before exiting: " + ", ".join(pending))
+    SAVES.wait(report="still waiting for background saves before exiting: " + ", ".join(pending))
     log.info("background saves finished")
 
 
-def _forget_in_child() -> None:
-    global _saves
-    _saves = BackgroundSaves()
-
-
 atexit.register(_wait_at_exit)
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(after_in_child=SAVES.forget)

@@ -19,36 +19,22 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-import time
 from collections.abc import Callable, Iterable
 
-from fsprobe.posix.atomic import hostname, is_live_here, parse_temp_name
-from fsprobe.posix.staging import Staging, open_parent
-from fsprobe.posix.swap import (
-    parse_retired_name,
-    restore_or_remove_retired,
-)
-from fsprobe.posix.tree import (
-    measure_tree,
-    open_directory,
-    opened,
-    remove_tree,
-)
+from fsprobe.posix.staging import Staging
 from fsprobe.redirect.manifest import sha256_of_directory
+from fsprobe.saving.commit import SaveSteps, run_attempts
 from fsprobe.saving.deadline import Progress, bounded
-from fsprobe.saving.preflight import DEFAULT_TIMEOUT
-from fsprobe.saving.retry import (
+from fsprobe.saving.options import (
     DEFAULT_ATTEMPTS,
+    DEFAULT_TIMEOUT,
+    NEED_INODES,
     Backoff,
-    FailedAttempt,
     SaveOptions,
-    SaveResult,
-    SaveSteps,
-    failure_of,
-    run_attempts,
+    save_options,
 )
-from fsprobe.saving.stale import is_stale, remove_stale_temps, writer_alive
+from fsprobe.saving.retry import FailedAttempt, SaveResult, failure_of
+from fsprobe.saving.stale import clean_directory
 
 log = logging.getLogger("fsprobe.save")
 
@@ -87,70 +73,17 @@ def write_directory_once(
         staging.close()
 
 
-def remove_stale_staging(directory: str) -> None:
-    """Clean up after crashed directory saves in `directory`: their staging directories, and
-    checkpoints they retired (restored if nothing took their place, removed otherwise).
-
-    The authorship rule of temp files (`fsprobe.saving.stale`), applied to directories owned by
-    this user; from another host, the newest write anywhere in the tree counts. Never raises.
-    """
-    this_host, now, euid = hostname(), time.time(), os.geteuid()
-    try:
-        parent_fd = open_parent(directory)
-    except OSError as error:
-        log.debug("not cleaning %s: %s", directory, error)
-        return
-    try:
-        for name in os.listdir(parent_fd):
-            temp, retired = parse_temp_name(name), parse_retired_name(name)
-            writer = temp or (retired and retired[0])
-            if not writer:
-                continue
-            try:
-                info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-                if not stat.S_ISDIR(info.st_mode) or info.st_uid != euid:
-                    continue
-                with opened(open_directory(name, parent_fd)) as fd:
-                    alive = True if is_live_here(os.fstat(fd)) else writer_alive(fd)
-                    mtime = info.st_mtime
-                    if writer.host != this_host:
-                        mtime = measure_tree(fd).newest_mtime
-                if not is_stale(writer, mtime, alive, now):
-                    continue
-                if retired:
-                    restore_or_remove_retired(parent_fd, name, retired[1])
-                elif remove_tree(parent_fd, name):
-                    log.info(
-                        "removed %s in %s, left by a crashed save (pid %d on %s)",
-                        name,
-                        directory,
-                        writer.pid,
-                        writer.host,
-                    )
-            except OSError as error:
-                log.warning("cannot clean up %s in %s: %s", name, directory, error)
-    except OSError as error:
-        log.debug("not cleaning %s: %s", directory, error)
-    finally:
-        os.close(parent_fd)
-
-
-def clean_directory(directory: str) -> None:
-    """Before the first attempt into `directory`: the leftovers of crashed saves, files and dirs."""
-    remove_stale_temps(directory)
-    remove_stale_staging(directory)
-
-
 def save_dir(
     path: str | os.PathLike[str],
     write: Callable[[str], object],
     *,
+    options: SaveOptions | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
     backoff: Backoff | None = None,
     fallback_dirs: Iterable[str | os.PathLike[str]] = (),
     max_wait: float = 0.0,
     need_bytes: int | None = None,
-    need_inodes: int | None = 1,
+    need_inodes: int | None = NEED_INODES,
     preflight: bool = True,
     fsync: bool = True,
     redirect: bool = True,
@@ -170,15 +103,17 @@ def save_dir(
     attempt, `write` included). Raises `SaveError` when every attempt failed; `path` is then
     as it was before.
     """
-    options = SaveOptions.of(
+    chosen = save_options(
+        options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=fallback_dirs,
-        redirect=redirect,
+        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
         max_wait=max_wait,
         need_bytes=need_bytes,
         need_inodes=need_inodes,
         preflight=preflight,
+        fsync=fsync,
+        redirect=redirect,
         on_unhealthy=on_unhealthy,
         state_dir=state_dir,
         timeout=timeout,
@@ -186,12 +121,12 @@ def save_dir(
     )
     return run_attempts(
         path,
-        options,
+        chosen,
         SaveSteps(
             write=bounded(
-                options.save_timeout,
+                chosen.save_timeout,
                 lambda destination, progress: write_directory_once(
-                    destination, write, fsync, progress
+                    destination, write, chosen.fsync, progress
                 ),
             ),
             clean=clean_directory,

@@ -27,6 +27,7 @@ removed by the next save (the crashed-save rule). The group cannot be used after
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -38,22 +39,28 @@ from fsprobe.extras import extra_imports
 with extra_imports("torch", "fsprobe.distributed", "torch"):
     import torch.distributed as dist
 
+from fsprobe.posix.staging import Staging
 from fsprobe.posix.tree import open_directory, opened, sync_file_at, sync_tree
 from fsprobe.redirect.manifest import sha256_of_directory
+from fsprobe.saving.commit import committed, start
 from fsprobe.saving.deadline import Progress
-from fsprobe.saving.directory import Staging, clean_directory
-from fsprobe.saving.preflight import DEFAULT_TIMEOUT
-from fsprobe.saving.retry import (
+from fsprobe.saving.options import (
     DEFAULT_ATTEMPTS,
+    DEFAULT_TIMEOUT,
+    NEED_INODES,
     Backoff,
+    SaveOptions,
+    save_options,
+)
+from fsprobe.saving.retry import (
     FailedAttempt,
     RetryState,
     SaveError,
-    SaveOptions,
     SaveResult,
     deciding,
     failure_of,
 )
+from fsprobe.saving.stale import clean_directory
 
 log = logging.getLogger("fsprobe.save")
 
@@ -200,7 +207,7 @@ def _coordinate(
             finally:
                 staging.close()
         if failure is None:
-            result = tries.succeeded(nbytes, sha256_of_directory)
+            result = committed(tries, nbytes, sha256_of_directory)
             group.broadcast(_Order(result=result))
             return result
         plan = tries.failed(failure)
@@ -232,12 +239,13 @@ def save_dir(
     write: Callable[[str], Written],
     *,
     process_group: Any = None,
+    options: SaveOptions | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
     backoff: Backoff | None = None,
     fallback_dirs: Iterable[str | os.PathLike[str]] = (),
     max_wait: float = 0.0,
     need_bytes: int | None = None,
-    need_inodes: int | None = 1,
+    need_inodes: int | None = NEED_INODES,
     preflight: bool = True,
     fsync: bool = True,
     redirect: bool = True,
@@ -252,30 +260,37 @@ def save_dir(
     rank fsyncs. Returning None makes the rank fsync every file in the directory: correct,
     but one fsync per file per rank. `need_bytes` and `need_inodes` are this rank's share
     (summed over the ranks; if any rank leaves `need_bytes` out, the whole directory's last
-    size is assumed); the other arguments count as the coordinator's (rank 0) gives them.
-    Returns the same `SaveResult` on every rank, or raises `SaveError` on every rank.
+    size is assumed); the other arguments (or `options`) count as the coordinator (rank 0)
+    gives them. Returns the same `SaveResult` on every rank, or raises `SaveError` on every
+    rank.
     """
-    group = _Group(process_group, os.path.abspath(os.fspath(path)))
-    needs = group.gather((need_bytes, need_inodes))
-    if not group.coordinator:
-        return _follow(group, write, fsync)
-    options = SaveOptions.of(
+    chosen = save_options(
+        options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=fallback_dirs,
-        redirect=redirect,
+        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
         max_wait=max_wait,
-        need_bytes=None if any(b is None for b, _ in needs) else sum(b for b, _ in needs),
-        need_inodes=None if any(i is None for _, i in needs) else sum(i for _, i in needs),
+        need_bytes=need_bytes,
+        need_inodes=need_inodes,
         preflight=preflight,
+        fsync=fsync,
+        redirect=redirect,
         on_unhealthy=on_unhealthy,
         state_dir=state_dir,
         timeout=timeout,
     )
-    tries = RetryState(group.requested, options, ranks=group.size)
+    group = _Group(process_group, os.path.abspath(os.fspath(path)))
+    needs = group.gather((chosen.need_bytes, chosen.need_inodes))
+    if not group.coordinator:
+        return _follow(group, write, chosen.fsync)
+    chosen = dataclasses.replace(
+        chosen,
+        need_bytes=None if any(b is None for b, _ in needs) else sum(b for b, _ in needs),
+        need_inodes=None if any(i is None for _, i in needs) else sum(i for _, i in needs),
+    )
     try:
-        tries.preflight()
+        tries = start(group.requested, chosen, ranks=group.size)
     except SaveError as error:
         group.broadcast(_Order(error=error))
         raise
-    return _coordinate(group, tries, write, fsync)
+    return _coordinate(group, tries, write, chosen.fsync)

@@ -26,18 +26,17 @@ from typing import Any, BinaryIO
 from fsprobe.extras import import_extra
 from fsprobe.posix.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.redirect.manifest import sha256_of
+from fsprobe.saving.commit import SaveSteps, run_attempts
 from fsprobe.saving.deadline import Progress, bounded
-from fsprobe.saving.preflight import DEFAULT_TIMEOUT
-from fsprobe.saving.retry import (
+from fsprobe.saving.options import (
     DEFAULT_ATTEMPTS,
+    DEFAULT_TIMEOUT,
+    NEED_INODES,
     Backoff,
-    FailedAttempt,
     SaveOptions,
-    SaveResult,
-    SaveSteps,
-    failure_of,
-    run_attempts,
+    save_options,
 )
+from fsprobe.saving.retry import FailedAttempt, SaveResult, failure_of
 from fsprobe.saving.stale import remove_stale_temps
 
 log = logging.getLogger("fsprobe.save")
@@ -200,11 +199,13 @@ def atomic_write(
     path: str | os.PathLike[str],
     write: Callable[[AtomicFile], object],
     *,
+    options: SaveOptions | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
     backoff: Backoff | None = None,
     fallback_dirs: Iterable[str | os.PathLike[str]] = (),
     max_wait: float = 0.0,
     need_bytes: int | None = None,
+    need_inodes: int | None = NEED_INODES,
     preflight: bool = True,
     fsync: bool = True,
     redirect: bool = True,
@@ -218,34 +219,47 @@ def atomic_write(
     `path` is the file to write (the checkpoint itself, not its directory); the preflight
     judges the directory that holds it, where the temp file goes. `write` gets a binary file
     object (the temp file) and writes the whole content; it is called again from scratch on
-    every attempt. `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``)
-    are where the save may be redirected (`redirect=False` never redirects); `max_wait`,
-    `need_bytes`, `on_unhealthy`, `state_dir` and `timeout` go to the preflight
+    every attempt. The other arguments are `SaveOptions` (or give them as one `options`):
+    `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``) are where the save may be redirected
+    (`redirect=False` never redirects); `max_wait`, `need_bytes`, `need_inodes`,
+    `on_unhealthy`, `state_dir` and `timeout` go to the preflight
     (`preflight=False` skips it). `save_timeout` bounds each attempt at writing: past it the
     attempt is abandoned (`fsprobe.saving.deadline`) and the save goes to a fallback, or fails
     with ``TIMEOUT``. Raises `SaveError` when every attempt failed, or at once for a permanent
     error with nowhere to redirect; the file at `path` is then as it was before.
     """
-    options = SaveOptions.of(
+    chosen = save_options(
+        options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=fallback_dirs,
-        redirect=redirect,
+        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
         max_wait=max_wait,
         need_bytes=need_bytes,
+        need_inodes=need_inodes,
         preflight=preflight,
+        fsync=fsync,
+        redirect=redirect,
         on_unhealthy=on_unhealthy,
         state_dir=state_dir,
         timeout=timeout,
         save_timeout=save_timeout,
     )
+    return write_file(path, write, chosen)
+
+
+def write_file(
+    path: str | os.PathLike[str], write: Callable[[AtomicFile], object], options: SaveOptions
+) -> SaveResult:
+    """`atomic_write` with resolved `options` (`fsprobe.saving.options.save_options`)."""
     return run_attempts(
         path,
         options,
         SaveSteps(
             write=bounded(
                 options.save_timeout,
-                lambda destination, progress: _write_once(destination, write, fsync, progress),
+                lambda destination, progress: _write_once(
+                    destination, write, options.fsync, progress
+                ),
             ),
             clean=remove_stale_temps,
             digest=sha256_of,
@@ -257,11 +271,13 @@ def save(
     obj: object,
     path: str | os.PathLike[str] | BinaryIO,
     *,
+    options: SaveOptions | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
     fallback_dirs: Iterable[str | os.PathLike[str]] = (),
     max_wait: float = 0.0,
     backoff: Backoff | None = None,
     need_bytes: int | None = None,
+    need_inodes: int | None = NEED_INODES,
     preflight: bool = True,
     fsync: bool = True,
     redirect: bool = True,
@@ -284,14 +300,14 @@ def save(
     torch = import_extra("torch", "torch", "fsprobe.save")
     if not isinstance(path, (str, os.PathLike)):  # what torch.save itself takes for a path
         return _save_to_stream(torch, obj, path, torch_save_kwargs)
-    return atomic_write(
-        path,
-        lambda stream: torch.save(obj, stream, **torch_save_kwargs),
+    chosen = save_options(
+        options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=fallback_dirs,
+        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
         max_wait=max_wait,
         need_bytes=need_bytes,
+        need_inodes=need_inodes,
         preflight=preflight,
         fsync=fsync,
         redirect=redirect,
@@ -300,6 +316,7 @@ def save(
         timeout=timeout,
         save_timeout=save_timeout,
     )
+    return write_file(path, lambda stream: torch.save(obj, stream, **torch_save_kwargs), chosen)
 
 
 def _save_to_stream(

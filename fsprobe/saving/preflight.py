@@ -47,11 +47,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from fsprobe.model import Snapshot, Status
 from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, write_errno
 from fsprobe.probing.plan import ProbeSettings, plan, run_plans
-from fsprobe.probing.runner import Run
+from fsprobe.probing.runner import ProbeRunner, Run
 from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import ServerProbeSettings
-from fsprobe.redirect.fallback import all_fallback_dirs, redirect_path
+from fsprobe.redirect.fallback import redirect_path
 from fsprobe.report import reason_to_dict
+from fsprobe.saving.options import DEFAULT_TIMEOUT, NEED_INODES, SaveOptions
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
 
@@ -60,8 +61,6 @@ if TYPE_CHECKING:  # a type only: the manifest is not loaded for a save that is 
 
 log = logging.getLogger("fsprobe.preflight")
 
-ON_UNHEALTHY = ("proceed", "fail")
-DEFAULT_TIMEOUT = 10.0
 #: How long an inline probe result is reused: about one statvfs interval of the daemon.
 INLINE_CACHE_SECONDS = 15.0
 #: How often the target is judged again while waiting for it to recover.
@@ -142,126 +141,17 @@ class _Judged(NamedTuple):
     source: str
 
 
-# -- remembered save sizes ----------------------------------------------------------------------
-
-_lock = threading.Lock()
-_last_sizes: dict[str, int] = {}  # by file path and by directory
-#: The per-directory memories below are bounded: a run saving into ``epoch-<n>/`` directories
-#: for weeks must not grow them without end. The oldest entry goes first.
+#: The per-directory memories of a `SaveContext` are bounded: a run saving into ``epoch-<n>/``
+#: directories for weeks must not grow them without end. The oldest entry goes first.
 MEMORY_ENTRIES = 1024
 
 
-def _remember(memory: dict, key: object, value: object) -> None:
-    """Set `memory[key]`, forgetting the oldest entry once there are too many."""
+def _remember(memory: dict, key: object, value: object, entries: int) -> None:
+    """Set `memory[key]`, forgetting the oldest entry once there are more than `entries`."""
     memory.pop(key, None)  # re-inserted last: the most recently used is kept longest
     memory[key] = value
-    while len(memory) > MEMORY_ENTRIES:
+    while len(memory) > entries:
         memory.pop(next(iter(memory)))
-
-
-def remember_save(path: str, nbytes: int) -> None:
-    """Remember the size of a successful save, as the default need of the next one there."""
-    path = os.path.abspath(path)
-    with _lock:
-        _remember(_last_sizes, path, nbytes)
-        _remember(_last_sizes, os.path.dirname(path), nbytes)
-
-
-def expected_need(path: str) -> int | None:
-    """What the next save of `path` needs by default, or None before the first save there.
-
-    The last save of the same file (``last.pt`` saved every epoch), else the last save into
-    the same directory (``epoch-7.pt`` after ``epoch-6.pt``), times `NEED_MARGIN`.
-    """
-    path = os.path.abspath(path)
-    with _lock:
-        last = _last_sizes.get(path, _last_sizes.get(os.path.dirname(path)))
-    return math.ceil(last * NEED_MARGIN) if last is not None else None
-
-
-# -- the daemon's state file --------------------------------------------------------------------
-
-_readers: dict[str, StateReader] = {}
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str, level: int = logging.WARNING) -> None:
-    """Log `message` the first time `key` comes up in this process: a trainer saves often."""
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    log.log(level, "%s", message)
-
-
-def _reader(state_dir: str | None) -> StateReader:
-    """One reader per state directory, so that its parse cache serves every call."""
-    directory = state_dir or default_state_dir()
-    reader = _readers.get(directory)
-    if reader is None:  # two threads may race here; setdefault keeps one reader for both
-        reader = _readers.setdefault(directory, StateReader(directory))
-    return reader
-
-
-#: Verdicts made from the state file, by directory, with the parsed file and the need they
-#: were made for: reused while the `StateReader` hands out the same parsed file.
-_state_judgements: dict[str, tuple[StateFile, tuple[int | None, int | None], _Judged]] = {}
-
-
-def _from_state(
-    directory: str, state_dir: str | None, need_bytes: int | None, need_inodes: int | None
-) -> _Judged | None:
-    """The daemon's verdict on `directory` for this save, or None if it has none to give."""
-    reader = _reader(state_dir)
-    try:
-        state = reader.read()
-    except (StateFileError, OSError) as error:
-        _warn_once(
-            f"state:{error}", f"not using the fsprobe state file: {error}; probing inline instead"
-        )
-        return None
-    if state is None:
-        _warn_once(
-            f"absent:{reader.path}",
-            f"no fsprobe state file at {reader.path} (no `fsprobe run` on this node?); "
-            "probing inline instead",
-            logging.INFO,
-        )
-        return None
-    need = (need_bytes, need_inodes)
-    cached = _state_judgements.get(directory)  # entries are replaced whole, never mutated
-    if cached is not None and cached[0] is state and cached[1] == need:
-        judged = cached[2]
-    else:
-        target = state.target_for(directory)
-        if target is None:
-            return None
-        try:
-            report = state.target(target).report
-        except StateFileError as error:
-            _warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
-            return None
-        judged = _Judged(target, judge_need(report.verdict, need_bytes, need_inodes), "state")
-        with _lock:
-            _remember(_state_judgements, directory, (state, need, judged))
-    verdict = judged.verdict
-    if verdict.status is Status.UNKNOWN:
-        return None  # the daemon has seen nothing yet; a probe of our own says more
-    now = time.time()
-    if not verdict.is_fresh(now):
-        since = f" {format_duration(now - verdict.fresh_until)} ago" if verdict.fresh_until else ""
-        _warn_once(
-            f"stale:{judged.directory}",
-            f"the fsprobe state for {judged.directory} went stale{since}: is `fsprobe run` "
-            "still running? probing inline",
-        )
-        return None
-    return judged
-
-
-# -- inline probes --------------------------------------------------------------------------------
-
-_inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
 
 
 def _inline_settings(
@@ -276,62 +166,6 @@ def _inline_settings(
         write_probe=False,
         server_probes=dataclasses.replace(chosen, timeout=min(chosen.timeout, timeout)),
     )
-
-
-def _probe_inline(
-    directories: list[str], settings: ProbeSettings, fresh: bool
-) -> dict[str, Snapshot]:
-    """Snapshots of every directory, probed in parallel (or reused from the cache)."""
-    snapshots: dict[str, Snapshot] = {}
-    plans = {}
-    now = time.monotonic()
-    for directory in directories:
-        key = (directory, settings.server_probes)  # a probe with quota is not one without
-        with _lock:
-            cached = _inline_cache.get(key)
-        if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
-            snapshots[directory] = cached[1]
-            continue
-        plans[directory] = plan(directory, settings)
-    for directory, results in run_plans(plans, shared_runner()).items():
-        snapshot = Snapshot(directory, results)
-        with _lock:
-            _remember(
-                _inline_cache, (directory, settings.server_probes), (time.monotonic(), snapshot)
-            )
-        snapshots[directory] = snapshot
-    return snapshots
-
-
-def _judge_all(
-    directories: Iterable[str],
-    need_bytes: int | None,
-    need_inodes: int | None,
-    state_dir: str | None,
-    probe_settings: Callable[[], ProbeSettings],
-    fresh: bool = False,
-) -> dict[str, _Judged]:
-    """Judge each directory from the state file, and probe those it says nothing (fresh) about.
-
-    `probe_settings` is called only when something has to be probed: the common case, a fresh
-    state file, should not pay for building probe settings it does not use.
-    """
-    judgements: dict[str, _Judged] = {}
-    unanswered = []
-    for directory in dict.fromkeys(directories):
-        judged = _from_state(directory, state_dir, need_bytes, need_inodes)
-        if judged is None:
-            unanswered.append(directory)
-        else:
-            judgements[directory] = judged
-    if not unanswered:
-        return judgements
-    settings = probe_settings()
-    now = time.time()
-    for directory, snapshot in _probe_inline(unanswered, settings, fresh).items():
-        verdict = evaluate(snapshot, settings.policy, now, need_bytes, need_inodes)
-        judgements[directory] = _Judged(directory, verdict, "probe")
-    return judgements
 
 
 def _wait_for_recovery(
@@ -356,6 +190,365 @@ def _wait_for_recovery(
     return target, time.monotonic() - start
 
 
+class SaveContext:
+    """What one process keeps between its saves, and the preflight that uses it.
+
+    The state readers (one per state directory, so that its parse cache serves every call),
+    the verdicts made from the state file, the inline probes' results (reused for
+    `INLINE_CACHE_SECONDS`), the size of the last save per file and per directory (the default
+    need of the next one), the warnings said once, and the probe runner that inline probes run
+    in (`fsprobe.probing.worker.shared_runner` unless given). The module functions (`preflight`,
+    every save) use `default_context()`; a test or an embedding builds its own.
+    """
+
+    def __init__(
+        self,
+        runner: Callable[[], ProbeRunner] = shared_runner,
+        memory_entries: int = MEMORY_ENTRIES,
+    ) -> None:
+        self._runner = runner
+        self._entries = memory_entries
+        self._lock = threading.Lock()
+        self._last_sizes: dict[str, int] = {}  # by file path and by directory
+        self._readers: dict[str, StateReader] = {}
+        self._warned: set[str] = set()
+        #: Verdicts made from the state file, by directory, with the parsed file and the need
+        #: they were made for: reused while the `StateReader` hands out the same parsed file.
+        self._state_judgements: dict[
+            str, tuple[StateFile, tuple[int | None, int | None], _Judged]
+        ] = {}
+        self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
+
+    def runner(self) -> ProbeRunner:
+        """The probe runner inline probes run in (started on first use)."""
+        return self._runner()
+
+    # -- remembered save sizes ------------------------------------------------------------------
+
+    def remember_save(self, path: str, nbytes: int) -> None:
+        """Remember the size of a successful save, as the default need of the next one there."""
+        path = os.path.abspath(path)
+        with self._lock:
+            _remember(self._last_sizes, path, nbytes, self._entries)
+            _remember(self._last_sizes, os.path.dirname(path), nbytes, self._entries)
+
+    def expected_need(self, path: str) -> int | None:
+        """What the next save of `path` needs by default, or None before the first save there.
+
+        The last save of the same file (``last.pt`` saved every epoch), else the last save into
+        the same directory (``epoch-7.pt`` after ``epoch-6.pt``), times `NEED_MARGIN`.
+        """
+        path = os.path.abspath(path)
+        with self._lock:
+            last = self._last_sizes.get(path, self._last_sizes.get(os.path.dirname(path)))
+        return math.ceil(last * NEED_MARGIN) if last is not None else None
+
+    def remembered(self) -> int:
+        """How many sizes are remembered (files and directories): bounded by `memory_entries`."""
+        with self._lock:
+            return len(self._last_sizes)
+
+    # -- the daemon's state file ----------------------------------------------------------------
+
+    def _warn_once(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        """Log `message` the first time `key` comes up in this process: a trainer saves often."""
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        log.log(level, "%s", message)
+
+    def _reader(self, state_dir: str | None) -> StateReader:
+        directory = state_dir or default_state_dir()
+        reader = self._readers.get(directory)
+        if reader is None:  # two threads may race here; setdefault keeps one reader for both
+            reader = self._readers.setdefault(directory, StateReader(directory))
+        return reader
+
+    def _from_state(
+        self,
+        directory: str,
+        state_dir: str | None,
+        need_bytes: int | None,
+        need_inodes: int | None,
+    ) -> _Judged | None:
+        """The daemon's verdict on `directory` for this save, or None if it has none to give."""
+        reader = self._reader(state_dir)
+        try:
+            state = reader.read()
+        except (StateFileError, OSError) as error:
+            self._warn_once(
+                f"state:{error}",
+                f"not using the fsprobe state file: {error}; probing inline instead",
+            )
+            return None
+        if state is None:
+            self._warn_once(
+                f"absent:{reader.path}",
+                f"no fsprobe state file at {reader.path} (no `fsprobe run` on this node?); "
+                "probing inline instead",
+                logging.INFO,
+            )
+            return None
+        need = (need_bytes, need_inodes)
+        cached = self._state_judgements.get(directory)  # replaced whole, never mutated
+        if cached is not None and cached[0] is state and cached[1] == need:
+            judged = cached[2]
+        else:
+            target = state.target_for(directory)
+            if target is None:
+                return None
+            try:
+                report = state.target(target).report
+            except StateFileError as error:
+                self._warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
+                return None
+            judged = _Judged(target, judge_need(report.verdict, need_bytes, need_inodes), "state")
+            with self._lock:
+                _remember(self._state_judgements, directory, (state, need, judged), self._entries)
+        verdict = judged.verdict
+        if verdict.status is Status.UNKNOWN:
+            return None  # the daemon has seen nothing yet; a probe of our own says more
+        now = time.time()
+        if not verdict.is_fresh(now):
+            since = (
+                f" {format_duration(now - verdict.fresh_until)} ago" if verdict.fresh_until else ""
+            )
+            self._warn_once(
+                f"stale:{judged.directory}",
+                f"the fsprobe state for {judged.directory} went stale{since}: is `fsprobe run` "
+                "still running? probing inline",
+            )
+            return None
+        return judged
+
+    # -- inline probes --------------------------------------------------------------------------
+
+    def _probe_inline(
+        self, directories: list[str], settings: ProbeSettings, fresh: bool
+    ) -> dict[str, Snapshot]:
+        """Snapshots of every directory, probed in parallel (or reused from the cache)."""
+        snapshots: dict[str, Snapshot] = {}
+        plans = {}
+        now = time.monotonic()
+        for directory in directories:
+            key = (directory, settings.server_probes)  # a probe with quota is not one without
+            with self._lock:
+                cached = self._inline_cache.get(key)
+            if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
+                snapshots[directory] = cached[1]
+                continue
+            plans[directory] = plan(directory, settings)
+        for directory, results in run_plans(plans, self.runner()).items():
+            snapshot = Snapshot(directory, results)
+            with self._lock:
+                _remember(
+                    self._inline_cache,
+                    (directory, settings.server_probes),
+                    (time.monotonic(), snapshot),
+                    self._entries,
+                )
+            snapshots[directory] = snapshot
+        return snapshots
+
+    def _judge_all(
+        self,
+        directories: Iterable[str],
+        need_bytes: int | None,
+        need_inodes: int | None,
+        state_dir: str | None,
+        probe_settings: Callable[[], ProbeSettings],
+        fresh: bool = False,
+    ) -> dict[str, _Judged]:
+        """Judge each directory from the state file, and probe those it says nothing (fresh)
+        about. `probe_settings` is called only when something has to be probed: the common
+        case, a fresh state file, should not pay for building probe settings it does not use.
+        """
+        judgements: dict[str, _Judged] = {}
+        unanswered = []
+        for directory in dict.fromkeys(directories):
+            judged = self._from_state(directory, state_dir, need_bytes, need_inodes)
+            if judged is None:
+                unanswered.append(directory)
+            else:
+                judgements[directory] = judged
+        if not unanswered:
+            return judgements
+        settings = probe_settings()
+        now = time.time()
+        for directory, snapshot in self._probe_inline(unanswered, settings, fresh).items():
+            verdict = evaluate(snapshot, settings.policy, now, need_bytes, need_inodes)
+            judgements[directory] = _Judged(directory, verdict, "probe")
+        return judgements
+
+    def _check_existence(self, candidates: Sequence[_Candidate], deadline: float) -> dict[str, Run]:
+        """Start checking that each fallback exists, in the probe runner (a hung fallback must
+        not hang the caller).
+
+        A fallback that does not exist is a mistake (a typo, scratch not mounted here) that the
+        probes would not notice: they judge the nearest existing ancestor.
+        """
+        runner = self.runner()
+        return {
+            c.fallback: runner.submit(
+                c.fallback, "exists", functools.partial(os.path.isdir, c.fallback), deadline
+            )
+            for c in candidates
+        }
+
+    def room(self, directory: str, timeout: float) -> int | None:
+        """The bytes a new file in `directory` has room for now (None: unknown), from a bounded
+        statvfs in the probe runner (a mount that hangs now costs `timeout`)."""
+        settings = _inline_settings(None, None, timeout)
+        directory = os.path.abspath(directory)
+        results = run_plans({directory: plan(directory, settings)}, self.runner())[directory]
+        snapshot = Snapshot(directory, results)
+        return evaluate(snapshot, settings.policy, time.time()).headroom.bytes
+
+    # -- the decisions --------------------------------------------------------------------------
+
+    def find_fallback(
+        self,
+        path: str | os.PathLike[str],
+        fallback_dirs: Iterable[str | os.PathLike[str]],
+        options: SaveOptions,
+        *,
+        quota: ServerProbeSettings | None = None,
+        settings: ProbeSettings | None = None,
+    ) -> str | None:
+        """Where in the first fallback that can take it a save of `path` should go, or None.
+
+        For a save whose target just failed with a capacity or permanent error: whatever the
+        target looked like a moment ago, it cannot take this write, so only the fallbacks are
+        asked (each judged like a target in `preflight`; a fallback is never redirected
+        further). Exactly these directories are asked, not the `options`' own.
+        """
+        requested = os.path.abspath(os.fspath(path))
+        need = options.need_bytes
+        if need is None:
+            need = self.expected_need(requested)
+        candidates = _candidates(requested, tuple(map(os.fspath, fallback_dirs)))
+        if not candidates:
+            return None
+        existence = self._check_existence(candidates, options.timeout)
+        judgements = self._judge_all(
+            [c.directory for c in candidates],
+            need,
+            options.need_inodes,
+            options.state_dir,
+            functools.partial(_inline_settings, settings, quota, options.timeout),
+            fresh=True,
+        )
+        return _first_acceptable(candidates, existence, judgements, requested)
+
+    def judged_directory(self, requested: str, state_dir: str | None, timeout: float) -> str:
+        """`requested` if it is a directory, else its parent; decided without touching the
+        filesystem when the daemon watches `requested` itself or, as usual, judges both the
+        same way (then the parent), and otherwise in the probe runner (a hung mount must not
+        hang the caller): an inline probe comes next anyway."""
+        parent = os.path.dirname(requested)
+        try:
+            state = self._reader(state_dir).read()
+        except (StateFileError, OSError):
+            state = None
+        if state is not None:
+            watched = state.target_for(requested)
+            if watched == requested:
+                return requested
+            if watched is not None:
+                return parent  # the same watched target judges both
+        check = self.runner().submit(
+            requested, "exists", functools.partial(os.path.isdir, requested), timeout
+        )
+        result = check.result()
+        return requested if result.ok and result.value else parent
+
+    def preflight(
+        self,
+        path: str | os.PathLike[str],
+        options: SaveOptions,
+        *,
+        directory: str | None = None,
+        quota: ServerProbeSettings | None = None,
+        settings: ProbeSettings | None = None,
+    ) -> Decision:
+        """The decision on a save of `path` with resolved `options` (`SaveOptions.resolved`:
+        their fallback directories are the candidates for a redirect, as they are), judged by
+        `directory`: by default the parent of `path`, where a save's temp file or staging
+        directory goes, whether or not `path` exists yet."""
+        timeout, state_dir = options.timeout, options.state_dir
+        need_inodes = options.need_inodes
+        requested = os.path.abspath(os.fspath(path))
+        directory = directory or os.path.dirname(requested)
+        need = options.need_bytes
+        if need is None:
+            need = self.expected_need(requested)
+        probe_settings = functools.partial(_inline_settings, settings, quota, timeout)
+
+        # Fallbacks are worked out only when needed: the common case, a healthy target in a
+        # fresh state file, pays for none of it.
+        candidates: list[_Candidate] | None = None
+        existence: dict[str, Run] | None = None
+        target = self._from_state(directory, state_dir, need, need_inodes)
+        if target is None:
+            # The target has to be probed: the fallbacks are judged alongside it, so that a
+            # hung target costs `timeout` once, not once more for the fallbacks. When the
+            # daemon's state answers, nothing is probed and no fallback judged unless a
+            # redirect is needed.
+            candidates = _candidates(requested, options.fallback_dirs)
+            existence = self._check_existence(candidates, timeout)
+            judged = self._judge_all(
+                [directory, *(c.directory for c in candidates)],
+                need,
+                need_inodes,
+                state_dir,
+                probe_settings,
+            )
+            target = judged[directory]
+        waited = 0.0
+        if options.max_wait > 0 and target.verdict.worth_waiting:
+
+            def judge_again(deadline: float) -> _Judged:
+                again = functools.partial(_inline_settings, settings, quota, min(timeout, deadline))
+                return self._judge_all(
+                    [directory], need, need_inodes, state_dir, again, fresh=True
+                )[directory]
+
+            target, waited = _wait_for_recovery(target, options.max_wait, judge_again)
+
+        verdict = target.verdict
+        action, where = ("delay" if waited else "proceed"), requested
+        if not verdict.can_take_save and candidates is None:
+            candidates = _candidates(requested, options.fallback_dirs)
+        if not verdict.can_take_save and candidates:
+            existence = existence or self._check_existence(candidates, timeout)
+            judgements = self._judge_all(  # from the state, or what was probed above (cached)
+                [c.directory for c in candidates], need, need_inodes, state_dir, probe_settings
+            )
+            found = _first_acceptable(candidates, existence, judgements, requested)
+            if found is not None:
+                action, where = "redirect", found
+        if (
+            action != "redirect"
+            and options.on_unhealthy == "fail"
+            and (not verdict.can_take_save or verdict.status is Status.UNHEALTHY)
+        ):
+            action = "fail"
+        decision = Decision(
+            action=action,
+            path=where,
+            status=verdict.status,
+            reasons=verdict.reasons,
+            wait_seconds=waited,
+            source=target.source,
+            requested_path=requested,
+            need_bytes=need,
+            fits=verdict.fits,
+        )
+        _log_decision(decision)
+        return decision
+
+
 @dataclass(frozen=True)
 class _Candidate:
     """Where a save would land in one fallback."""
@@ -376,22 +569,6 @@ def _candidates(requested: str, fallback_dirs: Sequence[str]) -> list[_Candidate
     directory = os.path.dirname(requested)
     candidates = (_Candidate(f, redirect_path(f, requested)) for f in fallback_dirs)
     return [c for c in candidates if c.directory != directory]
-
-
-def _check_existence(candidates: Sequence[_Candidate], deadline: float) -> dict[str, Run]:
-    """Start checking that each fallback exists, in the probe runner (a hung fallback must
-    not hang the caller).
-
-    A fallback that does not exist is a mistake (a typo, scratch not mounted here) that the
-    probes would not notice: they judge the nearest existing ancestor.
-    """
-    runner = shared_runner()
-    return {
-        c.fallback: runner.submit(
-            c.fallback, "exists", functools.partial(os.path.isdir, c.fallback), deadline
-        )
-        for c in candidates
-    }
 
 
 def _first_acceptable(
@@ -422,45 +599,34 @@ def _first_acceptable(
     return None
 
 
-def find_fallback(
-    path: str | os.PathLike[str],
-    fallback_dirs: Iterable[str | os.PathLike[str]],
-    need_bytes: int | None = None,
-    need_inodes: int | None = 1,
-    *,
-    state_dir: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    quota: ServerProbeSettings | None = None,
-    settings: ProbeSettings | None = None,
-) -> str | None:
-    """Where in the first fallback that can take it a save of `path` should go, or None.
-
-    For a save whose target just failed with a capacity or permanent error: whatever the
-    target looked like a moment ago, it cannot take this write, so only the fallbacks are asked
-    (each judged like a target in `preflight`; a fallback is never redirected further).
-    Exactly these directories are asked: ``FSPROBE_FALLBACK_DIRS`` is not added here.
-    """
-    requested = os.path.abspath(os.fspath(path))
-    need = need_bytes if need_bytes is not None else expected_need(requested)
-    candidates = _candidates(requested, tuple(map(os.fspath, fallback_dirs)))
-    if not candidates:
-        return None
-    existence = _check_existence(candidates, timeout)
-    judgements = _judge_all(
-        [c.directory for c in candidates],
+def _log_decision(decision: Decision) -> None:
+    level = logging.WARNING if decision.concerns or decision.action != "proceed" else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
+    need = f" (need {format_bytes(decision.need_bytes)})" if decision.need_bytes else ""
+    log.log(
+        level,
+        "preflight %s%s from %s: %s",
+        decision.requested_path,
         need,
-        need_inodes,
-        state_dir,
-        functools.partial(_inline_settings, settings, quota, timeout),
-        fresh=True,
+        decision.source,
+        decision.summary(),
     )
-    return _first_acceptable(candidates, existence, judgements, requested)
+
+
+_DEFAULT = SaveContext()
+
+
+def default_context() -> SaveContext:
+    """The process's `SaveContext`, which the module functions use (as client_python's
+    ``REGISTRY``)."""
+    return _DEFAULT
 
 
 def preflight(
     path: str | os.PathLike[str],
     need_bytes: int | None = None,
-    need_inodes: int | None = 1,
+    need_inodes: int | None = NEED_INODES,
     max_wait: float = 0.0,
     fallback_dirs: Iterable[str | os.PathLike[str]] = (),
     *,
@@ -484,127 +650,21 @@ def preflight(
     `quota`/`settings` configure the inline probe (no quota by default: `lfs quota` costs a
     metadata-server RPC per save).
     """
+    options = SaveOptions(
+        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
+        max_wait=max_wait,
+        need_bytes=need_bytes,
+        need_inodes=need_inodes,
+        redirect=redirect,
+        on_unhealthy=on_unhealthy,
+        state_dir=state_dir,
+        timeout=timeout,
+    ).resolved()
     requested = os.path.abspath(os.fspath(path))
-    directory = _judged_directory(requested, state_dir, timeout)
-    return _decide(
-        requested, directory, need_bytes, need_inodes, max_wait, fallback_dirs,
-        state_dir=state_dir, timeout=timeout, on_unhealthy=on_unhealthy, redirect=redirect,
-        quota=quota, settings=settings,
-    )  # fmt: skip
-
-
-def preflight_write(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Decision:
-    """`preflight` as a save asks it: of the directory its temp file or staging directory
-    goes into, the parent of `path`, whether or not `path` exists yet."""
-    requested = os.path.abspath(os.fspath(path))
-    return _decide(requested, os.path.dirname(requested), *args, **kwargs)
-
-
-def _judged_directory(requested: str, state_dir: str | None, timeout: float) -> str:
-    """`requested` if it is a directory, else its parent; decided without touching the
-    filesystem when the daemon watches `requested` itself or, as usual, judges both the same
-    way (then the parent), and otherwise in the probe runner (a hung mount must not hang the
-    caller): an inline probe comes next anyway."""
-    parent = os.path.dirname(requested)
-    try:
-        state = _reader(state_dir).read()
-    except (StateFileError, OSError):
-        state = None
-    if state is not None:
-        watched = state.target_for(requested)
-        if watched == requested:
-            return requested
-        if watched is not None:
-            return parent  # the same watched target judges both
-    check = shared_runner().submit(
-        requested, "exists", functools.partial(os.path.isdir, requested), timeout
+    directory = _DEFAULT.judged_directory(requested, state_dir, timeout)
+    return _DEFAULT.preflight(
+        requested, options, directory=directory, quota=quota, settings=settings
     )
-    result = check.result()
-    return requested if result.ok and result.value else parent
-
-
-def _decide(
-    requested: str,
-    directory: str,
-    need_bytes: int | None = None,
-    need_inodes: int | None = 1,
-    max_wait: float = 0.0,
-    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-    *,
-    state_dir: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_unhealthy: str = "proceed",
-    redirect: bool = True,
-    quota: ServerProbeSettings | None = None,
-    settings: ProbeSettings | None = None,
-) -> Decision:
-    """The decision on a save of `requested`, judged by `directory`."""
-    if on_unhealthy not in ON_UNHEALTHY:
-        raise ValueError(f"on_unhealthy must be one of {ON_UNHEALTHY}, not {on_unhealthy!r}")
-    need = need_bytes if need_bytes is not None else expected_need(requested)
-    probe_settings = functools.partial(_inline_settings, settings, quota, timeout)
-
-    # Fallbacks are worked out only when needed: the common case, a healthy target in a fresh
-    # state file, pays for none of it.
-    candidates: list[_Candidate] | None = None
-    existence: dict[str, Run] | None = None
-    target = _from_state(directory, state_dir, need, need_inodes)
-    if target is None:
-        # The target has to be probed: the fallbacks are judged alongside it, so that a hung
-        # target costs `timeout` once, not once more for the fallbacks. When the daemon's
-        # state answers, nothing is probed and no fallback judged unless a redirect is needed.
-        candidates = _candidates(requested, all_fallback_dirs(fallback_dirs) if redirect else ())
-        existence = _check_existence(candidates, timeout)
-        judged = _judge_all(
-            [directory, *(c.directory for c in candidates)],
-            need,
-            need_inodes,
-            state_dir,
-            probe_settings,
-        )
-        target = judged[directory]
-    waited = 0.0
-    if max_wait > 0 and target.verdict.worth_waiting:
-
-        def judge_again(deadline: float) -> _Judged:
-            again = functools.partial(_inline_settings, settings, quota, min(timeout, deadline))
-            return _judge_all([directory], need, need_inodes, state_dir, again, fresh=True)[
-                directory
-            ]
-
-        target, waited = _wait_for_recovery(target, max_wait, judge_again)
-
-    verdict = target.verdict
-    action, where = ("delay" if waited else "proceed"), requested
-    if not verdict.can_take_save and candidates is None:
-        candidates = _candidates(requested, all_fallback_dirs(fallback_dirs) if redirect else ())
-    if not verdict.can_take_save and candidates:
-        existence = existence or _check_existence(candidates, timeout)
-        judgements = _judge_all(  # from the state, or what was probed above (cached)
-            [c.directory for c in candidates], need, need_inodes, state_dir, probe_settings
-        )
-        found = _first_acceptable(candidates, existence, judgements, requested)
-        if found is not None:
-            action, where = "redirect", found
-    if (
-        action != "redirect"
-        and on_unhealthy == "fail"
-        and (not verdict.can_take_save or verdict.status is Status.UNHEALTHY)
-    ):
-        action = "fail"
-    decision = Decision(
-        action=action,
-        path=where,
-        status=verdict.status,
-        reasons=verdict.reasons,
-        wait_seconds=waited,
-        source=target.source,
-        requested_path=requested,
-        need_bytes=need,
-        fits=verdict.fits,
-    )
-    _log_decision(decision)
-    return decision
 
 
 def preflight_readiness(
@@ -625,18 +685,3 @@ def preflight_readiness(
         return decision.summary() if decision.action == "fail" else None
 
     return ready
-
-
-def _log_decision(decision: Decision) -> None:
-    level = logging.WARNING if decision.concerns or decision.action != "proceed" else logging.DEBUG
-    if not log.isEnabledFor(level):
-        return
-    need = f" (need {format_bytes(decision.need_bytes)})" if decision.need_bytes else ""
-    log.log(
-        level,
-        "preflight %s%s from %s: %s",
-        decision.requested_path,
-        need,
-        decision.source,
-        decision.summary(),
-    )

@@ -14,7 +14,8 @@ after the last attempt, with every attempt's errno.
 
 `RetryState` holds those decisions for one save, apart from the attempt itself, so that a
 collective save can take them once on its coordinator and send them to every rank;
-`run_attempts` is the loop for a save made by one process. A save that lands in a fallback is
+`fsprobe.saving.commit.run_attempts` is the loop for a save made by one process. A save that
+lands in a fallback is
 entered in that fallback's manifest when it succeeds (`RetryState.succeeded`), whatever kind of
 save it is, so that `fsprobe sync` finds it.
 """
@@ -23,51 +24,23 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import re
 import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from fsprobe.checking import check
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.events.emit import report
 from fsprobe.events.event import Failure, SaveEvent
-from fsprobe.redirect.fallback import (
-    all_fallback_dirs,
-    prepare_directory,
-    redirect_path,
-    remove_mirrored_dirs,
-)
+from fsprobe.redirect.fallback import prepare_directory, redirect_path, remove_mirrored_dirs
 from fsprobe.redirect.manifest import new_entry, record
-from fsprobe.saving.preflight import DEFAULT_TIMEOUT, Decision, find_fallback, remember_save
-from fsprobe.saving.preflight import preflight_write as run_preflight
+from fsprobe.saving.options import SaveOptions
+from fsprobe.saving.preflight import Decision, SaveContext, default_context
 from fsprobe.units import format_bytes, format_seconds
 
 log = logging.getLogger("fsprobe.save")
-
-DEFAULT_ATTEMPTS = 5
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with full jitter: before retry n, sleep U(0, min(cap, base·2ⁿ⁻¹)).
-
-    The defaults give 5 attempts about 30 s in all at most (2 + 4 + 8 + 15 s, half that on
-    average). Jitter keeps the hundreds of ranks that hit the same hiccup from retrying in
-    lockstep. `sleep` and `random` are injectable for tests.
-    """
-
-    base: float = 2.0
-    cap: float = 15.0
-    sleep: Callable[[float], None] = time.sleep
-    random: Callable[[], float] = random.random
-
-    def delay(self, failures: int) -> float:
-        """The wait after the `failures`-th failed attempt."""
-        return self.random() * min(self.cap, self.base * 2 ** (failures - 1))
 
 
 class FailedAttempt(Exception):
@@ -153,7 +126,13 @@ def first_os_error(error: BaseException) -> OSError | None:
     return None
 
 
-def failure_of(error: BaseException, step: str, where: str | None = None) -> FailedAttempt | None:
+def failure_of(
+    error: BaseException,
+    step: str,
+    where: str | None = None,
+    *,
+    context: SaveContext | None = None,
+) -> FailedAttempt | None:
     """What a writer raising `error` at `step` means for the save; None if not an I/O failure.
 
     The first OSError in the chain counts, not what surfaced: torch turns a failed write into
@@ -163,13 +142,14 @@ def failure_of(error: BaseException, step: str, where: str | None = None) -> Fai
     strategies), or when DCP gathers the ranks' exceptions (pickling drops `__context__`); so
     with `where` (the directory written into, its partial files still there), a failure
     without errno on a filesystem that has no room left now counts as ENOSPC: redirected, not
-    retried into the same full target. A full quota cannot be told this way.
+    retried into the same full target (asked in `context`'s probe runner). A full quota
+    cannot be told this way.
     """
     os_error = first_os_error(error)
     if os_error is not None:
         return FailedAttempt.of(os_error, step)
     if isinstance(error, RuntimeError) and any(s in str(error) for s in _TORCH_WRITE_FAILURES):
-        if where is not None and _is_full(where):
+        if where is not None and _is_full(where, context or default_context()):
             return FailedAttempt("ENOSPC", step, f"{error} (no errno; no room left in {where})")
         return FailedAttempt("EUNKNOWN", step, str(error))
     rust = _RUST_OS_ERROR.search(str(error))
@@ -178,11 +158,10 @@ def failure_of(error: BaseException, step: str, where: str | None = None) -> Fai
     return None
 
 
-def _is_full(directory: str) -> bool:
+def _is_full(directory: str, context: SaveContext) -> bool:
     """Whether a new file in `directory` has less than `FULL_BELOW_BYTES` of room: a statvfs
     in the probe worker, bounded like every probe (a mount that hangs now costs the timeout)."""
-    report = check(directory, write_probe=False, quota_provider="none", timeout=FULL_TIMEOUT)
-    room = report.verdict.headroom.bytes
+    room = context.room(directory, FULL_TIMEOUT)
     return room is not None and room < FULL_BELOW_BYTES
 
 
@@ -191,53 +170,6 @@ def deciding(failures: Iterable[FailedAttempt]) -> FailedAttempt | None:
     error before a capacity error before a transient one, else the first."""
     order = (ErrorClass.PERMANENT, ErrorClass.CAPACITY, ErrorClass.TRANSIENT)
     return min(failures, key=lambda f: order.index(classify(f.errno, f.step)), default=None)
-
-
-@dataclass(frozen=True)
-class SaveOptions:
-    """What the caller of any save chooses, apart from what to write (see `atomic_write`).
-
-    `save_timeout` bounds each attempt of a save made by one process; the attempt applies it
-    (`fsprobe.saving.deadline`, which builds on this module). Collective saves do not take it.
-    """
-
-    attempts: int = DEFAULT_ATTEMPTS
-    backoff: Backoff = Backoff()
-    fallback_dirs: tuple[str, ...] = ()
-    max_wait: float = 0.0
-    need_bytes: int | None = None
-    need_inodes: int | None = 1
-    preflight: bool = True
-    redirect: bool = True
-    on_unhealthy: str = "proceed"
-    state_dir: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
-    save_timeout: float | None = None
-
-    @classmethod
-    def of(
-        cls,
-        *,
-        attempts: int,
-        backoff: Backoff | None,
-        fallback_dirs: Iterable[str | os.PathLike[str]],
-        redirect: bool,
-        save_timeout: float | None = None,
-        **others: Any,
-    ) -> SaveOptions:
-        """Checked, with the defaults filled in and ``FSPROBE_FALLBACK_DIRS`` added."""
-        if save_timeout is not None and not save_timeout > 0:
-            raise ValueError("save_timeout must be a positive number of seconds")
-        if attempts < 1:
-            raise ValueError("attempts must be at least 1")
-        return cls(
-            attempts=attempts,
-            backoff=backoff or Backoff(),
-            fallback_dirs=all_fallback_dirs(fallback_dirs) if redirect else (),
-            redirect=redirect,
-            save_timeout=save_timeout,
-            **others,
-        )
 
 
 class NextAttempt(NamedTuple):
@@ -257,9 +189,16 @@ class RetryState:
     the `ranks` that wrote it.
     """
 
-    def __init__(self, requested: str, options: SaveOptions, ranks: int = 1) -> None:
+    def __init__(
+        self,
+        requested: str,
+        options: SaveOptions,
+        ranks: int = 1,
+        context: SaveContext | None = None,
+    ) -> None:
         self.requested = requested
         self.options = options
+        self.context = context or default_context()
         self.ranks = ranks
         self.destination = requested
         self.number = 1
@@ -273,17 +212,7 @@ class RetryState:
         options = self.options
         if not options.preflight:
             return None
-        decision = run_preflight(
-            self.requested,
-            options.need_bytes,
-            options.need_inodes,
-            max_wait=options.max_wait,
-            fallback_dirs=options.fallback_dirs,
-            redirect=options.redirect,
-            on_unhealthy=options.on_unhealthy,
-            state_dir=options.state_dir,
-            timeout=options.timeout,
-        )
+        decision = self.context.preflight(self.requested, options)
         if decision.action == "fail":
             attempt = FailedAttempt(decision.errno or "EIO", "preflight", decision.summary())
             self.failures.append(attempt)
@@ -340,13 +269,10 @@ class RetryState:
         if kind is not ErrorClass.TRANSIENT:
             if fallback is not None:
                 self._given_up.add(fallback)
-            alternative = find_fallback(
+            alternative = self.context.find_fallback(
                 self.requested,
                 [f for f in self.options.fallback_dirs if f not in self._given_up],
-                self.options.need_bytes,
-                self.options.need_inodes,
-                state_dir=self.options.state_dir,
-                timeout=self.options.timeout,
+                self.options,
             )
             if alternative is not None:
                 plan = NextAttempt(alternative, 0.0)
@@ -382,12 +308,11 @@ class RetryState:
 
     def succeeded(self, nbytes: int, digest_of: Callable[[str], str]) -> SaveResult:
         """The current attempt succeeded with `nbytes` written: enter a redirect in the
-        fallback's manifest (`digest_of(destination)` is its sha256), remember the size, log,
-        result."""
+        fallback's manifest (`digest_of(destination)` is its sha256), log, result. The size is
+        remembered by whoever made the save (`fsprobe.saving.commit.committed`)."""
         fallback = self.fallback
         if fallback is not None:
             self._record_redirect(fallback, nbytes, digest_of)
-        remember_save(self.requested, nbytes)
         result = SaveResult(
             path=self.destination,
             requested_path=self.requested,
@@ -469,42 +394,3 @@ class RetryState:
             failure.message,
             plan,
         )
-
-
-class SaveSteps(NamedTuple):
-    """What one kind of save does in the loop of `run_attempts`.
-
-    `write(destination)` makes one attempt and returns the bytes written, raising
-    `FailedAttempt` for an I/O failure (anything else it raises ends the save as it is);
-    `clean(directory)` removes the leftovers of crashed saves there, once per directory before
-    the first attempt into it; `digest(destination)` is the sha256 that the fallback's
-    manifest records for a redirected save.
-    """
-
-    write: Callable[[str], int]
-    clean: Callable[[str], object]
-    digest: Callable[[str], str]
-
-
-def run_attempts(
-    path: str | os.PathLike[str], options: SaveOptions, steps: SaveSteps
-) -> SaveResult:
-    """Save `path`: preflight, then attempt until one succeeds or the attempts give up
-    (`SaveError`, also when the preflight says ``fail``)."""
-    state = RetryState(os.path.abspath(os.fspath(path)), options)
-    state.preflight()
-    cleaned: set[str] = set()
-    while True:
-        try:
-            try:
-                state.prepare(steps.clean, cleaned)
-            except OSError as error:
-                raise FailedAttempt.of(error, "mkdir") from error
-            nbytes = steps.write(state.destination)
-        except FailedAttempt as failure:
-            plan = state.failed(failure)
-            if plan is None:
-                raise state.error() from None
-            state.follow(plan)
-            continue
-        return state.succeeded(nbytes, steps.digest)

@@ -1,4 +1,4 @@
-"""Cleaning up after crashed saves: temp files whose writer is provably gone.
+"""Cleaning up after crashed saves: temp files and staging directories whose writer is gone.
 
 A save killed mid-write (SIGKILL, OOM, a node crash) leaves its hidden temp file beside the
 checkpoints, often gigabytes that count against the quota that made the next save fail. Before
@@ -29,6 +29,9 @@ import stat
 import time
 
 from fsprobe.posix.atomic import LOCK_UNSUPPORTED, TempName, hostname, is_live_here, parse_temp_name
+from fsprobe.posix.staging import open_parent
+from fsprobe.posix.swap import parse_retired_name, restore_or_remove_retired
+from fsprobe.posix.tree import measure_tree, open_directory, opened, remove_tree
 
 log = logging.getLogger("fsprobe.save")
 
@@ -131,3 +134,57 @@ def remove_stale_temps(directory: str) -> list[str]:
         ]
     finally:
         os.close(dir_fd)
+
+
+def remove_stale_staging(directory: str) -> None:
+    """Clean up after crashed directory saves in `directory`: their staging directories, and
+    checkpoints they retired (restored if nothing took their place, removed otherwise).
+
+    The authorship rule of temp files (`fsprobe.saving.stale`), applied to directories owned by
+    this user; from another host, the newest write anywhere in the tree counts. Never raises.
+    """
+    this_host, now, euid = hostname(), time.time(), os.geteuid()
+    try:
+        parent_fd = open_parent(directory)
+    except OSError as error:
+        log.debug("not cleaning %s: %s", directory, error)
+        return
+    try:
+        for name in os.listdir(parent_fd):
+            temp, retired = parse_temp_name(name), parse_retired_name(name)
+            writer = temp or (retired and retired[0])
+            if not writer:
+                continue
+            try:
+                info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid != euid:
+                    continue
+                with opened(open_directory(name, parent_fd)) as fd:
+                    alive = True if is_live_here(os.fstat(fd)) else writer_alive(fd)
+                    mtime = info.st_mtime
+                    if writer.host != this_host:
+                        mtime = measure_tree(fd).newest_mtime
+                if not is_stale(writer, mtime, alive, now):
+                    continue
+                if retired:
+                    restore_or_remove_retired(parent_fd, name, retired[1])
+                elif remove_tree(parent_fd, name):
+                    log.info(
+                        "removed %s in %s, left by a crashed save (pid %d on %s)",
+                        name,
+                        directory,
+                        writer.pid,
+                        writer.host,
+                    )
+            except OSError as error:
+                log.warning("cannot clean up %s in %s: %s", name, directory, error)
+    except OSError as error:
+        log.debug("not cleaning %s: %s", directory, error)
+    finally:
+        os.close(parent_fd)
+
+
+def clean_directory(directory: str) -> None:
+    """Before the first attempt into `directory`: the leftovers of crashed saves, files and dirs."""
+    remove_stale_temps(directory)
+    remove_stale_staging(directory)

@@ -99,10 +99,18 @@ TARGETS = (
     target(
         "save-retry",
         "fsprobe/saving/retry.py",
-        "Backoff.delay first_os_error failure_of deciding RetryState.fallback RetryState.failed "
-        "RetryState.follow RetryState.prepare run_attempts",
+        "first_os_error failure_of deciding RetryState.fallback RetryState.failed "
+        "RetryState.follow RetryState.prepare",
         *_SAVE_TESTS,
     ),
+    target(
+        "save-options",
+        "fsprobe/saving/options.py",
+        "Backoff.delay SaveOptions.__post_init__ SaveOptions.resolved save_options",
+        "tests/test_save_options.py",
+        *_SAVE_TESTS,
+    ),
+    target("save-commit", "fsprobe/saving/commit.py", "start committed run_attempts", *_SAVE_TESTS),
     target(
         "save-atomic",
         "fsprobe/posix/atomic.py",

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fsprobe.integrations.lightning import FsprobeCheckpointIO
 from fsprobe.integrations.lightning_strategies import FsprobeModelParallelStrategy
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 
 RESULT = "LIGHTNING-JOB "
 

@@ -29,7 +29,7 @@ from transformers import (
 )
 
 from fsprobe.integrations.transformers import protect, protected_results
-from fsprobe.saving.retry import Backoff
+from fsprobe.saving.options import Backoff
 
 RESULT = "TRAINER-JOB "
 
