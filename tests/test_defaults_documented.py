@@ -69,6 +69,7 @@ ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
     "quota_timeout": lambda config, target: target.settings.server_probes.timeout,
     "write_bytes": lambda config, target: target.settings.write_bytes,
     "write_probe": lambda config, target: target.settings.write_probe,
+    "probe_as": lambda config, target: target.settings.probe_as,
     "quota_provider": lambda config, target: target.settings.server_probes.provider,
     "quota_probe": lambda config, target: target.quota_probe,
     "lfs_df_probe": lambda config, target: target.lfs_df_enabled,
