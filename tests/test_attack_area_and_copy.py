@@ -7,6 +7,7 @@ before the area was closed), and a copy stretched after its save, against root's
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.users import REPO, share
-from tests.test_trust_fallback import SAVE, area_of, fsprobe_sync, make_dir
+from tests.test_trust_fallback import SAVE, area_of, fsprobe_sync, make_dir, private_area
 
 
 @pytest.fixture
@@ -33,7 +34,8 @@ def test_a_fifo_in_place_of_a_users_area_neither_hangs_nor_diverts_a_save(local_
     target = make_dir(place / "ckpt", 0o755)  # not Alice's to write: her save is redirected
 
     done = alice.python(SAVE, str(target / "model.pt"), "alice's", str(scratch), timeout=60)
-    assert done.returncode != 0 and "EACCES" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr  # a squat: into a private area (issue 18.5)
+    assert private_area(scratch, alice) in Path(json.loads(done.stdout)["path"]).parents
     assert area.is_fifo() and area.lstat().st_uid == mallory.uid  # not removed, not replaced
     assert os.listdir(target) == []
 
@@ -47,7 +49,8 @@ def test_an_area_made_by_someone_else_receives_nothing(local_users, place):
     target = make_dir(place / "ckpt", 0o755)
 
     done = alice.python(SAVE, str(target / "model.pt"), "alice's", str(scratch))
-    assert done.returncode != 0 and "EACCES" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr  # a squat: into a private area (issue 18.5)
+    assert private_area(scratch, alice) in Path(json.loads(done.stdout)["path"]).parents
     assert os.listdir(area) == []
     assert area.stat().st_uid == mallory.uid and area.stat().st_mode & 0o777 == 0o777
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from fsprobe.redirect import manifest
+from tests.daemon_process import DaemonProcess, clean_environment
 from tests.support.users import REPO, LocalUser, share
 
 MANIFEST = manifest.MANIFEST
@@ -209,10 +210,19 @@ def test_a_symlink_in_place_of_a_users_area_diverts_nothing(local_users, place):
     target = make_dir(place / "ckpt", 0o755)  # not Alice's to write: her save is redirected
 
     done = alice.python(SAVE, str(target / "model.pt"), "alice's", str(scratch))
-    assert done.returncode != 0 and "EACCES" in done.stderr
-    assert "symbolic link" in done.stderr
+    # A squat (issue 18.5): the save goes to a private area of hers, never through the link.
+    assert done.returncode == 0, done.stderr
+    assert private_area(scratch, alice) in Path(json.loads(done.stdout)["path"]).parents
+    assert "someone made it first" in done.stderr
     assert os.listdir(home) == []  # not diverted into a directory of hers either
     assert os.listdir(target) == []
+
+
+def private_area(fallback: Path, user: LocalUser) -> Path:
+    """The area `user` made in `fallback` instead of a `uid-<uid>` someone else made first."""
+    [area] = [p for p in fallback.iterdir() if p.name.startswith(f"uid-{user.uid}.")]
+    assert (area.stat().st_uid, area.stat().st_mode & 0o777) == (user.uid, 0o700)
+    return area
 
 
 def test_a_resume_never_loads_a_copy_someone_else_planted(local_users, place):
@@ -276,3 +286,62 @@ def test_a_fifo_in_place_of_its_own_manifest_costs_a_save_nothing(tmpfs, place):
     result = json.loads(done.stdout)
     assert result["errors"] == ["ENOSPC"] and Path(result["path"]).stat().st_size == 1 << 20
     assert "not a regular file" in done.stderr and "copy it back by hand" in done.stderr
+
+
+def test_a_squatted_area_never_stops_a_save(local_users, place):
+    """`mkdir -m 700 <fallback>/uid-<victim>` by a neighbour made every redirect of the victim
+    fail (EACCES; the sticky bit keeps her from removing it), and no line said why. Now the
+    save warns once, naming the squatter, and lands in a private area nobody could have made
+    in advance; later saves, locate and root's sync find it there."""
+    alice, mallory = local_users.user(), local_users.user()
+    scratch = make_dir(place / "scratch", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)  # root's: Alice's saves are redirected
+    mallory.run(lambda: os.mkdir(area_of(scratch, alice), 0o700))
+
+    first = alice.python(SAVE, str(target / "model.pt"), "alice's", str(scratch))
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)
+    assert result["redirected"], result
+    private = private_area(scratch, alice)
+    assert result["path"] == str(private) + str(target / "model.pt")
+    warnings = [line for line in first.stderr.splitlines() if "someone made it first" in line]
+    assert len(warnings) == 1 and f"uid {mallory.uid}" in warnings[0], first.stderr
+    assert str(area_of(scratch, alice)) in warnings[0]
+
+    second = alice.python(SAVE, str(target / "other.pt"), "alice's other", str(scratch))
+    assert json.loads(second.stdout)["path"].startswith(str(private) + "/"), second.stderr
+    assert "someone made it first" not in second.stderr  # once
+    located = alice.python(NEWEST_COPY, str(target / "model.pt"), str(scratch))
+    assert located.stdout.strip() == result["path"], located.stderr
+
+    os.chown(target, alice.uid, -1)  # the target can take them back
+    code, report = fsprobe_sync(local_users.python, None, "--fallback-dir", str(scratch))
+    assert code == 0, report
+    assert sorted((e["owner"], e["action"]) for e in report["entries"]) == [
+        (alice.uid, "synced"), (alice.uid, "synced")
+    ]  # fmt: skip
+    assert (target / "model.pt").read_text() == "alice's"
+    assert (target / "other.pt").read_text() == "alice's other"
+    assert area_of(scratch, alice).stat().st_uid == mallory.uid  # hers, untouched
+
+
+def test_the_daemon_counts_each_squatted_area_once(local_users, place):
+    alice, mallory = local_users.user(), local_users.user()
+    scratch = make_dir(place / "scratch", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)
+    mallory.run(lambda: os.mkdir(area_of(scratch, alice), 0o700))
+    config = place / "fsprobe.toml"
+    config.write_text(
+        "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.2\nwrite_probe = false\n"
+        f'[[targets]]\npath = "{target}"\nfallback_dirs = ["{scratch}"]\n'
+    )
+    home = make_dir(place / "daemon", 0o700)
+    with DaemonProcess(home, "--config", str(config), env=clean_environment()) as daemon:
+        line = daemon.wait_for_log("event=area_squatted", timeout=30)
+        labels = {"path": str(target), "problem": "area_squatted"}
+        daemon.wait_for_value("fsprobe_redirect_problems_total", 1.0, **labels)
+        time.sleep(1.5)  # several more looks
+        assert daemon.value("fsprobe_redirect_problems_total", **labels) == 1.0
+        log = daemon.log()
+    assert str(area_of(scratch, alice)) in line and "level=warning" in line
+    assert log.count("event=area_squatted") == 1

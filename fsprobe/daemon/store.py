@@ -39,6 +39,8 @@ from fsprobe.policy import Policy, Verdict, evaluate, unjudged
 from fsprobe.posix.paths import is_under
 from fsprobe.view import Histogram, LastSave, SaveStats, TargetView
 
+#: Squatted fallback areas a target remembers having counted.
+MAX_SQUATS_KEPT = 10_000
 #: Successful saves whose gaps give a target's regular save interval (their median).
 INTERVAL_SAVES = 9
 #: While a target is saved at a regular interval, a landed save stands for the write probe for
@@ -70,6 +72,7 @@ class _Target:
     last_success: dict[str, float] = field(default_factory=dict)
     redirected_pending_bytes: int | None = None
     redirect_problems: Counter = field(default_factory=Counter)
+    squats: set = field(default_factory=set)  # squatted areas seen, counted once each
     owner: DirectoryOwner | None = None  # of the target directory, as statvfs last saw it
     saves: SaveStats = field(default_factory=SaveStats)
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
@@ -218,6 +221,17 @@ class Store:
                 return None
             target.redirected_pending_bytes = pending
             return self._publish(target)
+
+    def note_squats(self, path: str, squats: Iterable[str]) -> list[str]:
+        """Of the squatted areas the daemon's look found in the fallbacks of `path`, those it
+        had not seen yet (each is counted once; at most `MAX_SQUATS_KEPT` are remembered)."""
+        with self._lock:
+            target = self._targets.get(path)
+            if target is None:
+                return []
+            new = [squat for squat in squats if squat not in target.squats]
+            target.squats.update(new[: max(0, MAX_SQUATS_KEPT - len(target.squats))])
+            return new
 
     def count_redirect_problems(self, path: str, problem: str, count: int) -> TargetView | None:
         """`count` more of `problem` (`fsprobe.exporters.metrics.REDIRECT_PROBLEMS`) in the

@@ -32,7 +32,7 @@ from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store
 from fsprobe.model import ProbeResult
 from fsprobe.probing.runner import Executor
-from fsprobe.redirect.manifest import pending_bytes
+from fsprobe.redirect.manifest import FallbackCount, count_fallbacks
 from fsprobe.redirect.sync import SyncOutcome, sync
 from fsprobe.view import TargetView
 
@@ -54,7 +54,7 @@ class PlannedTask:
 
 
 def _count(target: TargetConfig, _view: TargetView) -> Callable[[], object]:
-    return functools.partial(pending_bytes, target.fallback_dirs, under=target.path)
+    return functools.partial(count_fallbacks, target.fallback_dirs, target.path)
 
 
 def _sync(target: TargetConfig, view: TargetView) -> Callable[[], object]:
@@ -104,7 +104,12 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
                 message=failure.cause,
             )
         return store.count_redirect_problems(path, "sync_as_user_failed", len(failures))
-    return store.set_redirected_pending_bytes(path, result.value if result.ok else None)
+    count: FallbackCount | None = result.value if result.ok else None
+    changed = store.set_redirected_pending_bytes(path, count.pending_bytes if count else None)
+    found = store.note_squats(path, count.squatted if count else ())
+    for squat in found:
+        event(logging.WARNING, "area_squatted", target=path, area=squat)
+    return store.count_redirect_problems(path, "area_squatted", len(found)) or changed
 
 
 def _log_outcome(path: str, outcome: SyncOutcome) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import stat
@@ -33,9 +34,12 @@ from dataclasses import dataclass
 
 from fsprobe.posix.owned import NotTrusted, components, walk
 
+log = logging.getLogger("fsprobe.redirect")
+
 FALLBACK_ENV = "FSPROBE_FALLBACK_DIRS"
-#: The name of a user's area: ``uid-<uid>``.
-AREA_NAME = re.compile(r"^uid-(?P<uid>\d+)$")
+#: The name of a user's area: ``uid-<uid>``, or ``uid-<uid>.<16 random hex digits>`` where
+#: someone else made a ``uid-<uid>`` first (a squat; see `claim_area`).
+AREA_NAME = re.compile(r"^uid-(?P<uid>\d+)(?:\.[0-9a-f]{16})?$")
 #: An area is its user's alone, to read too: a checkpoint redirected from a directory that
 #: only its user may enter must not become readable by everyone who shares the fallback.
 AREA_MODE = 0o700
@@ -70,8 +74,8 @@ def mirrored(requested: str) -> str:
 
 
 def redirect_path(fallback: str, requested: str) -> str:
-    """Where a save of `requested` by this user lands in `fallback`."""
-    return os.path.join(own_area(fallback).path, mirrored(requested))
+    """Where a save of `requested` by this user lands in `fallback` (`claim_area`)."""
+    return os.path.join(claim_area(fallback).path, mirrored(requested))
 
 
 def open_root(fallback: str) -> int:
@@ -144,10 +148,67 @@ class Area:
 
 
 def own_area(fallback: str) -> Area:
-    """The calling user's area in `fallback`."""
+    """The calling user's area in `fallback`: ``uid-<uid>``, or, where someone else made that
+    name first, the private area this user made instead (if there is one yet)."""
     fallback = os.path.abspath(fallback)
     uid = os.geteuid()
-    return Area(fallback, os.path.join(fallback, area_name(uid)), uid)
+    standard = Area(fallback, os.path.join(fallback, area_name(uid)), uid)
+    if _squatter(standard) is None:
+        return standard
+    return _private_area(fallback, uid) or standard
+
+
+def claim_area(fallback: str) -> Area:
+    """`own_area`, made anew under a name nobody can guess if ``uid-<uid>`` is someone else's.
+
+    Anyone who may write a shared fallback can ``mkdir -m 700 uid-<victim>`` (for every uid at
+    once), and the sticky bit keeps the victim from removing it: every redirect of the victim
+    failed. Such a squat costs one warning, naming the squatter, when the private area
+    ``uid-<uid>.<random>`` is made (64 random bits: not to be made in advance); later saves,
+    `locate`, `sync` and root's daemon find it as the user's area (it is theirs, 0700).
+    """
+    area = own_area(fallback)
+    squatter = _squatter(area)
+    if squatter is None:
+        return area
+    name = f"{area_name(area.owner)}.{os.urandom(8).hex()}"
+    root = open_root(area.fallback)
+    try:
+        os.mkdir(name, AREA_MODE, dir_fd=root)
+    finally:
+        os.close(root)
+    private = Area(area.fallback, os.path.join(area.fallback, name), area.owner)
+    log.warning(
+        "fallback area %s belongs to uid %d, not to you (uid %d): someone made it first; "
+        "your redirected checkpoints go to %s instead",
+        area.path, squatter, area.owner, private.path,
+    )  # fmt: skip
+    return private
+
+
+def _squatter(area: Area) -> int | None:
+    """The owner of what stands at `area`'s name when it is not the user's own directory."""
+    try:
+        info = os.lstat(area.path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == area.owner:
+        return None
+    return info.st_uid
+
+
+def _private_area(fallback: str, uid: int) -> Area | None:
+    """The private area `claim_area` made for `uid` in `fallback`, if any (the first by name)."""
+    prefix = f"{area_name(uid)}."
+    try:
+        names = sorted(name for name in os.listdir(fallback) if name.startswith(prefix))
+    except OSError:
+        return None
+    for name in names:
+        area = Area(fallback, os.path.join(fallback, name), uid)
+        if AREA_NAME.match(name) and _squatter(area) is None:
+            return area
+    return None
 
 
 def prepare_directory(fallback: str, actual: str) -> None:

@@ -201,13 +201,49 @@ def areas(fallback: str) -> list[Area]:
             match = AREA_NAME.match(item.name)
             if match is not None:
                 uid = int(match["uid"])
-                if item.name == area_name(uid) and _directory_of(item, uid):
+                canonical = item.name.split(".")[0] == area_name(uid)  # no uid-007
+                if canonical and _directory_of(item, uid):
                     found.append(Area(fallback, item.path, uid))
             elif item.name == MANIFEST:
                 with contextlib.suppress(OSError):
                     owner = item.stat(follow_symlinks=False).st_uid
                     found.append(Area(fallback, fallback, owner))
     return sorted(found, key=lambda area: (area.owner, area.legacy))
+
+
+@dataclass(frozen=True)
+class FallbackCount:
+    """What the daemon's count task finds in a target's fallback directories."""
+
+    pending_bytes: int
+    squatted: tuple[str, ...]  # `squatted_areas`
+
+
+def count_fallbacks(fallback_dirs: Iterable[str], under: str) -> FallbackCount:
+    """The pending bytes of the copies meant for `under`, and the squatted areas."""
+    fallback_dirs = tuple(fallback_dirs)
+    return FallbackCount(
+        pending_bytes(fallback_dirs, under=under), tuple(squatted_areas(fallback_dirs))
+    )
+
+
+#: Names looked at in one fallback directory, at most, for `squatted_areas`.
+MAX_AREA_NAMES = 100_000
+
+
+def squatted_areas(fallback_dirs: Iterable[str]) -> list[str]:
+    """The paths ``<fallback>/uid-<uid>`` that are not that user's own directory: someone
+    else made them (a squat: that user's saves go to a private area, `claim_area`)."""
+    found = []
+    for fallback in fallback_dirs:
+        with contextlib.suppress(OSError), os.scandir(fallback) as listing:
+            for _, item in zip(range(MAX_AREA_NAMES), listing):
+                match = AREA_NAME.match(item.name)
+                if match is None or item.name != area_name(int(match["uid"])):
+                    continue
+                if not _directory_of(item, int(match["uid"])):
+                    found.append(item.path)
+    return found
 
 
 def _directory_of(item: os.DirEntry, owner: int) -> bool:

@@ -38,7 +38,7 @@ from fsprobe.posix.staging import Staging
 from fsprobe.posix.tree import digest_tree, tree_digest
 from fsprobe.redirect import delegate
 from fsprobe.redirect.copies import copy_bytes, copy_tree
-from fsprobe.redirect.fallback import Area, area_name
+from fsprobe.redirect.fallback import AREA_NAME, Area, area_name
 from fsprobe.redirect.manifest import (
     Entry,
     OpenCopy,
@@ -98,7 +98,7 @@ class SyncOutcome:
         Only root reads these, and only to report them: the run is the user's own process, so
         an outcome can speak for that user's area of `fallback` and for nothing else.
         """
-        area = {area.path: area for area in _candidate_areas(fallback, owner)}[fields["area"]]
+        area = _reported_area(fallback, owner, str(fields["area"]))
         action = str(fields["action"])
         if action not in _ACTIONS:
             raise ValueError(f"unknown action {action!r}")
@@ -140,12 +140,18 @@ class SyncReport:
         return self.outcomes[index]
 
 
-def _candidate_areas(fallback: str, owner: int) -> tuple[Area, Area]:
-    """The areas a user can have in `fallback`: theirs, and a legacy manifest of theirs."""
-    return (
-        Area(fallback, os.path.join(fallback, area_name(owner)), owner),
-        Area(fallback, fallback, owner),
-    )
+def _reported_area(fallback: str, owner: int, path: str) -> Area:
+    """The area of `owner` in `fallback` that `path` names (ValueError if none can be): theirs
+    (``uid-<uid>``, or the private one made instead of a squatted one), or a legacy manifest
+    of theirs. By name: an area the run emptied is gone by the time its report is read."""
+    if path == fallback:
+        return Area(fallback, fallback, owner)
+    name = os.path.basename(path)
+    if os.path.dirname(path) != fallback or not AREA_NAME.match(name):
+        raise ValueError(f"{path!r} is not an area of {fallback}")
+    if name.split(".")[0] != area_name(owner):
+        raise ValueError(f"{path!r} is not an area of uid {owner}")
+    return Area(fallback, path, owner)
 
 
 def _stat_or_none(name: str, dir_fd: int) -> os.stat_result | None:
