@@ -36,10 +36,17 @@ if sys.argv[1] == "check":
     record("check", argv=sys.argv[1:])
     sys.exit(int(os.environ.get("FAKE_CHECK_STATUS", "0")))
 if sys.argv[1] == "run":
+    if os.environ.get("FAKE_RUN_STATUS"):  # a daemon that cannot start
+        record("run-refused", argv=sys.argv[1:])
+        print("Error: the state dir is not yours", file=sys.stderr)
+        sys.exit(int(os.environ["FAKE_RUN_STATUS"]))
     def stop(signum, frame):
         record("run-stopped", signal=signum)
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
+    state_dir = sys.argv[sys.argv.index("--state-dir") + 1]
+    os.makedirs(state_dir, exist_ok=True)
+    open(os.path.join(state_dir, "state.json"), "w").close()  # what a started daemon writes
     record("run-started", argv=sys.argv[1:], state_dir=os.environ.get("FSPROBE_STATE_DIR"))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -204,7 +211,7 @@ def test_healthy_run_starts_the_daemon_hands_its_state_to_the_trainer_and_stops_
 
     check = job.event("check")
     assert check["argv"] == ["check", str(job.checkpoints), "--need", "50G"]
-    state_dir = str(tmp_path / f"fsprobe-{JOB_ID}")
+    state_dir = str(tmp_path / f"fsprobe-slurm-job-{JOB_ID}")  # never like fsprobe-<uid>
     run = job.event("run-started")
     assert run["argv"] == [
         "run",
@@ -278,6 +285,39 @@ def test_preemption_reaches_the_trainer_then_fsprobe_stops(tmp_path: Path) -> No
     assert job.event("trainer-signalled")["signal"] == signal.SIGTERM
     assert "run-stopped" in job.names()
     _assert_gone(_daemon_pid(stderr))
+
+
+def test_a_daemon_that_cannot_start_is_said_loudly_and_the_trainer_still_runs(
+    tmp_path: Path,
+) -> None:
+    """On main the job log said "fsprobe run started ... stopped" for a daemon that had exited
+    at once (a planted state dir)."""
+    job = Job(tmp_path)
+    job.environ["FAKE_RUN_STATUS"] = "69"
+    job.start("wait", "0")
+    job.wait_for("trainer-started")
+    job.signal(signal.SIGUSR1)
+    status, stderr = job.finish()
+    assert status == 0, stderr
+    assert "run-refused" in job.names() and "trainer-started" in job.names()
+    assert "WARNING: fsprobe run did NOT start (exit status 69" in stderr, stderr
+    assert "training WITHOUT the daemon" in stderr
+    assert "fsprobe run started" not in stderr and "fsprobe run stopped" not in stderr
+
+
+def test_the_job_state_dir_cannot_be_taken_for_a_users_default(tmp_path: Path) -> None:
+    """/tmp/fsprobe-<uid> is the per-user default: a job's state dir must not look like it."""
+    from fsprobe.state import default_state_dir
+
+    job = Job(tmp_path)
+    job.environ["SLURM_JOB_ID"] = str(os.getuid())  # a job ID that is also a uid
+    job.start("exit", "0")
+    status, stderr = job.finish()
+    assert status == 0, stderr
+    state_dir = job.event("trainer-started")["state_dir"]
+    by_default = default_state_dir({"TMPDIR": str(tmp_path)})
+    assert os.path.basename(state_dir) == f"fsprobe-slurm-job-{os.getuid()}"
+    assert os.path.basename(state_dir) != os.path.basename(by_default)
 
 
 def test_with_a_node_daemon_no_job_daemon_is_started(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ reloads on SIGHUP, and the example config is accepted by the daemon's config loa
 from __future__ import annotations
 
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ from tests.support.capability import need_command
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "deploy" / "systemd" / "fsprobe.service"
 CONFIG = REPO / "deploy" / "systemd" / "fsprobe.toml"
-BINARY = "/usr/local/bin/fsprobe"
+VENV = "/opt/fsprobe"
+BINARY = f"{VENV}/bin/fsprobe"
 
 
 def _directives(text: str) -> dict[str, dict[str, list[str]]]:
@@ -38,26 +41,55 @@ def service() -> dict[str, list[str]]:
     return _directives(UNIT.read_text(encoding="utf-8"))["Service"]
 
 
-def _installed_copy(tmp_path: Path) -> Path:
-    """The unit with ExecStart pointing at an executable that exists here.
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fsprobe installed as docs/deployment.md says, into a venv of its own: the wheel of this
+    checkout (built without network), its dependencies reached from the test's environment."""
+    home = tmp_path_factory.mktemp("opt-fsprobe")
+    wheels, venv = home / "wheels", home / "fsprobe"
+    quiet = {"capture_output": True, "text": True, "timeout": 600, "check": True}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-w", str(wheels), str(REPO)],
+        **quiet,
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], **quiet)
+    (wheel,) = wheels.glob("fsprobe-*.whl")
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--no-deps", "--no-index", str(wheel)], **quiet
+    )
+    purelib = sysconfig.get_paths()["purelib"]
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    (site / "dependencies.pth").write_text(purelib + "\n")  # after the venv's own fsprobe
+    return venv
 
-    systemd-analyze refuses a unit whose binary is missing; fsprobe is not installed at
-    /usr/local/bin on a test machine, so a stand-in takes its place and everything else is
-    checked as shipped.
-    """
-    stand_in = tmp_path / "fsprobe"
-    stand_in.write_text("#!/bin/sh\nexit 0\n")
-    stand_in.chmod(0o755)
+
+def _installed_copy(tmp_path: Path, venv: Path) -> Path:
+    """The unit as shipped, with the venv it names built here: systemd-analyze refuses a unit
+    whose binary is missing, and the one it names is what `pip install` put there."""
     text = UNIT.read_text(encoding="utf-8")
     assert BINARY in text
     unit = tmp_path / "fsprobe.service"
-    unit.write_text(text.replace(BINARY, str(stand_in)))
+    unit.write_text(text.replace(VENV + "/", f"{venv}/"))
     return unit
 
 
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
+def test_the_venv_binary_the_unit_names_runs(venv: Path) -> None:
+    done = subprocess.run(
+        [str(venv / "bin" / "fsprobe"), "--version"],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("fsprobe, version"), done.stderr
+    located = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import fsprobe; print(fsprobe.__file__)"],
+        capture_output=True, text=True, timeout=60, check=True, cwd="/",
+    )  # fmt: skip
+    assert located.stdout.startswith(str(venv)), located.stdout  # the installed copy
+
+
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path, venv: Path) -> None:
     analyze = need_command("systemd-analyze", "systemd")
-    unit = _installed_copy(tmp_path)
+    unit = _installed_copy(tmp_path, venv)
     result = subprocess.run(
         [analyze, "verify", str(unit)],
         capture_output=True,
@@ -70,9 +102,9 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     assert result.returncode == 0 and not complaints, result.stdout + result.stderr
 
 
-def test_hardening_exposure_is_rated_ok(tmp_path: Path) -> None:
+def test_hardening_exposure_is_rated_ok(tmp_path: Path, venv: Path) -> None:
     analyze = need_command("systemd-analyze", "systemd")
-    unit = _installed_copy(tmp_path)
+    unit = _installed_copy(tmp_path, venv)
     result = subprocess.run(
         [analyze, "security", "--offline=yes", "--threshold=40", str(unit)],
         capture_output=True,
