@@ -145,6 +145,31 @@ def test_swapping_the_target_for_a_symlink_while_root_probes_never_writes_throug
     assert outcomes <= {(True, ""), "untrusted"}, outcomes  # written in her directory, or refused
 
 
+def test_two_owners_probed_at_once_each_write_as_themselves(local_users, faultfs):
+    """Two probes in the one worker, each thread with another owner's IDs at the same moment:
+    credentials are the thread's, never the process's (glibc's setgroups would be)."""
+    alice, bob = local_users.user(), local_users.user()
+    homes = {user: home_of(user, faultfs.mountpoint) for user in (alice, bob)}
+    held = faultfs.ctl.block("fsync")
+    checks = [
+        threading.Thread(target=fsprobe.check, args=(str(home),), kwargs={"quota_provider": "none"})
+        for home in homes.values()
+    ]
+    for check in checks:
+        check.start()
+    try:
+        faultfs.ctl.wait_blocked(held, count=2)
+        owners = {
+            user: {os.stat(home / name).st_uid for name in os.listdir(home)}
+            for user, home in homes.items()
+        }
+    finally:
+        faultfs.ctl.remove(held)
+        for check in checks:
+            check.join()
+    assert owners == {alice: {alice.uid}, bob: {bob.uid}}
+
+
 def full_home_of(user: LocalUser, faultfs) -> Path:
     """`user`'s directory on the fault filesystem, whose quota (root exempt, as on Lustre) has
     room for 64 KiB more: a 1 MiB test write does not fit."""
