@@ -295,3 +295,20 @@ def test_an_exception_chain_that_loops_is_walked_once():
     cause = OSError(errno.EIO, "under it all")
     second.__cause__ = cause
     assert first_os_error(first) is cause
+
+
+def test_a_broken_handle_that_fails_its_close_is_not_called_a_removal_failure(faultfs, caplog):
+    """After an EIO that leaves its handle broken, the temp file was removed, then closing the
+    handle failed too (EIO from the flush): "could not remove the temp file ...: [Errno 5]"
+    was logged for a file that was gone (55 times in a 20-minute soak)."""
+    target = faultfs.mountpoint / "model.pt"
+    faultfs.ctl.fail("write", "EIO", path="*.tmp", after=1, sticky=True)
+    faultfs.ctl.fail("flush", "EIO", path="*.tmp", times=2)  # both handles of the temp
+    with caplog.at_level(logging.WARNING, logger="fsprobe"):
+        result = fsprobe.save(model_state(), target, backoff=Backoff(sleep=lambda s: None))
+    assert result.attempts >= 2 and not result.redirected
+    assert leftovers(faultfs.mountpoint) == []  # the temp file is gone
+    messages = [record.getMessage() for record in caplog.records]
+    assert not [m for m in messages if "could not remove" in m], messages
+    closed = [m for m in messages if "closing it failed" in m]
+    assert closed and all("removed the temp file" in m and "Errno 5" in m for m in closed)

@@ -211,13 +211,18 @@ class TempFile:
     def discard(self) -> None:
         """Remove the file (if it still is ours) and release it."""
         try:
+            self.remove()
+        finally:
+            self.release()
+
+    def remove(self) -> None:
+        """Remove the file if its name is still this file (not released: `release` closes)."""
+        try:
             named = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
             if (named.st_dev, named.st_ino) == self._identity:
                 os.unlink(self.name, dir_fd=self.dir_fd)
         except FileNotFoundError:
             pass
-        finally:
-            self.release()
 
     def release(self) -> None:
         """Close the descriptor, which drops the lock; the file is no longer being written."""

@@ -189,10 +189,22 @@ def _write_once(
 
 
 def _remove_temp(temp: TempFile) -> None:
+    """Remove, then close, a temp file that will not be published; each failure is said as
+    what it is (after an EIO the handle's close fails too, once the file is already gone)."""
     try:
-        temp.discard()
+        temp.remove()
     except OSError as error:  # the next save's stale-temp cleanup gets another chance
         log.warning("could not remove the temp file %s: %s", temp.name, error)
+        removed = False
+    else:
+        removed = True
+    try:
+        temp.release()
+    except OSError as error:
+        if removed:
+            log.warning("removed the temp file %s; closing it failed: %s", temp.name, error)
+        else:
+            log.warning("closing the temp file %s failed too: %s", temp.name, error)
 
 
 def atomic_write(
