@@ -41,6 +41,8 @@ def read(name: str, case: dict[str, Any]) -> object:
             "components": [{"pool": c.pool, "on_mdt": c.on_mdt} for c in layout.components],
             "pools": list(layout.pools),
             "anywhere": layout.anywhere,
+            "composite": layout.composite,
+            "inherits_pool": layout.inherits_pool,
         }
     if kind == "pool_list":
         fsname, pool = case["command"].split()[-1].split(".")
@@ -59,6 +61,8 @@ def test_every_sample_reads_as_expected(name: str, case: dict[str, Any]):
             read(name, case)
         assert failure.value.error == expect["failure"]
         assert case["command"] in failure.value.message  # says which run it could not read
+        for said in case["stderr"]:
+            assert said in failure.value.message  # and what lfs said
     else:
         assert read(name, case) == expect
 
@@ -92,7 +96,7 @@ def _ost(index: int) -> LustreTarget:
 def test_a_placement_marks_the_osts_a_new_file_can_reach():
     mdt = LustreTarget("lustre-MDT0000", "MDT", 0, 100, 50, 10, 5)
     members = {"flash": frozenset({"lustre-OST0000", "lustre-OST0001"})}
-    pooled = Placement(Layout((Component("flash"),)), members)
+    pooled = Placement(Layout((Component("flash"),), composite=False), members)
     marked = pooled.mark((mdt, _ost(0), _ost(1), _ost(2)))
     assert marked[0] == mdt
     assert [(t.pools, t.in_layout) for t in marked[1:]] == [
@@ -100,7 +104,7 @@ def test_a_placement_marks_the_osts_a_new_file_can_reach():
         (("flash",), True),
         ((), False),
     ]
-    tail_anywhere = Placement(Layout((Component("flash"), Component(None))), members)
+    tail_anywhere = Placement(Layout((Component("flash"), Component(None)), True), members)
     assert [t.in_layout for t in tail_anywhere.mark((_ost(0), _ost(2)))] == [True, True]
     assert [t.pools for t in tail_anywhere.mark((_ost(0), _ost(2)))] == [("flash",), ()]
 

@@ -44,7 +44,7 @@ class Layout:
     """A directory's default layout, as far as placement goes."""
 
     components: tuple[Component, ...]
-    composite: bool = False
+    composite: bool
 
     @property
     def inherits_pool(self) -> bool:
@@ -95,7 +95,5 @@ def parse_layout(run: LfsRun) -> Layout:
     placed = [fields for fields in components if "pattern" in fields or "pool" in fields]
     if not placed:
         raise ProbeFailure(PARSE, f"{run.command}: printed no layout ({run.stdout.strip()!r})")
-    composite = any(
-        "lcm_entry_count" in fields or _COMPONENT_START in fields for fields in components
-    )
+    composite = any(_COMPONENT_START in fields for fields in components)
     return Layout(tuple(_component(fields) for fields in placed), composite)

@@ -75,6 +75,13 @@ TARGETS = (
     ),
     target("quota-usage", "fsprobe/lustre/provider.py", "_limit usage_from_cells", *_QUOTA_TESTS),
     target("quota-ids", "fsprobe/quota/ids.py", "*", "tests/test_quota_ids.py"),
+    target("lustre-layout", "fsprobe/lustre/layout.py", "*", "tests/test_lfs_layout.py"),
+    target(
+        "lustre-placement",
+        "fsprobe/lustre/placement.py",
+        "Placement.pools_of Placement.reaches Placement.mark",
+        "tests/test_lfs_layout.py",
+    ),
     target(
         "statvfs",
         "fsprobe/probing/statvfs.py",
