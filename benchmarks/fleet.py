@@ -6,7 +6,8 @@ its rank), watch one checkpoint directory on one shared fake Lustre: the FUSE fa
 Beside each daemon a trainer saves its rank's checkpoint with `fsprobe.atomic_write` at a
 regular interval. Intervals are the defaults scaled down by ``--scale`` (20: statvfs 0.75 s,
 write probe 3 s, quota and lfs df 15 s, a save every 15 s for "every 5 minutes"). After a
-warm-up (three saves: the save interval is known), the calls and operations of ``--seconds``
+warm-up (``--warmup-saves``, 5: every trainer's third save, from which the daemons know
+its interval, is in), the calls and operations of ``--seconds``
 are counted, and reported per minute of the scaled clock and per scaled interval.
 
 The same fleet runs on a baseline tree (``--baseline``, a ``git worktree`` of main before the
@@ -115,7 +116,9 @@ def lfs_calls(log: Path) -> list[list[str]]:
     return [json.loads(line)["argv"] for line in log.read_text().splitlines()]
 
 
-def run_fleet(tree: Path, daemons: int, scale: float, seconds: float, scratch: Path) -> Counts:
+def run_fleet(
+    tree: Path, daemons: int, scale: float, seconds: float, scratch: Path, warmup_saves: float
+) -> Counts:
     """Start the fleet on `tree`, warm it up, count for `seconds`, stop it."""
     home = Path(tempfile.mkdtemp(prefix=f"fleet-{daemons}-", dir=scratch))
     (home / "backing").mkdir()
@@ -158,7 +161,7 @@ def run_fleet(tree: Path, daemons: int, scale: float, seconds: float, scratch: P
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )
             )  # fmt: skip
-        time.sleep(3.5 * SAVE_EVERY / scale)  # warm-up: three saves each, interval known
+        time.sleep(warmup_saves * SAVE_EVERY / scale)  # every trainer's third save is in
         fs.ctl.reset_counts()
         before_calls = len(lfs_calls(lfs_log))
         before_probes = fs.ctl.rule(probe_files)["hits"]
@@ -239,6 +242,13 @@ def main() -> int:
     parser.add_argument("--daemons", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--scale", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--warmup-saves",
+        type=float,
+        default=5.0,
+        help="save intervals before counting: the daemons know the interval from the third "
+        "save, which a loaded machine (interpreter starts, slow saves) delays",
+    )
     args = parser.parse_args()
     minute = 60.0 / args.scale  # one scaled minute, in seconds of this run
     quota_interval = DEFAULTS["quota"] / args.scale
@@ -254,7 +264,9 @@ def main() -> int:
         )
         for daemons in args.daemons:
             for name, tree in trees.items():
-                c = run_fleet(tree, daemons, args.scale, args.seconds, Path(scratch))
+                c = run_fleet(
+                    tree, daemons, args.scale, args.seconds, Path(scratch), args.warmup_saves
+                )
                 per_minute = minute / args.seconds
                 per_interval = quota_interval / args.seconds
                 print(

@@ -18,7 +18,7 @@ import fsprobe
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.emit import SOCKET_NAME, report
-from fsprobe.events.event import OUTCOMES, SaveEvent
+from fsprobe.events.event import OUTCOMES, Failure, MalformedEvent, SaveEvent, decode
 from fsprobe.model import DirectoryOwner
 from fsprobe.policy import Policy
 from fsprobe.saving.options import Backoff
@@ -544,3 +544,17 @@ def test_a_dcp_save_and_a_background_save_each_report_one_event(tmp_path, monkey
         daemon.wait_for_value("fsprobe_saves_total", 2.0, path=path, outcome="ok")
         state = status_json(daemon.state_dir)["targets"][path]["last_save"]
         assert (state["requested"], state["ranks"]) == (str(target / "async.pt"), 1)
+
+
+def test_a_sender_cannot_make_up_errno_labels():
+    """Errno names label a metric: names that are no errno count as EUNKNOWN, and an event
+    lists at most 16 failed attempts, so no sender can grow the series without bound."""
+    made_up = [Failure(f"EBOGUS{n}", "write") for n in range(16)]
+    event = SaveEvent("/c/a.pt", None, 0, 1.0, 16, tuple(made_up), 0.0, "h", 1)
+    assert {f.errno for f in decode(event.encode()).failures} == {"EUNKNOWN"}
+    real = SaveEvent("/c/a.pt", None, 0, 1.0, 2, (Failure("EIO", "write"),), 0.0, "h", 1)
+    assert decode(real.encode()).failures == (Failure("EIO", "write"),)
+    document = json.loads(event.encode())
+    document["failures"] *= 2  # 32: more than a sender would send
+    with pytest.raises(MalformedEvent):
+        decode(json.dumps(document).encode())

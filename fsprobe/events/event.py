@@ -7,6 +7,7 @@ for type and bounded in length when decoded: a datagram is from anyone allowed t
 
 from __future__ import annotations
 
+import errno as errno_module
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,9 @@ MAX_FAILURES = 16
 MAX_PATH = 4096
 OUTCOMES = ("ok", "retried", "redirected", "failed")
 SCHEMA = 1
+#: The errno names a failed attempt may carry (they label a metric: a sender must not make up
+#: new ones); any other is counted as ``EUNKNOWN``.
+ERRNO_NAMES = frozenset(errno_module.errorcode.values()) | {"EUNKNOWN", "TIMEOUT"}
 
 
 class MalformedEvent(ValueError):
@@ -112,7 +116,10 @@ def decode(data: bytes) -> SaveEvent:
         bytes=_count(document, "bytes"),
         seconds=_number(document, "seconds"),
         attempts=_count(document, "attempts"),
-        failures=tuple(Failure(e, step, where == "fallback") for e, step, where in failures),
+        failures=tuple(
+            Failure(e if e in ERRNO_NAMES else "EUNKNOWN", step, where == "fallback")
+            for e, step, where in failures
+        ),
         finished_at=_number(document, "finished_at"),
         host=_field(document, "host", str)[:255],
         pid=_count(document, "pid"),
