@@ -188,6 +188,17 @@ def last_save_from_dict(value: Any, where: str = "last_save") -> LastSave:
     )
 
 
+def _files_aliases(inodes: int | None, inodes_free: int | None) -> dict[str, int | None]:
+    """``files``/``files_free``: the old names of ``inodes``/``inodes_free``, written beside
+    them for one release (0.2) so that scripts reading them keep working; then dropped."""
+    return {"files": inodes, "files_free": inodes_free}
+
+
+def _inodes_key(fields: _Fields, key: str) -> str:
+    """`key` (``inodes``...), or its old name in a document written before it (``files``...)."""
+    return key if fields.has(key) else key.replace("inodes", "files")
+
+
 def filesystem_to_dict(fs: FilesystemInfo) -> dict[str, Any]:
     return {
         "probed_path": fs.probed_path,
@@ -196,8 +207,9 @@ def filesystem_to_dict(fs: FilesystemInfo) -> dict[str, Any]:
         "device": fs.device,
         "size_bytes": fs.size_bytes,
         "avail_bytes": fs.avail_bytes,
-        "files": fs.files,
-        "files_free": fs.files_free,
+        "inodes": fs.files,
+        "inodes_free": fs.files_free,
+        **_files_aliases(fs.files, fs.files_free),
         "readonly": fs.readonly,
         "st_dev": fs.st_dev,
     }
@@ -220,8 +232,8 @@ def filesystem_from_dict(value: Any, where: str = "filesystem") -> FilesystemInf
         device=fields.text("device"),
         size_bytes=fields.integer("size_bytes"),
         avail_bytes=fields.integer("avail_bytes"),
-        files=fields.integer("files"),
-        files_free=fields.integer("files_free"),
+        files=fields.integer(_inodes_key(fields, "inodes")),
+        files_free=fields.integer(_inodes_key(fields, "inodes_free")),
         readonly=fields.flag("readonly"),
         st_dev=fields.integer("st_dev"),
     )
@@ -292,8 +304,9 @@ def lustre_target_to_dict(target: LustreTarget) -> dict[str, Any]:
         "index": target.index,
         "size_bytes": target.size_bytes,
         "avail_bytes": target.avail_bytes,
-        "files": target.files,
-        "files_free": target.files_free,
+        "inodes": target.files,
+        "inodes_free": target.files_free,
+        **_files_aliases(target.files, target.files_free),
         "active": target.active,
         "flags": target.flags,
         "pools": list(target.pools),
@@ -309,8 +322,8 @@ def lustre_target_from_dict(value: Any, where: str) -> LustreTarget:
         index=fields.integer("index"),
         size_bytes=fields.optional_integer("size_bytes"),
         avail_bytes=fields.optional_integer("avail_bytes"),
-        files=fields.optional_integer("files"),
-        files_free=fields.optional_integer("files_free"),
+        files=fields.optional_integer(_inodes_key(fields, "inodes")),
+        files_free=fields.optional_integer(_inodes_key(fields, "inodes_free")),
         active=fields.flag("active"),
         flags=fields.text("flags"),
         pools=fields.items("pools", _texts) if fields.has("pools") else (),

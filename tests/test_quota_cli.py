@@ -66,7 +66,9 @@ def test_table_names_the_closest_limit(tmp_path: Path, fake_lfs: FakeLfs):
     assert len(project) == 1 and project[0].split()[2:] == [
         "space", "79", "GiB", "90", "GiB", "100", "GiB", "79", "%", "ok",
     ]  # fmt: skip
-    assert lines[-1] == "Closest limit: project 4242 files, 70k left (93 % of the hard limit used)."
+    assert lines[-1] == (
+        "Closest limit: project 4242 inodes, 70k left (93 % of the hard limit used)."
+    )
     assert result.stderr == ""
 
 
@@ -87,7 +89,7 @@ def test_grace_and_hard_limits_are_said_in_words(tmp_path: Path, fake_lfs: FakeL
     assert "hard limit reached" in result.stdout
     assert result.stdout.splitlines()[-1].startswith("Writes fail now: ")
     assert result.stdout.splitlines()[-1] == (
-        "Writes fail now: project 4242 files reached its hard limit (1M)."
+        "Writes fail now: project 4242 inodes reached its hard limit (1M)."
     )
 
 

@@ -195,3 +195,17 @@ def test_a_reason_with_an_unknown_severity_is_named(healthy):
 def test_something_that_is_no_object_at_all(document):
     with pytest.raises(ReportFormatError, match="report: expected an object"):
         Report.from_dict(document)
+
+
+def test_inodes_are_called_inodes_and_the_old_files_keys_still_read_for_one_release():
+    """Issue 17.8: one word for inodes. `inodes`/`inodes_free` are written, `files`/
+    `files_free` beside them for one release; a document with only the old names reads."""
+    from fsprobe.report import filesystem_from_dict, filesystem_to_dict
+    from tests.support.policy import filesystem_info
+
+    fs = filesystem_info(10, 100, 1000, 900)
+    document = filesystem_to_dict(fs)
+    assert (document["inodes"], document["inodes_free"]) == (1000, 900)
+    assert (document["files"], document["files_free"]) == (1000, 900)
+    old = {k: v for k, v in document.items() if k not in ("inodes", "inodes_free")}
+    assert filesystem_from_dict(old) == filesystem_from_dict(document) == fs

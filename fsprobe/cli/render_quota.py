@@ -15,7 +15,7 @@ from fsprobe.posix.paths import escaped
 from fsprobe.report import quota_entry_to_dict
 from fsprobe.units import format_bytes, format_count, format_duration, format_percent
 
-_RESOURCES = (("space", "bytes"), ("files", "inodes"))
+_RESOURCES = (("space", "bytes"), ("inodes", "inodes"))
 _STATE_WORDS = {
     QuotaState.OK: "ok",
     QuotaState.SOFT_EXCEEDED: "over soft limit",
