@@ -217,3 +217,29 @@ def test_a_hung_fallback_delays_the_count_never_the_target_or_the_daemon(tmp_pat
     finally:
         faultfs.ctl.remove(rule)
         daemon.stop()
+
+
+def test_a_superseded_copy_is_reported_once_and_is_not_pending(tmp_path, tmpfs):
+    """A redirected copy whose original was saved again since is kept (by design), yet it was
+    counted in fsprobe_redirected_pending_bytes, so FsprobeRedirectedCheckpointsPending never
+    cleared, and the daemon logged "superseded ... kept both" every round (177 lines in 15
+    minutes of a soak)."""
+    target = tmpfs(size="8M", nr_inodes=200).path
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    landed = redirected_save(target, fallback, os.urandom(300_000))
+    time.sleep(0.05)
+    (target / "last.ckpt").write_bytes(b"a newer save")  # the trainer saved again since
+    config = daemon_config(tmp_path, target, fallback)
+    env = clean_environment(TMPDIR=str(target))
+    with DaemonProcess(tmp_path, "--config", str(config), "--sync-redirected", env=env) as daemon:
+        daemon.wait_for_log("event=redirect_superseded", timeout=30)
+        daemon.wait_for_value("fsprobe_redirected_pending_bytes", 0.0, path=str(target))
+        time.sleep(2.0)  # four more rounds of sync and count
+        assert daemon.value("fsprobe_redirected_pending_bytes", path=str(target)) == 0.0
+        log = daemon.log()
+    [line] = [line for line in log.splitlines() if "event=redirect_superseded" in line]
+    assert f"copy={landed}" in line, line
+    assert "action=superseded" not in log  # not as a sync outcome every round either
+    assert landed.exists()  # kept, as documented (--prune-superseded removes it)
+    assert (target / "last.ckpt").read_bytes() == b"a newer save"

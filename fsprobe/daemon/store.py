@@ -39,8 +39,8 @@ from fsprobe.policy import Policy, Verdict, evaluate, unjudged
 from fsprobe.posix.paths import is_under
 from fsprobe.view import Histogram, LastSave, SaveStats, TargetView
 
-#: Squatted fallback areas a target remembers having counted.
-MAX_SQUATS_KEPT = 10_000
+#: Things a target remembers having reported once (squatted areas, superseded copies).
+MAX_SEEN_KEPT = 10_000
 #: Successful saves whose gaps give a target's regular save interval (their median).
 INTERVAL_SAVES = 9
 #: While a target is saved at a regular interval, a landed save stands for the write probe for
@@ -72,7 +72,7 @@ class _Target:
     last_success: dict[str, float] = field(default_factory=dict)
     redirected_pending_bytes: int | None = None
     redirect_problems: Counter = field(default_factory=Counter)
-    squats: set = field(default_factory=set)  # squatted areas seen, counted once each
+    seen_once: set = field(default_factory=set)  # (kind, key) reported once (`first_seen`)
     owner: DirectoryOwner | None = None  # of the target directory, as statvfs last saw it
     saves: SaveStats = field(default_factory=SaveStats)
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
@@ -222,15 +222,17 @@ class Store:
             target.redirected_pending_bytes = pending
             return self._publish(target)
 
-    def note_squats(self, path: str, squats: Iterable[str]) -> list[str]:
-        """Of the squatted areas the daemon's look found in the fallbacks of `path`, those it
-        had not seen yet (each is counted once; at most `MAX_SQUATS_KEPT` are remembered)."""
+    def first_seen(self, path: str, kind: str, keys: Iterable[str]) -> list[str]:
+        """Of `keys` (squatted areas, superseded copies) the daemon found for `path`, those
+        not seen before: each is reported and counted once (at most `MAX_SEEN_KEPT` are
+        remembered per target)."""
         with self._lock:
             target = self._targets.get(path)
             if target is None:
                 return []
-            new = [squat for squat in squats if squat not in target.squats]
-            target.squats.update(new[: max(0, MAX_SQUATS_KEPT - len(target.squats))])
+            new = list(dict.fromkeys(k for k in keys if (kind, k) not in target.seen_once))
+            room = max(0, MAX_SEEN_KEPT - len(target.seen_once))
+            target.seen_once.update((kind, key) for key in new[:room])
             return new
 
     def count_redirect_problems(self, path: str, problem: str, count: int) -> TargetView | None:

@@ -91,8 +91,21 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
         )
     if kind == "sync":
         report = result.value
-        for outcome in report or ():
-            _log_outcome(path, outcome)
+        outcomes = list(report or ())
+        superseded = {o.entry.actual: o for o in outcomes if o.action == "superseded"}
+        for actual in store.first_seen(path, "superseded", superseded):
+            outcome = superseded[actual]
+            event(
+                logging.INFO,
+                "redirect_superseded",
+                target=path,
+                requested=outcome.entry.requested,
+                copy=actual,
+                message=outcome.message,
+            )  # once: the copy stays (until --prune-superseded), and is not pending
+        for outcome in outcomes:
+            if outcome.action != "superseded":
+                _log_outcome(path, outcome)
         failures = report.failures if report is not None else []
         for failure in failures:
             event(
@@ -106,7 +119,7 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
         return store.count_redirect_problems(path, "sync_as_user_failed", len(failures))
     count: FallbackCount | None = result.value if result.ok else None
     changed = store.set_redirected_pending_bytes(path, count.pending_bytes if count else None)
-    found = store.note_squats(path, count.squatted if count else ())
+    found = store.first_seen(path, "squat", count.squatted if count else ())
     for squat in found:
         event(logging.WARNING, "area_squatted", target=path, area=squat)
     return store.count_redirect_problems(path, "area_squatted", len(found)) or changed

@@ -541,16 +541,31 @@ def pending(fallback_dirs: Iterable[str], mine: bool = False) -> list[Entry]:
     return sorted(entries, key=lambda entry: entry.time, reverse=True)
 
 
+def is_superseded(entry: Entry, original: os.stat_result | None) -> bool:
+    """Whether the checkpoint at the requested path (`original`, None if there is none) is
+    newer than the redirected copy `entry`: sync keeps both, and brings nothing home."""
+    return original is not None and original.st_mtime > entry.time
+
+
+def _superseded_now(entry: Entry) -> bool:
+    try:
+        return is_superseded(entry, os.lstat(entry.requested))
+    except OSError:
+        return False
+
+
 def pending_bytes(fallback_dirs: Iterable[str], under: str) -> int:
     """Bytes of redirected checkpoints waiting to go back to `under` (a target directory).
 
     What is counted is the size of each copy that is really there and provably its user's,
-    not what a manifest line claims.
+    not what a manifest line claims, and only what a sync will bring home: a copy superseded
+    by a newer checkpoint at its requested path is kept, but not pending (it kept
+    FsprobeRedirectedCheckpointsPending firing for good).
     """
     total = 0
     for entry in pending(fallback_dirs):
-        if not is_under(entry.requested, under):
-            continue
+        if not is_under(entry.requested, under) or _superseded_now(entry):
+            continue  # a superseded copy is kept, but no sync will bring it home
         try:
             with OpenCopy(entry) as copy:
                 total += copy.size()

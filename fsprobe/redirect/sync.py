@@ -43,6 +43,7 @@ from fsprobe.redirect.manifest import (
     Entry,
     OpenCopy,
     areas,
+    is_superseded,
     latest_per_file,
     own_areas,
     read_manifest,
@@ -235,7 +236,7 @@ def _sync_open(
     )
     try:
         seen = _stat_or_none(final, target_dir)
-        if seen is not None and seen.st_mtime > entry.time:
+        if is_superseded(entry, seen):
             if not prune_superseded:
                 return outcome(
                     "superseded",
