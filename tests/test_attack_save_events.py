@@ -1,0 +1,129 @@
+"""A hostile local user against root's node daemon's save-event intake (issue 21.1), as a real
+account sending real datagrams to the real daemon's socket: whatever she sends, the daemon's
+series stay bounded, and she can claim saves only where she could have written, as herself."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from fsprobe.events.emit import SOCKET_NAME
+from tests.support.users import share
+from tests.test_save_events import start_daemon
+
+#: Events each carrying `FAILURES` invented errno names: within the sender's burst, so that
+#: every one is taken (the rate limit is not what bounds the series).
+EVENTS = 40
+FAILURES = 16
+
+INVENT = """
+import sys, time
+from fsprobe.events.emit import report
+from fsprobe.events.event import Failure, SaveEvent
+state_dir, requested = sys.argv[1], sys.argv[2]
+events, failures = int(sys.argv[3]), int(sys.argv[4])
+sent = 0
+for n in range(events):
+    invented = tuple(Failure(f"EX{n:03d}{k:02d}", "write") for k in range(failures))
+    event = SaveEvent(requested, requested, 1, 0.1, failures + 1, invented, time.time(), "h", 1)
+    for _ in range(100):  # the kernel queues 10 datagrams (max_dgram_qlen): wait for room
+        if report(event, state_dir):
+            sent += 1
+            break
+        time.sleep(0.01)
+print(sent)
+"""
+
+
+def _errno_labels(metrics: dict, name: str, path: str) -> dict[str, float]:
+    return {
+        dict(labels)["errno"]: value
+        for labels, value in metrics.get(name, {}).items()
+        if dict(labels).get("path") == path
+    }
+
+
+def test_invented_errno_names_add_no_series(tmp_path, local_users):
+    """An errno name is a label value of fsprobe_save_failed_attempts_total. Mallory, saving
+    into her own target, made up a new name for each of her 16 failed attempts per event: on
+    main every name became a series (80 a second within the rate limit, without end), growing
+    the daemon's memory and every scrape. Names the daemon does not know are read as EUNKNOWN:
+    counted, never a new series (nor one of fsprobe_probe_errors_total)."""
+    share(tmp_path)
+    mallory = local_users.user()
+    target = tmp_path / "mallory-ckpt"
+    target.mkdir(mode=0o700)
+    os.chown(target, mallory.uid, mallory.gid)
+    with start_daemon(tmp_path, target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        done = mallory.python(
+            INVENT, str(daemon.state_dir), str(target / "m.pt"), str(EVENTS), str(FAILURES)
+        )
+        assert done.returncode == 0, done.stderr
+        assert int(done.stdout) == EVENTS
+        daemon.wait_for_value(
+            "fsprobe_saves_total", float(EVENTS), path=str(target), outcome="retried"
+        )
+        metrics = daemon.metrics()
+        saves = _errno_labels(metrics, "fsprobe_save_failed_attempts_total", str(target))
+        probes = _errno_labels(metrics, "fsprobe_probe_errors_total", str(target))
+        assert saves == {"EUNKNOWN": float(EVENTS * FAILURES)}, sorted(saves)[:5]
+        assert not [name for name in probes if name.startswith("EX")], sorted(probes)[:5]
+
+
+CLAIM = """
+import json, sys, time
+from fsprobe.events.emit import report
+from fsprobe.events.event import Failure, SaveEvent
+state_dir = sys.argv[1]
+sent = {}
+for requested in sys.argv[2:]:
+    failed = (Failure("EIO", "write"),)
+    event = SaveEvent(requested, None, 0, 0.1, 1, failed, time.time(), "h", 1)
+    sent[requested] = report(event, state_dir)
+print(json.dumps(sent))
+"""
+
+
+def test_a_user_cannot_claim_saves_in_another_users_target_by_spelling_the_path(
+    tmp_path, local_users
+):
+    """Bob owns a target beside Alice's. The target an event counts for is found by its
+    requested path's text: Bob spells Alice's path through his own directory (``..``), with
+    doubled slashes and a trailing ``/.``; every spelling counts for Alice's target, where he
+    may not report, none for his own, and Alice's numbers stay untouched."""
+    share(tmp_path)
+    alice, bob = local_users.user(), local_users.user()
+    root = tmp_path / "scratch"
+    root.mkdir(mode=0o755)
+    alice_target, bob_target = root / "alice", root / "bob"
+    for directory, owner in ((alice_target, alice), (bob_target, bob)):
+        directory.mkdir(mode=0o755)
+        os.chown(directory, owner.uid, owner.gid)
+    spellings = [
+        f"{bob_target}/../alice/model.pt",
+        f"{root}//alice//model.pt",
+        f"{alice_target}/./model.pt",
+        f"{bob_target}/../../scratch/alice/model.pt",
+    ]
+    with start_daemon(tmp_path, alice_target, bob_target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        done = bob.python(CLAIM, str(daemon.state_dir), *spellings)
+        assert done.returncode == 0, done.stderr
+        assert all(json.loads(done.stdout).values()), done.stdout
+        daemon.wait_for_value(
+            "fsprobe_save_events_dropped_total", float(len(spellings)), reason="not_permitted"
+        )
+        time.sleep(0.3)  # any event counted after all would show in the same scrape
+        metrics = daemon.metrics()
+        for target in (alice_target, bob_target):
+            counted = {
+                dict(labels)["outcome"]: value
+                for labels, value in metrics.get("fsprobe_saves_total", {}).items()
+                if dict(labels).get("path") == str(target)
+            }
+            assert not any(counted.values()), (target, counted)
+        assert (daemon.state_dir / SOCKET_NAME).stat().st_uid == 0
