@@ -20,9 +20,11 @@ from pathlib import Path
 import psutil
 
 import fsprobe
+from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.redirect.fallback import prepare_directory, redirect_path
 from fsprobe.redirect.manifest import new_entry, pending, record
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
+from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 
 
 def redirected_save(target: Path, fallback: Path, payload: bytes) -> Path:
@@ -243,3 +245,39 @@ def test_a_superseded_copy_is_reported_once_and_is_not_pending(tmp_path, tmpfs):
     assert "action=superseded" not in log  # not as a sync outcome every round either
     assert landed.exists()  # kept, as documented (--prune-superseded removes it)
     assert (target / "last.ckpt").read_bytes() == b"a newer save"
+
+
+_KILLED_IN_THE_FALLBACK = """
+import os, sys, time, fsprobe
+def write(staging):
+    with open(os.path.join(staging, "shard-0.pt"), "wb") as shard:
+        shard.write(os.urandom(100_000))
+    print("shard 0", flush=True)
+    time.sleep(120)  # killed here
+fsprobe.save_dir(sys.argv[1], write, fallback_dirs=[sys.argv[2]])
+"""
+
+
+def test_a_killed_directory_save_in_a_fallback_is_cleaned_by_the_next_sync(tmp_path, tmpfs):
+    """A save_dir redirected to a fallback and killed there left its staging directory in the
+    user's area, where no later save (they go to the target again) or sync removed it."""
+    target = tmpfs(size="8M", nr_inodes=200).path
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    landed = redirected_save(target, fallback, os.urandom(1000))  # an entry of that directory
+    subprocess.run(["mount", "--bind", "-o", "ro", str(target), str(target)], check=True)
+    try:
+        with killed_mid_save(_KILLED_IN_THE_FALLBACK, str(target / "ckpt-7"), str(fallback)) as (
+            saver
+        ):
+            assert saver.stdout.readline().split() == ["shard", "0"]
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+    [staging] = leftovers(landed.parent)
+    assert parse_temp_name(staging).pid == saver.pid
+    a_while_ago(landed.parent / staging)
+
+    done = run_fsprobe("sync", "--fallback-dir", str(fallback), env=clean_environment())
+    assert done[0] == 0, done
+    assert (target / "last.ckpt").exists()  # the entry went home
+    assert not landed.parent.exists()  # the staging directory went, and so its directory

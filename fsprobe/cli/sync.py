@@ -12,6 +12,7 @@ from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
 from fsprobe.redirect.sync import SyncOutcome, SyncReport
 from fsprobe.redirect.sync import sync as run_sync
 from fsprobe.saving.preflight import preflight_readiness
+from fsprobe.saving.stale import clean_directory
 
 #: Outcomes that need a person: the copy failed or does not match what was saved.
 _TROUBLE = frozenset({"failed", "checksum_mismatch", "skipped"})
@@ -116,6 +117,7 @@ def sync(
         timeout=timeout,
         under=under,
         ready=preflight_readiness(state_dir, timeout),
+        clean=clean_directory,
     )
     if as_json:
         document = {

@@ -34,6 +34,7 @@ from fsprobe.model import ProbeResult
 from fsprobe.probing.runner import Executor
 from fsprobe.redirect.manifest import FallbackCount, count_fallbacks
 from fsprobe.redirect.sync import SyncOutcome, sync
+from fsprobe.saving.stale import clean_directory
 from fsprobe.view import TargetView
 
 #: How long copying checkpoints back may take before the task is reported overdue: copying
@@ -59,7 +60,11 @@ def _count(target: TargetConfig, _view: TargetView) -> Callable[[], object]:
 
 def _sync(target: TargetConfig, view: TargetView) -> Callable[[], object]:
     return functools.partial(
-        sync, target.fallback_dirs, under=target.path, ready=VerdictReadiness(view.verdict)
+        sync,
+        target.fallback_dirs,
+        under=target.path,
+        ready=VerdictReadiness(view.verdict),
+        clean=clean_directory,
     )
 
 

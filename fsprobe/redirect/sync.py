@@ -274,7 +274,9 @@ def _sync_open(
     return outcome("synced", f"copied {entry.actual} back to {entry.requested} (sha256 verified)")
 
 
-def _sync_area(area: Area, under: str | None, **options: Any) -> list[SyncOutcome]:
+def _sync_area(
+    area: Area, under: str | None, clean: Callable[[str], object] | None, **options: Any
+) -> list[SyncOutcome]:
     try:
         live, replaced = latest_per_file(read_manifest(area))
     except OSError as error:
@@ -283,6 +285,9 @@ def _sync_area(area: Area, under: str | None, **options: Any) -> list[SyncOutcom
     if under is not None:
         live = [entry for entry in live if is_under(entry.requested, under)]
         replaced = [entry for entry in replaced if is_under(entry.requested, under)]
+    if clean is not None and not options["dry_run"]:  # before the entries empty them
+        for directory in sorted({os.path.dirname(e.actual) for e in (*live, *replaced)}):
+            clean(directory)
     outcomes = [
         SyncOutcome(entry, "replaced", f"{entry.actual} was overwritten by a later save")
         for entry in replaced
@@ -341,6 +346,7 @@ def sync(
     timeout: float = 10.0,
     under: str | None = None,
     ready: Readiness,
+    clean: Callable[[str], object] | None = None,
 ) -> SyncReport:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
@@ -351,13 +357,16 @@ def sync(
     decides whether a target can take an entry now (`fsprobe.saving.preflight.preflight_readiness`
     asks a bounded preflight). As root, every other user's area is synced by a run as that user,
     which asks its own preflight (`state_dir` and `timeout` are passed on to it); a user that
-    could not be acted for is in the report's `failures`, and the others go on.
+    could not be acted for is in the report's `failures`, and the others go on. `clean`
+    (`fsprobe.saving.stale.clean_directory`) is given each directory of the user's own areas
+    that holds an entry, before its entries are synced: a save killed there (a ``save_dir``'s
+    staging directory) left what no later save into the target would remove.
     """
     options: dict[str, Any] = {"dry_run": dry_run, "prune_superseded": prune_superseded}
     report = SyncReport()
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
         for area in own_areas(fallback):
-            report.outcomes += _sync_area(area, under, ready=ready, **options)
+            report.outcomes += _sync_area(area, under, ready=ready, clean=clean, **options)
         if os.geteuid() == 0:
             others = {area.owner for area in _areas_or_none(fallback)} - {0}
             for owner in sorted(others):
