@@ -68,6 +68,9 @@ with open(acks, "a") as log:
         time.sleep(0.2)
 """
 
+#: `fsprobe.saving.stale` leaves temp files younger than this alone.
+STALE_AFTER = 61.0
+
 CONFIG = """\
 listen = "127.0.0.1:0"
 sync_redirected = true
@@ -207,7 +210,9 @@ def soak(args: argparse.Namespace) -> dict:
         for saver in savers:
             saver.kill()
             saver.wait()
-        time.sleep(args.settle)  # the daemon's sync-back brings redirected copies home
+        # The daemon's sync-back brings redirected copies home; and a temp file younger than a
+        # minute is never removed (between its create and its lock a writer looks dead).
+        time.sleep(max(args.settle, STALE_AFTER))
         acknowledged = [int(a.read_text().split()[-1]) if a.read_text() else 0 for a in acks]
         located = [newest_number(str(t / "ckpt.pt")) for t in targets]
         lost = sum(1 for a, n in zip(acknowledged, located) if n < a)
