@@ -22,11 +22,12 @@ EXPLAINED: dict[str, str] = {
         "unreachable: every probe kind has a default interval, so the last fallback is never read"
     ),
     "fsprobe/policy.py _binding_phrase: 1 -> 2 in "
-    "`return f\"under the {limited_by.split(':', 1)[1]} quota\"`": (
-        "equivalent: the source is 'quota:<type>', one colon; maxsplit 1 or 2 splits the same"
+    '`kind, _, pool = limited_by.split(":", 1)[1].partition("@")`': (
+        "equivalent: the source is 'quota:<type>' or 'quota:<type>@<pool>', one colon; "
+        "maxsplit 1 or 2 splits the same"
     ),
     "fsprobe/probing/statvfs.py probe_statvfs: .f_favail -> .f_ffree in "
-    "`files_free=stats.f_favail,`": (
+    "`files_free=_count(stats.f_favail),`": (
         "equivalent on Linux: the kernel's statfs has no f_favail and glibc's statvfs() copies "
         "f_ffree into it (tests/test_headroom_reserved.py)"
     ),
@@ -49,8 +50,8 @@ EXPLAINED: dict[str, str] = {
         "equivalent: discard() releases in its own finally, and release is idempotent; the "
         "probe closes its file either way (tests/test_write_probe_faults.py counts descriptors)"
     ),
-    "fsprobe/redirect/sync.py _sync_open: > -> >= in "
-    "`if seen is not None and seen.st_mtime > entry.time:`": (
+    "fsprobe/redirect/manifest.py is_superseded: > -> >= in "
+    "`return original is not None and original.st_mtime > entry.time`": (
         "no meaning at the boundary: a checkpoint written at the very nanosecond its "
         "redirected copy was recorded cannot be told older or newer, and no test can make one"
     ),

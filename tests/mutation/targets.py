@@ -131,7 +131,7 @@ TARGETS = (
     target(
         "save-manifest",
         "fsprobe/redirect/manifest.py",
-        "sha256_of_fd OpenCopy._open OpenCopy.digest OpenCopy.remove _read record",
+        "sha256_of_fd OpenCopy._open OpenCopy.digest OpenCopy.remove _read record is_superseded",
         *_SAVE_TESTS,
     ),
     target(
