@@ -157,9 +157,6 @@ class _Protection:
         original(updater, self.located(filename))
 
 
-_installed: list[_Protection] = []
-
-
 def protect(
     *,
     fallback_dirs: Iterable[str | os.PathLike[str]] = (),
@@ -172,15 +169,15 @@ def protect(
     `save_timeout` and `save_kwargs` (``attempts``, ``backoff``, ``state_dir``...) are those of
     `fsprobe.save`. Raises `UnknownReturnn` on a RETURNN version it does not know.
     """
-    _check_version()
-    if _installed:
+    engine, updater = returnn_engine.Engine, returnn_updater.Updater
+    if getattr(engine, "_fsprobe_protection", None) is not None:
         raise RuntimeError("fsprobe.integrations.returnn.protect() was called already")
+    _check_version()
     options = dict(
         save_kwargs, fallback_dirs=fallback_dirs, max_wait=max_wait, save_timeout=save_timeout
     )
     _check_options(options)
     protection = _Protection(options)
-    engine, updater = returnn_engine.Engine, returnn_updater.Updater
     existing, loading = engine.get_existing_models.__func__, updater.load_optimizer
     engine._save_model = lambda self: protection.save_model(self)
     updater.save_optimizer = lambda self, filename: protection.save_optimizer(self, filename)
@@ -194,7 +191,7 @@ def protect(
     updater.load_optimizer = lambda self, filename: protection.load_optimizer(
         loading, self, filename
     )
-    _installed.append(protection)
+    engine._fsprobe_protection = protection  # the patches' owner; also: protected already
 
 
 def _check_version() -> None:
