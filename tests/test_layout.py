@@ -172,3 +172,22 @@ def test_every_public_name_loads():
         "assert callable(fsprobe.check) and callable(fsprobe.save), 'a module hid a function'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_integrations_use_the_public_api_and_the_commit_interface_only():
+    """docs/design.md, "The integration API": of `fsprobe.saving`, an integration imports
+    `saving.commit` (and DCP the collective's failure message), so that a change inside the
+    save path shows here, not as a broken framework (issue 19.5)."""
+    allowed = {"fsprobe.saving.commit"}
+    dcp = allowed | {"fsprobe.saving.distributed"}  # for collective_failure
+    offenders = {
+        module: {
+            target
+            for target in targets
+            if target.startswith("fsprobe.saving")
+            and target not in (dcp if module == "fsprobe.integrations.dcp" else allowed)
+        }
+        for module, targets in GRAPH.items()
+        if module.startswith("fsprobe.integrations")
+    }
+    assert {module: found for module, found in offenders.items() if found} == {}

@@ -25,11 +25,12 @@ import os
 from collections.abc import Iterable
 from typing import Any, Callable
 
+from fsprobe import atomic_write
 from fsprobe.extras import import_extra, is_missing, missing_extra
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
 from fsprobe.redirect.manifest import forget
-from fsprobe.saving.file import DEFAULT_ATTEMPTS, SaveResult, atomic_write
+from fsprobe.saving.commit import DEFAULT_ATTEMPTS, SaveResult
 
 torch = import_extra("torch", "lightning", __name__)
 try:

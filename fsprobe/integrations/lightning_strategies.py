@@ -39,12 +39,12 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
+from fsprobe import distributed as collective
+from fsprobe import save_dir
 from fsprobe.errors import errno_code
 from fsprobe.integrations.lightning import FsprobeCheckpointIO
 from fsprobe.redirect.locate import locate
-from fsprobe.saving import distributed as collective
-from fsprobe.saving.directory import save_dir
-from fsprobe.saving.retry import SaveResult, failure_of
+from fsprobe.saving.commit import SaveResult, failure_of
 
 #: What a `FsprobeCheckpointIO` option means for a directory too (a file's own need, its
 #: per-file deadline and the collective's group are not among them).

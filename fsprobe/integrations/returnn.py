@@ -44,8 +44,7 @@ with extra_imports("returnn", __name__, "returnn", "torch"):
     from returnn.log import log as returnn_log
     from returnn.util import basic as returnn_util
 
-from fsprobe.redirect.locate import locate
-from fsprobe.saving.file import save
+from fsprobe import locate, save
 
 #: The RETURNN releases whose save and load code these patches were written against, with the
 #: sha256 of the source of each method replaced or relied on (a modified install is refused).

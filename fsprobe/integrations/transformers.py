@@ -57,13 +57,12 @@ with extra_imports("transformers", __name__, "torch", "transformers", "accelerat
     from transformers import Trainer, TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from fsprobe import distributed as collective
+from fsprobe import preflight, save_dir
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
 from fsprobe.redirect.manifest import pending
-from fsprobe.saving import distributed as collective
-from fsprobe.saving.directory import save_dir
-from fsprobe.saving.preflight import NEED_MARGIN, Decision, preflight
-from fsprobe.saving.retry import SaveResult
+from fsprobe.saving.commit import NEED_MARGIN, Decision, SaveResult
 
 log = logging.getLogger("fsprobe.transformers")
 
