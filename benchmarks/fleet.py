@@ -110,6 +110,16 @@ def stop_all(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
+def wait_started(logs: list[Path], timeout: float = 600.0) -> None:
+    """Until every daemon is up (32 starting at once take a minute on a loaded 2-CPU VM, and
+    the saves made before a daemon listens are lost to it, as they should be)."""
+    deadline = time.monotonic() + timeout
+    while not all(log.exists() and "event=started" in log.read_text() for log in logs):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the daemons did not all start")
+        time.sleep(0.5)
+
+
 def lfs_calls(log: Path) -> list[list[str]]:
     if not log.exists():
         return []
@@ -150,7 +160,7 @@ def run_fleet(
                     stderr=subprocess.STDOUT,
                 )
             )  # fmt: skip
-        time.sleep(2.0)
+        wait_started([home / f"node-{rank}" / "daemon.log" for rank in range(daemons)])
         for rank in range(daemons):
             env = environment(tree, home / f"node-{rank}", rank, fs, lfs_log)
             processes.append(

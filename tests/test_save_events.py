@@ -246,6 +246,17 @@ from fsprobe.events.event import Failure, SaveEvent
 state_dir, requested, claimed_uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
 event = SaveEvent(requested, requested, 1, 0.5, 2, (Failure("EIO", "write"),), time.time(), "h", 1)
 sent = report(event, state_dir)
+why = None
+if not sent:  # say why, for the assertion's message
+    try:
+        info = os.stat(state_dir)
+        sock_info = os.stat(state_dir + "/events.sock")
+        why = f"dir {oct(info.st_mode)} uid {info.st_uid}, socket {oct(sock_info.st_mode)}"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        probe.sendto(event.encode(), socket.MSG_DONTWAIT, state_dir + "/events.sock")
+        why += ": a plain sendto works"
+    except OSError as error:
+        why = f"{why}: {error!r}"
 # Claiming another uid in the credentials is the kernel's to refuse.
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 creds = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", 0, claimed_uid, 0))]
@@ -254,8 +265,8 @@ try:
     forged = "sent"
 except PermissionError:
     forged = "EPERM"
-print(json.dumps({"sent": sent, "forged": forged}))
-""".replace("import json,", "import json, struct,")
+print(json.dumps({"sent": sent, "forged": forged, "why": why}))
+""".replace("import json,", "import json, os, struct,")
 
 
 def test_a_second_user_cannot_report_saves_into_another_users_target(tmp_path, local_users):
@@ -273,7 +284,7 @@ def test_a_second_user_cannot_report_saves_into_another_users_target(tmp_path, l
         requested = str(target / "model.pt")
         done = bob.python(FORGE, str(daemon.state_dir), requested, str(alice.uid))
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout) == {"sent": True, "forged": "EPERM"}
+        assert json.loads(done.stdout) == {"sent": True, "forged": "EPERM", "why": None}
         daemon.wait_for_value("fsprobe_save_events_dropped_total", 1.0, reason="not_permitted")
         assert daemon.value("fsprobe_saves_total", path=str(target), outcome="retried") == 0.0
 
