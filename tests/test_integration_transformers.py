@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 
@@ -18,7 +20,7 @@ from transformers import Trainer, TrainerCallback  # noqa: E402
 from fsprobe.integrations.transformers import FsprobeCallback  # noqa: E402
 from fsprobe.model import QuotaState  # noqa: E402
 from tests.support.state import daemon_view, publish, quota_entry  # noqa: E402
-from tests.support.trainer_job import tiny_trainer  # noqa: E402
+from tests.support.trainer_job import comparable, tiny_trainer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +50,7 @@ def run(output_dir, callback: FsprobeCallback) -> tuple[Trainer, Logs]:
 def test_callback_runs_the_preflight_before_each_save_and_reports_it(tmp_path, caplog):
     callback = FsprobeCallback()
     with caplog.at_level(logging.INFO, logger="fsprobe.transformers"):
-        trainer, logs = run(tmp_path / "out", callback)
+        _, logs = run(tmp_path / "out", callback)
     assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-1", "checkpoint-2"]
     assert [d.action for d in callback.decisions] == ["proceed", "proceed"]
     first, second = callback.decisions
@@ -57,9 +59,6 @@ def test_callback_runs_the_preflight_before_each_save_and_reports_it(tmp_path, c
     assert second.need_bytes >= size * 1.1 - 1  # the previous checkpoint, plus the margin
     assert os.path.dirname(second.requested_path) == str(tmp_path / "out")
 
-    reported = [e for e in trainer.state.log_history if "fsprobe_preflight" in e]
-    assert [e["step"] for e in reported] == [1, 2]
-    assert reported[0]["fsprobe_preflight"]["action"] == "proceed"
     assert [e["fsprobe_action"] for e in logs.seen if "fsprobe_action" in e] == ["proceed"] * 2
     assert "before the save at step 1" in caplog.text and "before the save at step 2" in caplog.text
 
@@ -77,3 +76,16 @@ def test_an_unfit_target_is_reported_and_training_goes_on(tmp_path, caplog):
     assert [d.action for d in callback.decisions] == ["fail", "fail"]
     assert all(d.source == "state" for d in callback.decisions)
     assert "quota_hard_reached" in caplog.text and "step 2" in caplog.text
+
+
+def test_the_callback_keeps_nothing_in_the_state_the_trainer_saves_and_restores(tmp_path):
+    """trainer_state.json (and so a resumed run's log history) is what it is without the
+    callback: its decisions are in `decisions`, the log and the printed logs only."""
+    plain = tiny_trainer(tmp_path / "plain", max_steps=2)
+    plain.train()
+    watched, _ = run(tmp_path / "watched", FsprobeCallback())
+    assert comparable(dataclasses.asdict(watched.state)) == comparable(
+        dataclasses.asdict(plain.state)
+    )
+    saved = json.loads((tmp_path / "watched" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert not [e for e in saved["log_history"] if any(k.startswith("fsprobe") for k in e)]

@@ -31,7 +31,7 @@ from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
 from fsprobe.saving.options import Backoff  # noqa: E402
 from tests.support.durability import assert_directory_saved  # noqa: E402
 from tests.support.torchrun import torchrun_job  # noqa: E402
-from tests.support.trainer_job import RESULT, tiny_trainer  # noqa: E402
+from tests.support.trainer_job import RESULT, comparable, tiny_trainer  # noqa: E402
 
 #: What the installed Trainer writes into every checkpoint of this model (no scaler on CPU).
 CHECKPOINT_FILES = [
@@ -63,25 +63,6 @@ def checkpoints(output_dir: Path) -> list[str]:
 
 def relative(path: str | None, start: Path) -> str | None:
     return None if path is None else os.path.relpath(path, start)
-
-
-#: What differs between two runs of the same training (their speed), as transformers' own
-#: `check_trainer_state_are_the_same` skips it (and the evaluation's speed).
-TIMINGS = (
-    "train_runtime",
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "train_loss",
-    "eval_runtime",
-    "eval_samples_per_second",
-    "eval_steps_per_second",
-)
-
-
-def comparable(state: dict) -> dict:
-    """A Trainer's state (`dataclasses.asdict` or trainer_state.json) without its timings."""
-    history = [{k: v for k, v in e.items() if k not in TIMINGS} for e in state["log_history"]]
-    return {**state, "log_history": history}
 
 
 def weights(trainer: Trainer) -> dict[str, torch.Tensor]:

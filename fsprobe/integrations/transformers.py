@@ -31,10 +31,10 @@ leaving checkpoints unprotected unnoticed (a test pins the installed version).
 (``control.should_save`` at the end of a step or an epoch) it runs `fsprobe.preflight` on
 ``output_dir`` with the size of the previous checkpoint as the need, waits up to `max_wait` for
 a transiently unhealthy filesystem (a hung mount, failing test writes) to recover, and reports
-the decision: a log line (a warning unless all is well), an entry in ``state.log_history``
-(saved with every checkpoint in ``trainer_state.json``), and ``fsprobe_status`` /
-``fsprobe_action`` in the next ``logs`` the Trainer prints. It never raises: a monitoring
-problem must not be what stops a training run.
+the decision: a log line (a warning unless all is well), ``decisions``, and
+``fsprobe_status`` / ``fsprobe_action`` in the next ``logs`` the Trainer prints (not in
+``state.log_history``, which the Trainer saves in ``trainer_state.json`` and restores). It
+never raises: a monitoring problem must not be what stops a training run.
 """
 
 from __future__ import annotations
@@ -182,12 +182,6 @@ class FsprobeCallback(TrainerCallback):
     def _report(self, decision: Decision, state) -> None:
         self.decisions.append(decision)
         self._unreported = decision
-        state.log_history.append(
-            {
-                "fsprobe_preflight": decision.to_dict(),
-                "step": state.global_step,
-            }
-        )
         level = (
             logging.INFO
             if decision.action == "proceed" and not decision.concerns

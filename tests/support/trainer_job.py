@@ -72,6 +72,25 @@ def tiny_trainer(
     )
 
 
+#: What differs between two runs of the same training (their speed), as transformers' own
+#: `check_trainer_state_are_the_same` skips it (and the evaluation's speed).
+TIMINGS = (
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_loss",
+    "eval_runtime",
+    "eval_samples_per_second",
+    "eval_steps_per_second",
+)
+
+
+def comparable(state: dict) -> dict:
+    """A Trainer's state (`dataclasses.asdict` or trainer_state.json) without its timings."""
+    history = [{k: v for k, v in e.items() if k not in TIMINGS} for e in state["log_history"]]
+    return {**state, "log_history": history}
+
+
 def main(output_dir: str, steps: int) -> None:
     trainer = tiny_trainer(output_dir, steps, samples=16, ddp_backend="gloo")
     args = trainer.args
