@@ -14,6 +14,7 @@ they will refuse the user's save, and the file it creates is the user's, in the 
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -51,7 +52,6 @@ class _Rehearsal:
             self.latency[step] = time.monotonic() - start
 
     def run(self) -> None:
-        directory = self.directory.fd
         first = temp_name("write-probe")
         renamed = temp_name("write-probe-renamed")
 
@@ -62,9 +62,12 @@ class _Rehearsal:
         self.timed("fsync", lambda: os.fsync(temp.fd))
         self.timed("rename", lambda: temp.rename(renamed))
         self.timed("fsync_dir", self.fsync_directory)
-        self.timed("unlink", lambda: os.unlink(renamed, dir_fd=directory))
+        self.timed("unlink", temp.remove)
         self.temp = None
-        temp.release()
+        try:
+            _empty_if_kept(temp)
+        finally:
+            temp.release()
 
     def fsync_directory(self) -> None:
         fd = self.directory.open_directory()
@@ -81,12 +84,29 @@ class _Rehearsal:
         if self.temp is None:
             return ""
         try:
-            self.temp.discard()
+            self.temp.remove()
+            _empty_if_kept(self.temp)
         except OSError as error:
             return f"; removing the probe file {self.temp.name} failed too: {error}"
         finally:
             self.temp.release()
         return ""
+
+
+def _empty_if_kept(temp: TempFile) -> None:
+    """Empty the probe file if it still has a name after its removal: someone who may rename
+    in the directory moved it away (the probe then removes only what still is its own name).
+    Probing as root, that file is root's and beyond every quota; emptied, it costs an inode,
+    not `size` bytes a probe. A file system that cannot look at a removed file any more
+    (ESTALE, ENOENT: a FUSE server that works on names) has no name left for it either."""
+    try:
+        links = os.fstat(temp.fd).st_nlink
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ESTALE):
+            return
+        raise
+    if links > 0:
+        os.ftruncate(temp.fd, 0)
 
 
 def probe_write(
