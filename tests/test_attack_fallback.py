@@ -70,9 +70,9 @@ def test_an_area_an_earlier_version_left_open_is_closed_at_the_next_save(local_u
 #: process of its own: (bytes counted, how much its peak memory grew in MiB).
 COUNT = """
 import resource, sys
-from fsprobe.redirect.manifest import pending_bytes
+from fsprobe.redirect.manifest import measure_pending
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-counted = pending_bytes([sys.argv[1]], under=sys.argv[2])
+counted = measure_pending([sys.argv[1]], under=sys.argv[2])[0]
 grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
 print(counted, grown // 1024)
 """
@@ -158,3 +158,66 @@ def test_a_file_saved_again_and_again_keeps_its_manifest_small(tmpfs):
     kept = manifest.read_manifest(area)
     assert kept[-1] == entries[-1] and kept == entries[-len(kept) :]  # the newest, in order
     assert manifest.pending([str(fallback)]) == [entries[-1]]
+
+
+def _plant_directory_copy(fallback: str, requested: str, files: int) -> str:
+    """A sound entry for a directory copy of Mallory's own holding `files` one-byte files
+    (her own redirected ``save_dir``, or one she made so): the copy's path."""
+    actual = redirect_path(fallback, requested)
+    prepare_directory(fallback, actual)
+    os.mkdir(actual, 0o755)
+    for number in range(files):
+        with open(os.path.join(actual, f"shard-{number}"), "w") as stream:
+            stream.write("x")
+    digest = manifest.sha256_of_directory(actual)
+    manifest.record(manifest.new_entry(fallback, requested, actual, files, digest))
+    return actual
+
+
+def _sync_capped(fallback: str, under: str, max_entries: int) -> list[tuple[str, str]]:
+    from fsprobe.redirect.sync import sync
+
+    report = sync([fallback], under=under, ready=lambda entry: None, max_entries=max_entries)
+    return [(outcome.action, outcome.message) for outcome in report]
+
+
+def test_a_directory_copy_past_the_entry_cap_is_neither_counted_nor_synced(local_users, place):
+    """A directory copy of 600,000 empty files in Mallory's own area was listed whole, with an
+    lstat per name, by root's pending-bytes count (538 MiB) and by the sync of it: the worker
+    was OOM-killed under the shipped memory limit. Both now stream the entries and stop at the
+    cap (`MAX_AREA_ENTRIES`, passed by the daemon; a smaller one here): the copy is not
+    counted, not synced and not deleted, and the count names the area."""
+    bob, mallory = local_users.user(), local_users.user()
+    scratch = make_dir(place / "scratch", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)  # root's: Bob's save is redirected
+    assert save_as(bob, target / "model.pt", "bob's", scratch)["redirected"]
+    requested = str(target / "run")
+    copy = mallory.run(_plant_directory_copy, str(scratch), requested, 3000)
+    area = str(scratch / f"uid-{mallory.uid}")
+
+    assert manifest.measure_pending([str(scratch)], str(target), max_entries=1000) == (
+        len("bob's"),
+        (area,),
+    )
+    assert manifest.count_fallbacks(
+        [str(scratch)], str(target), max_entries=1000
+    ).too_many_entries == (area,)
+    assert manifest.measure_pending([str(scratch)], str(target), max_entries=3000) == (
+        len("bob's") + 3000,
+        (),
+    )
+
+    os.chown(target, mallory.uid, -1)  # the target could take her copy back now
+    [(action, message)] = mallory.run(_sync_capped, str(scratch), str(target), 1000)
+    assert action == "too_many_entries", message
+    assert area in message
+    assert not os.path.exists(requested)
+    assert os.listdir(target) == []  # no staging directory left behind
+    assert len(os.listdir(copy)) == 3000  # the copy stays where it is, whole
+    assert [e.actual for e in manifest.pending([str(scratch)]) if e.area.owner == mallory.uid] == [
+        copy
+    ]
+
+    [(action, message)] = mallory.run(_sync_capped, str(scratch), str(target), 3001)
+    assert action == "synced", message
+    assert len(os.listdir(requested)) == 3000

@@ -142,8 +142,8 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
     assert line["bytes"] == result.bytes == os.path.getsize(result.path)
     assert line["sha256"] == sha256(result.path)
     assert abs(line["time"] - time.time()) < 60 and line["pid"] == os.getpid() and line["host"]
-    assert manifest.pending_bytes([str(fallback)], under=str(target_dir)) == result.bytes
-    assert manifest.pending_bytes([str(fallback)], under=str(tmp_path / "other")) == 0
+    assert manifest.measure_pending([str(fallback)], under=str(target_dir))[0] == result.bytes
+    assert manifest.measure_pending([str(fallback)], under=str(tmp_path / "other"))[0] == 0
 
     code, report = sync_cli("--fallback-dir", str(fallback))  # quota still enforced
     assert code == 2 and report["entries"][0]["action"] == "failed"
@@ -159,7 +159,7 @@ def test_edquot_redirects_to_the_fallback_and_sync_brings_it_back(faultfs, tmp_p
     assert_file_saved(faultfs, target)  # the copy back is as durable as a save
     assert os.listdir(target_dir) == ["model.pt"]  # the version it replaced is gone, no temp
     assert os.listdir(fallback) == []  # copy, mirrored directories and manifest all gone
-    assert manifest.pending_bytes([str(fallback)], under=str(target_dir)) == 0
+    assert manifest.measure_pending([str(fallback)], under=str(target_dir))[0] == 0
 
 
 def test_real_enospc_on_a_full_tmpfs_is_redirected(tmpfs, tmp_path):

@@ -126,10 +126,10 @@ def root_daemon_sync(python: str, target: Path, fallback: Path) -> subprocess.Co
     verdict lets through, count what waits), in a process of its own."""
     code = (
         "import sys\n"
-        "from fsprobe.redirect.manifest import pending_bytes\n"
+        "from fsprobe.redirect.manifest import measure_pending\n"
         "from fsprobe.redirect.sync import sync\n"
         "sync([sys.argv[2]], under=sys.argv[1], ready=lambda entry: None)\n"
-        "print(pending_bytes([sys.argv[2]], under=sys.argv[1]))\n"
+        "print(measure_pending([sys.argv[2]], under=sys.argv[1])[0])\n"
     )
     return subprocess.run(
         [python, "-c", code, str(target), str(fallback)],
@@ -168,7 +168,7 @@ def _count(fallback: str, under: str) -> tuple[int, list[str]]:
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("fsprobe").addHandler(handler)
-    return manifest.pending_bytes([fallback], under=under), warnings
+    return manifest.measure_pending([fallback], under=under)[0], warnings
 
 
 def test_a_team_fallback_works_for_every_member_and_each_syncs_their_own(local_users, place):

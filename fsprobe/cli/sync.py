@@ -15,7 +15,7 @@ from fsprobe.saving.preflight import preflight_readiness
 from fsprobe.saving.stale import clean_directory
 
 #: Outcomes that need a person: the copy failed or does not match what was saved.
-_TROUBLE = frozenset({"failed", "checksum_mismatch", "skipped"})
+_TROUBLE = frozenset({"failed", "checksum_mismatch", "skipped", "too_many_entries"})
 #: Outcomes that leave the entry pending for a later run.
 _LEFT = frozenset({"waiting", "superseded", "would_sync"})
 
@@ -28,6 +28,7 @@ _COLORS = {
     "failed": "red",
     "checksum_mismatch": "red",
     "skipped": "red",
+    "too_many_entries": "red",
 }
 
 

@@ -32,7 +32,7 @@ from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store
 from fsprobe.model import ProbeResult
 from fsprobe.probing.runner import Executor
-from fsprobe.redirect.manifest import FallbackCount, count_fallbacks
+from fsprobe.redirect.manifest import MAX_AREA_ENTRIES, FallbackCount, count_fallbacks
 from fsprobe.redirect.sync import SyncOutcome, sync
 from fsprobe.saving.stale import clean_directory
 from fsprobe.view import TargetView
@@ -55,7 +55,9 @@ class PlannedTask:
 
 
 def _count(target: TargetConfig, _view: TargetView) -> Callable[[], object]:
-    return functools.partial(count_fallbacks, target.fallback_dirs, target.path)
+    return functools.partial(
+        count_fallbacks, target.fallback_dirs, target.path, max_entries=MAX_AREA_ENTRIES
+    )
 
 
 def _sync(target: TargetConfig, view: TargetView) -> Callable[[], object]:
@@ -65,6 +67,7 @@ def _sync(target: TargetConfig, view: TargetView) -> Callable[[], object]:
         under=target.path,
         ready=VerdictReadiness(view.verdict),
         clean=clean_directory,
+        max_entries=MAX_AREA_ENTRIES,
     )
 
 
@@ -108,8 +111,11 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
                 copy=actual,
                 message=outcome.message,
             )  # once: the copy stays (until --prune-superseded), and is not pending
+        _log_too_many_entries(
+            store, path, [o.entry.area.path for o in outcomes if o.action == "too_many_entries"]
+        )
         for outcome in outcomes:
-            if outcome.action != "superseded":
+            if outcome.action not in ("superseded", "too_many_entries"):
                 _log_outcome(path, outcome)
         failures = report.failures if report is not None else []
         for failure in failures:
@@ -127,7 +133,21 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
     found = store.first_seen(path, "squat", count.squatted if count else ())
     for squat in found:
         event(logging.WARNING, "area_squatted", target=path, area=squat)
+    _log_too_many_entries(store, path, count.too_many_entries if count else ())
     return store.count_redirect_problems(path, "area_squatted", len(found)) or changed
+
+
+def _log_too_many_entries(store: Store, path: str, areas: Iterable[str]) -> None:
+    """Once per area (the count and the sync find it every round): its copies stay put."""
+    for area in store.first_seen(path, "too_many_entries", areas):
+        event(
+            logging.WARNING,
+            "area_too_many_entries",
+            target=path,
+            area=area,
+            message=f"its directory copies hold more than {MAX_AREA_ENTRIES} entries: "
+            "neither counted nor synced, left where they are",
+        )
 
 
 def _log_outcome(path: str, outcome: SyncOutcome) -> None:

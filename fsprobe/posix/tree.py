@@ -69,13 +69,44 @@ def opened(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def entries(dir_fd: int) -> list[tuple[str, os.stat_result]]:
-    """The entries of a directory with their `lstat`, sorted by name (a stable order)."""
-    found = []
-    for name in sorted(os.listdir(dir_fd)):
-        with contextlib.suppress(FileNotFoundError):  # removed meanwhile: not ours to judge
-            found.append((name, os.stat(name, dir_fd=dir_fd, follow_symlinks=False)))
-    return found
+class TooManyEntries(OSError):
+    """A walk met more entries than its `EntryBudget` allows; it went no further."""
+
+
+class EntryBudget:
+    """How many more entries (files, directories, anything) the walks sharing it may meet.
+
+    A directory someone else filled (a million empty files in a user's fallback area) is
+    walked as far as the budget, never to its end: its entries are streamed, so memory does
+    not grow with them, and the budget bounds the time.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self) -> None:
+        """One more entry met; `TooManyEntries` once the budget is spent."""
+        if self.left <= 0:
+            raise TooManyEntries(errno.E2BIG, f"more than {self.limit} entries")
+        self.left -= 1
+
+
+def entries(dir_fd: int, budget: EntryBudget | None = None) -> Iterator[tuple[str, os.stat_result]]:
+    """The entries of a directory with their `lstat`, in the directory's own order.
+
+    Streamed (``scandir`` of the descriptor, a batch of names at a time): a directory of a
+    million entries costs no more memory than one of ten. Each entry is charged to `budget`.
+    """
+    with os.scandir(dir_fd) as listing:
+        for item in listing:
+            if budget is not None:
+                budget.take()
+            try:
+                info = item.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed meanwhile: not ours to judge
+                continue
+            yield item.name, info
 
 
 def _nothing(*_: object) -> None:
@@ -88,20 +119,21 @@ def _walk(
     after_directory: Callable[[int], None] = _nothing,
     prefix: str = "",
     depth: int = 0,
+    budget: EntryBudget | None = None,
 ) -> TreeSize:
     """Depth first: `on_file(dir_fd, name, relative path)` for every regular file, then
     `after_directory(dir_fd)` for each directory once everything below it is done."""
     if depth > MAX_DEPTH:
         raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories", prefix)
     total = TreeSize(0, 0, 1, os.fstat(dir_fd).st_mtime)
-    for name, info in entries(dir_fd):
+    for name, info in entries(dir_fd, budget):
         relative = f"{prefix}{name}"
         if stat.S_ISREG(info.st_mode):
             on_file(dir_fd, name, relative)
             total += TreeSize(info.st_size, 1, 0, info.st_mtime)
         elif stat.S_ISDIR(info.st_mode):
             with opened(open_directory(name, dir_fd)) as child:
-                total += _walk(child, on_file, after_directory, f"{relative}/", depth + 1)
+                total += _walk(child, on_file, after_directory, f"{relative}/", depth + 1, budget)
     after_directory(dir_fd)
     return total
 
@@ -145,9 +177,9 @@ def drop_cached_pages(root_fd: int) -> TreeSize:
     return _walk(root_fd, drop)
 
 
-def measure_tree(root_fd: int) -> TreeSize:
-    """What the tree holds, without syncing anything."""
-    return _walk(root_fd)
+def measure_tree(root_fd: int, budget: EntryBudget | None = None) -> TreeSize:
+    """What the tree holds, without syncing anything (each entry charged to `budget`)."""
+    return _walk(root_fd, budget=budget)
 
 
 def digest_tree(root_fd: int) -> dict[str, str]:

@@ -11,16 +11,32 @@ import os
 import stat
 
 from fsprobe.posix.owned import NotTrusted, check_owned, open_file
-from fsprobe.posix.tree import MAX_DEPTH, READ_CHUNK, TreeSize, entries, open_directory, opened
+from fsprobe.posix.tree import (
+    MAX_DEPTH,
+    READ_CHUNK,
+    EntryBudget,
+    TreeSize,
+    entries,
+    open_directory,
+    opened,
+)
 
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def copy_tree(source_fd: int, target_fd: int, owner: int, limit: int, depth: int = 0) -> TreeSize:
+def copy_tree(
+    source_fd: int,
+    target_fd: int,
+    owner: int,
+    limit: int,
+    budget: EntryBudget | None = None,
+    depth: int = 0,
+) -> TreeSize:
     """Copy the tree below `source_fd` into the empty directory `target_fd`, modes kept.
 
     At most `limit` bytes of files in all (what the manifest recorded): a tree that holds
-    more is refused with EFBIG as soon as it shows, never copied to its end.
+    more is refused with EFBIG as soon as it shows, never copied to its end; and at most
+    `budget` entries if given (streamed, `TooManyEntries` past it).
 
     Every file and directory copied must be `owner`'s (`fsprobe.posix.owned`): anything else, and
     anything that is neither (a symlink, a FIFO), is refused with `NotTrusted`, and nothing
@@ -30,14 +46,16 @@ def copy_tree(source_fd: int, target_fd: int, owner: int, limit: int, depth: int
     if depth > MAX_DEPTH:
         raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories")
     total = TreeSize(0, 0, 1, os.fstat(source_fd).st_mtime)
-    for name, info in entries(source_fd):
+    for name, info in entries(source_fd, budget):
         mode = stat.S_IMODE(info.st_mode)
         if stat.S_ISDIR(info.st_mode):
             with opened(open_directory(name, source_fd)) as source:
                 check_owned(os.fstat(source), owner, name, private=False)
                 os.mkdir(name, stat.S_IRWXU, dir_fd=target_fd)
                 with opened(open_directory(name, target_fd)) as target:
-                    total += copy_tree(source, target, owner, limit - total.bytes, depth + 1)
+                    total += copy_tree(
+                        source, target, owner, limit - total.bytes, budget, depth + 1
+                    )
                     os.fchmod(target, mode)
         elif stat.S_ISREG(info.st_mode):
             with opened(open_file(source_fd, name, os.O_RDONLY, owner, private=False)) as source:

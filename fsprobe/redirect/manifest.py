@@ -31,6 +31,8 @@ from fsprobe.posix.atomic import TempFile, hostname, lock_within, temp_name
 from fsprobe.posix.owned import NotTrusted, check_owned, components, open_file, walk
 from fsprobe.posix.paths import is_under
 from fsprobe.posix.tree import (
+    EntryBudget,
+    TooManyEntries,
     digest_tree,
     measure_tree,
     open_directory,
@@ -64,6 +66,11 @@ COMPACT_BYTES = MAX_MANIFEST_BYTES // 4
 _MANIFEST_MODE = 0o600
 #: Opening a directory checkpoint's copy: never through a symlink.
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Entries (files, directories) of its directory copies that one user's area may have walked in
+#: one round of the daemon's count or of a sync: a directory copy someone filled with a million
+#: empty files was listed whole into memory (538 MiB, the worker OOM-killed). Past it the copy is
+#: neither counted nor synced nor deleted, and the daemon logs the area once.
+MAX_AREA_ENTRIES = 100_000
 #: How long a save waits for the manifest's lock (held by its user's other savers and syncs).
 LOCK_TIMEOUT = 30.0
 _LOCK_POLL = 0.05
@@ -217,14 +224,15 @@ class FallbackCount:
 
     pending_bytes: int
     squatted: tuple[str, ...]  # `squatted_areas`
+    too_many_entries: tuple[str, ...] = ()  # areas past their `MAX_AREA_ENTRIES`
 
 
-def count_fallbacks(fallback_dirs: Iterable[str], under: str) -> FallbackCount:
-    """The pending bytes of the copies meant for `under`, and the squatted areas."""
+def count_fallbacks(fallback_dirs: Iterable[str], under: str, max_entries: int) -> FallbackCount:
+    """The pending bytes of the copies meant for `under`, the squatted areas, and the areas
+    whose copies hold more than `max_entries` entries (`MAX_AREA_ENTRIES`; not counted)."""
     fallback_dirs = tuple(fallback_dirs)
-    return FallbackCount(
-        pending_bytes(fallback_dirs, under=under), tuple(squatted_areas(fallback_dirs))
-    )
+    total, too_many = measure_pending(fallback_dirs, under, max_entries)
+    return FallbackCount(total, tuple(squatted_areas(fallback_dirs)), too_many)
 
 
 #: Names looked at in one fallback directory, at most, for `squatted_areas`.
@@ -482,9 +490,10 @@ class OpenCopy:
             return tree_digest(digest_tree(self.fd))
         return sha256_of_fd(self.fd)
 
-    def size(self) -> int:
+    def size(self, budget: EntryBudget | None = None) -> int:
+        """Its bytes; a directory's walk charges each entry to `budget`."""
         if self.is_directory:
-            return measure_tree(self.fd).bytes
+            return measure_tree(self.fd, budget).bytes
         return os.fstat(self.fd).st_size
 
     def remove(self) -> bool:
@@ -554,24 +563,34 @@ def _superseded_now(entry: Entry) -> bool:
         return False
 
 
-def pending_bytes(fallback_dirs: Iterable[str], under: str) -> int:
-    """Bytes of redirected checkpoints waiting to go back to `under` (a target directory).
+def measure_pending(
+    fallback_dirs: Iterable[str], under: str, max_entries: int = MAX_AREA_ENTRIES
+) -> tuple[int, tuple[str, ...]]:
+    """Bytes of redirected checkpoints waiting to go back to `under` (a target directory),
+    and the areas whose directory copies hold more than `max_entries` entries in all.
 
     What is counted is the size of each copy that is really there and provably its user's,
     not what a manifest line claims, and only what a sync will bring home: a copy superseded
     by a newer checkpoint at its requested path is kept, but not pending (it kept
-    FsprobeRedirectedCheckpointsPending firing for good).
+    FsprobeRedirectedCheckpointsPending firing for good). Directory copies are walked
+    streaming, at most `max_entries` entries per area: a copy past that is not counted.
     """
     total = 0
+    budgets: dict[str, EntryBudget] = {}
+    too_many: dict[str, None] = {}
     for entry in pending(fallback_dirs):
         if not is_under(entry.requested, under) or _superseded_now(entry):
             continue  # a superseded copy is kept, but no sync will bring it home
+        budget = budgets.setdefault(entry.area.path, EntryBudget(max_entries))
         try:
             with OpenCopy(entry) as copy:
-                total += copy.size()
+                total += copy.size(budget)
+        except TooManyEntries:
+            too_many[entry.area.path] = None
+            log.debug("not counting %s: its area has over %d entries", entry.actual, max_entries)
         except OSError as error:
             log.debug("not counting %s: %s", entry.actual, error)
-    return total
+    return total, tuple(too_many)
 
 
 def newest_copy(requested: str, fallback_dirs: Iterable[str]) -> str:

@@ -35,11 +35,18 @@ from fsprobe.posix.atomic import TempFile, temp_name
 from fsprobe.posix.owned import NotTrusted
 from fsprobe.posix.paths import is_under
 from fsprobe.posix.staging import Staging
-from fsprobe.posix.tree import digest_tree, tree_digest
+from fsprobe.posix.tree import (
+    EntryBudget,
+    TooManyEntries,
+    digest_tree,
+    measure_tree,
+    tree_digest,
+)
 from fsprobe.redirect import delegate
 from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.fallback import AREA_NAME, Area, area_name
 from fsprobe.redirect.manifest import (
+    MAX_AREA_ENTRIES,
     Entry,
     OpenCopy,
     areas,
@@ -63,8 +70,19 @@ Readiness = Callable[[Entry], Optional[str]]
 #: Outcomes after which the entry leaves the manifest.
 _DONE = frozenset({"synced", "pruned", "replaced", "missing"})
 _ACTIONS = frozenset(
-    {"would_sync", "waiting", "superseded", "checksum_mismatch", "skipped", "failed", *_DONE}
+    {
+        "would_sync",
+        "waiting",
+        "superseded",
+        "checksum_mismatch",
+        "skipped",
+        "failed",
+        "too_many_entries",
+        *_DONE,
+    }
 )
+#: Outcomes not logged as they happen: the caller reports them once (the daemon per area).
+_REPORTED_ONCE = frozenset({"too_many_entries"})
 #: How long root waits for a run as another user (copying gigabytes back is slow, not hung).
 DELEGATE_TIMEOUT = 3600.0
 
@@ -77,7 +95,8 @@ class SyncOutcome:
     ``superseded`` (a newer checkpoint is at the original path; both kept), ``pruned``
     (superseded, and the copy removed), ``replaced`` (a later save overwrote that fallback file),
     ``missing`` (the fallback file is gone), ``checksum_mismatch``, ``skipped`` (not provably
-    the user's to touch), ``failed`` (the copy failed).
+    the user's to touch), ``failed`` (the copy failed), ``too_many_entries`` (a directory
+    copy past its area's entry cap, `MAX_AREA_ENTRIES`: left where it is).
     """
 
     entry: Entry
@@ -179,18 +198,22 @@ def _copy_back(copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result
     return "synced"
 
 
-def _copy_directory_back(copy: OpenCopy, seen: os.stat_result | None) -> str:
+def _copy_directory_back(copy: OpenCopy, seen: os.stat_result | None, budget: EntryBudget) -> str:
     """Steps 5 and 6 for a directory checkpoint (`fsprobe.save_dir`), published whole.
 
-    The copy goes into a staging directory beside the original, every file and directory of
-    it is fsynced and read back: the sha256 of its tree must be the one recorded. Then one
-    rename publishes it, only over the original seen in step 4 (`Staging.swap_in_if_unchanged`).
+    The copy is first counted against its area's `budget` (streamed; `TooManyEntries` past
+    it, before anything is written). It then goes into a staging directory beside the
+    original, with no more entries than were counted, every file and directory of it is
+    fsynced and read back: the sha256 of its tree must be the one recorded. Then one rename
+    publishes it, only over the original seen in step 4 (`Staging.swap_in_if_unchanged`).
     """
+    counted = measure_tree(copy.fd, budget)
     staging = Staging(copy.entry.requested)
     try:
         assert staging.fd is not None
         staging.mode = stat.S_IMODE(os.fstat(copy.fd).st_mode)  # the checkpoint's own mode
-        copy_tree(copy.fd, staging.fd, copy.entry.area.owner, copy.entry.bytes)
+        grown = EntryBudget(counted.files + counted.directories - 1)  # refused if it grew since
+        copy_tree(copy.fd, staging.fd, copy.entry.area.owner, copy.entry.bytes, grown)
         staging.sync()
         if tree_digest(digest_tree(staging.fd)) != copy.entry.sha256:
             return "checksum_mismatch"
@@ -221,6 +244,7 @@ def _sync_open(
     dry_run: bool,
     prune_superseded: bool,
     ready: Readiness,
+    budget: EntryBudget,
 ) -> SyncOutcome:
     entry = copy.entry
 
@@ -251,9 +275,15 @@ def _sync_open(
             return outcome("would_sync", f"would copy {entry.actual} back to {entry.requested}")
         try:
             if copy.is_directory:
-                action = _copy_directory_back(copy, seen)
+                action = _copy_directory_back(copy, seen, budget)
             else:
                 action = _copy_back(copy, target_dir, final, seen)
+        except TooManyEntries as error:
+            return outcome(
+                "too_many_entries",
+                f"{entry.actual}: its area {entry.area.path} holds {error.strerror} in its "
+                f"directory copies; not synced, left where it is",
+            )
         except OSError as error:
             return outcome(
                 "failed",
@@ -275,7 +305,11 @@ def _sync_open(
 
 
 def _sync_area(
-    area: Area, under: str | None, clean: Callable[[str], object] | None, **options: Any
+    area: Area,
+    under: str | None,
+    clean: Callable[[str], object] | None,
+    max_entries: int,
+    **options: Any,
 ) -> list[SyncOutcome]:
     try:
         live, replaced = latest_per_file(read_manifest(area))
@@ -292,18 +326,21 @@ def _sync_area(
         SyncOutcome(entry, "replaced", f"{entry.actual} was overwritten by a later save")
         for entry in replaced
     ]
+    budget = EntryBudget(max_entries)  # this area's, for this round
     for entry in sorted(live, key=lambda e: e.time, reverse=True):
         try:
-            result = _sync_one(entry, **options)
+            result = _sync_one(entry, budget=budget, **options)
         except OSError as error:
             result = SyncOutcome(entry, "failed", f"{entry.actual}: {error}")
+        outcomes.append(result)
+        if result.action in _REPORTED_ONCE:
+            continue
         log.log(
             logging.WARNING if result.action in ("failed", "checksum_mismatch") else logging.INFO,
             "sync %s: %s",
             result.action,
             result.message,
         )
-        outcomes.append(result)
     settled = {o.entry for o in outcomes if o.done}
     if settled and not options["dry_run"]:
         rewrite(area, settled)
@@ -333,7 +370,8 @@ def _sync_as_owner(
     except (delegate.DelegationFailed, KeyError, TypeError, ValueError) as error:
         return UnsyncedUser(owner, fallback, str(error))  # the caller's to report, once
     for outcome in outcomes:
-        log.info("sync as uid %d %s: %s", owner, outcome.action, outcome.message)
+        if outcome.action not in _REPORTED_ONCE:
+            log.info("sync as uid %d %s: %s", owner, outcome.action, outcome.message)
     return outcomes
 
 
@@ -347,6 +385,7 @@ def sync(
     under: str | None = None,
     ready: Readiness,
     clean: Callable[[str], object] | None = None,
+    max_entries: int = MAX_AREA_ENTRIES,
 ) -> SyncReport:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
@@ -360,13 +399,15 @@ def sync(
     could not be acted for is in the report's `failures`, and the others go on. `clean`
     (`fsprobe.saving.stale.clean_directory`) is given each directory of the user's own areas
     that holds an entry, before its entries are synced: a save killed there (a ``save_dir``'s
-    staging directory) left what no later save into the target would remove.
+    staging directory) left what no later save into the target would remove. The directory
+    copies of one area are walked streaming, at most `max_entries` entries in all (a copy past
+    that is ``too_many_entries``, and stays); a run as another user uses its own default cap.
     """
     options: dict[str, Any] = {"dry_run": dry_run, "prune_superseded": prune_superseded}
     report = SyncReport()
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
         for area in own_areas(fallback):
-            report.outcomes += _sync_area(area, under, ready=ready, clean=clean, **options)
+            report.outcomes += _sync_area(area, under, clean, max_entries, ready=ready, **options)
         if os.geteuid() == 0:
             others = {area.owner for area in _areas_or_none(fallback)} - {0}
             for owner in sorted(others):
