@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 from fsprobe.events.emit import SOCKET_NAME
-from tests.support.users import share
+from tests.support.users import REPO, share
 from tests.test_save_events import start_daemon
 
 #: Events each carrying `FAILURES` invented errno names: within the sender's burst, so that
@@ -127,3 +128,53 @@ def test_a_user_cannot_claim_saves_in_another_users_target_by_spelling_the_path(
             }
             assert not any(counted.values()), (target, counted)
         assert (daemon.state_dir / SOCKET_NAME).stat().st_uid == 0
+
+
+AS_NAMESPACE_ROOT = """
+import json, os, socket, struct, sys, time
+from fsprobe.events.event import Failure, SaveEvent
+state_dir, requested = sys.argv[1], sys.argv[2]
+event = SaveEvent(requested, None, 0, 0.1, 1, (Failure("EIO", "write"),), time.time(), "h", 1)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+creds = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", os.getpid(), 0, 0))]
+sock.sendmsg([event.encode()], creds, 0, f"{state_dir}/{sys.argv[3]}")
+print(json.dumps({"uid": os.getuid(), "sent": True}))
+"""
+
+
+def test_root_of_her_own_user_namespace_is_not_root_to_the_daemon(tmp_path, local_users):
+    """Mallory makes a user namespace (``unshare -Ur``, allowed to any user here) in which she
+    is uid 0, and claims uid 0 in the credentials of her datagram, which the kernel lets the
+    namespace's root do. Root may report anywhere; the kernel hands the daemon her own uid,
+    so her failed save in root's directory is refused and counted nowhere."""
+    share(tmp_path)
+    mallory = local_users.user()
+    target = tmp_path / "roots"
+    target.mkdir(mode=0o755)
+    with start_daemon(tmp_path, target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        command = [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            mallory.python_executable,
+            "-c",
+            AS_NAMESPACE_ROOT,
+            str(daemon.state_dir),
+            str(target / "model.pt"),
+            SOCKET_NAME,
+        ]
+        done = subprocess.run(
+            command,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            **mallory.subprocess_kwargs(),
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"uid": 0, "sent": True}  # root, in her namespace
+        daemon.wait_for_value("fsprobe_save_events_dropped_total", 1.0, reason="not_permitted")
+        assert not daemon.value("fsprobe_saves_total", path=str(target), outcome="failed")
+        assert daemon.value("fsprobe_save_failed_attempts_total", path=str(target)) in (None, 0.0)
