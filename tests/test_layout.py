@@ -147,6 +147,22 @@ def test_there_are_no_import_cycles_between_folders():
     assert cyclic == []
 
 
+def test_the_integrations_use_only_the_integration_api_of_the_save_path():
+    """`fsprobe.saving.commit`, and the public names (`fsprobe.save_dir`,
+    `fsprobe.distributed`): a change inside `saving/` cannot break a framework's integration
+    without this module's names changing."""
+    offenders = {
+        module: {
+            target
+            for target in targets
+            if _folder(target) == "fsprobe.saving" and target != "fsprobe.saving.commit"
+        }
+        for module, targets in GRAPH.items()
+        if module.startswith("fsprobe.integrations")
+    }
+    assert {module: found for module, found in offenders.items() if found} == {}
+
+
 def test_the_bottom_layer_imports_only_itself():
     offenders = {module: GRAPH[module] - BOTTOM for module in BOTTOM if GRAPH[module] - BOTTOM}
     assert offenders == {}

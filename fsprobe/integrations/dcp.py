@@ -84,6 +84,7 @@ from fsprobe.saving.commit import (
     SaveResult,
     Staging,
     clean_directory,
+    collective_failure,
     committed,
     deciding,
     failure_of,
@@ -91,7 +92,6 @@ from fsprobe.saving.commit import (
     start,
     sync_file_at,
 )
-from fsprobe.saving.distributed import collective_failure
 
 log = logging.getLogger("fsprobe.save")
 

@@ -44,6 +44,7 @@ from fsprobe.saving.retry import (
     RetryState,
     SaveError,
     SaveResult,
+    collective_failure,
     deciding,
     failure_of,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "SaveSteps",
     "Staging",
     "clean_directory",
+    "collective_failure",
     "committed",
     "deciding",
     "default_context",

@@ -57,6 +57,7 @@ from fsprobe.saving.retry import (
     RetryState,
     SaveError,
     SaveResult,
+    collective_failure,
     deciding,
     failure_of,
 )
@@ -84,20 +85,6 @@ class _Order:
     staging: str | None = None
     result: SaveResult | None = None
     error: BaseException | None = None
-
-
-def collective_failure(rank: int, requested: str, what: str, error: Exception) -> SaveError:
-    """The error of a save whose collective `what` could not complete on this rank."""
-    cause = str(error)
-    if "Numpy is not available" in cause:  # the receiving side unpickles via tensor.numpy()
-        cause += " (torch.distributed's object collectives need numpy: pip install numpy)"
-    message = (
-        f"rank {rank}: the {what} of the save of {requested} failed: {cause}; nothing was "
-        "published (if that error is a lost connection or a timeout, another rank may have "
-        "died or hung past the process group's timeout)"
-    )
-    log.error("%s", message)
-    return SaveError(requested, [FailedAttempt("ECONNABORTED", "collective", message)], message)
 
 
 class _Group:

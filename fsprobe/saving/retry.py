@@ -172,6 +172,20 @@ def deciding(failures: Iterable[FailedAttempt]) -> FailedAttempt | None:
     return min(failures, key=lambda f: order.index(classify(f.errno, f.step)), default=None)
 
 
+def collective_failure(rank: int, requested: str, what: str, error: Exception) -> SaveError:
+    """The error of a save whose collective `what` could not complete on this rank."""
+    cause = str(error)
+    if "Numpy is not available" in cause:  # the receiving side unpickles via tensor.numpy()
+        cause += " (torch.distributed's object collectives need numpy: pip install numpy)"
+    message = (
+        f"rank {rank}: the {what} of the save of {requested} failed: {cause}; nothing was "
+        "published (if that error is a lost connection or a timeout, another rank may have "
+        "died or hung past the process group's timeout)"
+    )
+    log.error("%s", message)
+    return SaveError(requested, [FailedAttempt("ECONNABORTED", "collective", message)], message)
+
+
 class NextAttempt(NamedTuple):
     """What follows a failed attempt: the next attempt's destination, after `wait` seconds."""
 
