@@ -503,7 +503,7 @@ def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Rea
         Reason(
             "lustre_target_full",
             Severity.DEGRADED,
-            f"{worst.name}{where} has only {format_bytes(worst.avail_bytes)} "
+            f"{worst.name}{where} has only {format_bytes(worst.avail_bytes or 0)} "
             f"({format_percent(ratio)}) free{others}: files striped on it fail with ENOSPC",
         )
     ]
@@ -536,7 +536,8 @@ def _write_reasons(
                 f"({', '.join(failures)}); the latest succeeded",
             )
         )
-    probe: WriteProbeResult = latest.value
+    probe: WriteProbeResult | None = latest.value
+    assert probe is not None  # a result that succeeded holds its value
     total = probe.total_seconds
     if total > policy.write_slow_seconds:
         steps = {step: s for step, s in probe.latency_seconds.items() if step != "total"}

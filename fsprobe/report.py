@@ -16,7 +16,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fsprobe.model import (
     PROBE_KINDS,
@@ -71,16 +71,16 @@ class _Fields:
         return value
 
     def text(self, key: str) -> str:
-        return self._typed(key, (str,), "a string", False)
+        return cast("str", self._typed(key, (str,), "a string", False))
 
     def optional_text(self, key: str) -> str | None:
-        return self._typed(key, (str,), "a string or null", True)
+        return cast("str | None", self._typed(key, (str,), "a string or null", True))
 
     def integer(self, key: str) -> int:
-        return self._typed(key, (int,), "an integer", False)
+        return cast("int", self._typed(key, (int,), "an integer", False))
 
     def optional_integer(self, key: str) -> int | None:
-        return self._typed(key, (int,), "an integer or null", True)
+        return cast("int | None", self._typed(key, (int,), "an integer or null", True))
 
     def number(self, key: str) -> float:
         return float(self._typed(key, (int, float), "a number", False))
@@ -90,10 +90,10 @@ class _Fields:
         return float(value) if value is not None else None
 
     def flag(self, key: str) -> bool:
-        return self._typed(key, (bool,), "true or false", False)
+        return cast("bool", self._typed(key, (bool,), "true or false", False))
 
     def optional_flag(self, key: str) -> bool | None:
-        return self._typed(key, (bool,), "true, false or null", True)
+        return cast("bool | None", self._typed(key, (bool,), "true, false or null", True))
 
     def child(self, key: str) -> _Fields:
         return _Fields(self._typed(key, (dict,), "an object", False), self.at(key))
@@ -409,7 +409,7 @@ def headroom_from_dict(value: Any, where: str = "headroom") -> Headroom:
     )
 
 
-def _probe_to_dict(result: ProbeResult) -> dict[str, Any]:
+def _probe_to_dict(result: ProbeResult[Any]) -> dict[str, Any]:
     return {
         "ok": result.ok,
         "error": result.error,
@@ -420,7 +420,7 @@ def _probe_to_dict(result: ProbeResult) -> dict[str, Any]:
     }
 
 
-def _probe_from_dict(kind: str, value: Any, where: str, *, probe_value: object) -> ProbeResult:
+def _probe_from_dict(kind: str, value: Any, where: str, *, probe_value: object) -> ProbeResult[Any]:
     fields = _Fields(value, where)  # "ok" is derived from error and stuck
     return ProbeResult(
         probe=kind,

@@ -61,7 +61,7 @@ def format_duration(seconds: float, parts: int = 2) -> str:
     remaining = round(abs(seconds))
     if remaining == 0:
         return "0 seconds"
-    words = []
+    words: list[str] = []
     for name, size in _DURATION_UNITS:
         count, remaining = divmod(remaining, size)
         if count and len(words) < parts:

@@ -12,7 +12,7 @@ from fsprobe.cli.exits import EXIT_USAGE
 class _Group(click.Group):
     """A click group whose usage errors exit with 64, leaving 0-3 to the health statuses."""
 
-    def main(self, *args, **kwargs):  # type: ignore[override]
+    def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
         try:
             code = super().main(*args, **kwargs)

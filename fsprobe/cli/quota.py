@@ -97,7 +97,8 @@ def quota(
             click.echo(json.dumps(document, indent=2))
         click.echo(f"fsprobe quota: {escaped(message)}", err=True)
         return EXIT_UNREAD
-    lookup: QuotaLookup = result.value
+    lookup: QuotaLookup | None = result.value
+    assert lookup is not None  # a result that succeeded holds its value
     mount = lookup.mount
     mountpoint = mount.mountpoint if mount is not None else None
 

@@ -105,7 +105,7 @@ def _has_limits(usage: QuotaUsage) -> bool:
 
 def quota_lines(entries: tuple[QuotaEntry, ...], now: float) -> list[str]:
     """Per quota ID: one line when it has no limits, else one line per limited resource."""
-    lines = []
+    lines: list[str] = []
     for entry in entries:
         who = f"{entry.type} {entry.name or entry.id}" + (f"@{entry.pool}" if entry.pool else "")
         label = "" if lines else "quota"
@@ -165,7 +165,10 @@ def _need_line(report: Report) -> list[str]:
     if report.need_inodes is not None:
         plural = "s" if report.need_inodes != 1 else ""
         parts.append(f"{format_count(report.need_inodes)} inode{plural}")
-    answer = {True: click.style("fits", fg="green"), False: click.style("does NOT fit", fg="red")}
+    answer: dict[bool | None, str] = {
+        True: click.style("fits", fg="green"),
+        False: click.style("does NOT fit", fg="red"),
+    }
     return [_line("need", f"{' + '.join(parts)}: {answer.get(report.fits, 'cannot tell')}")]
 
 

@@ -190,7 +190,8 @@ def _assess(
         running = pid_alive(writer.host, writer.pid)
     gone = running is False and not writer.once
     ends = [t.report.verdict.fresh_until for t in targets.values()]
-    fresh_until = None if None in ends else min(ends, default=None)
+    known = [end for end in ends if end is not None]
+    fresh_until = None if len(known) < len(ends) else min(known, default=None)
     stale = any(not t.report.verdict.is_fresh(now) for t in targets.values())
     worst = max((t.report.status for t in targets.values()), default=Status.UNKNOWN)
     unknown = gone or stale or writer.failure is not None

@@ -490,7 +490,9 @@ def _line_of_decode_error(message: str) -> int | None:
 
 def _check_consistency(reader: _Reader, settings: _FileSettings) -> None:
     """Rules between keys: thresholds in the right order, no target twice."""
-    scopes = [(("defaults", "thresholds"), settings.default_thresholds)]
+    scopes: list[tuple[tuple[str | int, ...], Mapping[str, Any]]] = [
+        (("defaults", "thresholds"), settings.default_thresholds)
+    ]
     scopes += [
         (("targets", index, "thresholds"), {**settings.default_thresholds, **thresholds})
         for index, (_values, thresholds) in enumerate(settings.targets)
@@ -508,12 +510,12 @@ def _check_consistency(reader: _Reader, settings: _FileSettings) -> None:
                 )
     seen: dict[str, int] = {}
     for index, (values, _thresholds) in enumerate(settings.targets):
-        path = _absolute(values["path"], settings.base_dir)
-        if path in seen:
+        target = _absolute(values["path"], settings.base_dir)
+        if target in seen:
             raise reader.error(
-                ("targets", index, "path"), f"{path} is already targets[{seen[path]}]"
+                ("targets", index, "path"), f"{target} is already targets[{seen[target]}]"
             )
-        seen[path] = index
+        seen[target] = index
 
 
 def _absolute(path: str, base_dir: str) -> str:

@@ -44,7 +44,7 @@ from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.textfile import open_textfile_dir
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
-from fsprobe.posix.outputdir import UntrustedOutput
+from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
 from fsprobe.probing.plan import run_plans
 from fsprobe.probing.worker import shared_runner
 from fsprobe.state import StateFileError, WriterLock, ensure_state_dir
@@ -84,6 +84,12 @@ def _lock_state_dir(state_dir: str) -> WriterLock:
     return lock
 
 
+def _directory(lock: WriterLock) -> OutputDirectory:
+    """The state dir that a held `lock` opened."""
+    assert lock.directory is not None, "the writer lock is held"
+    return lock.directory
+
+
 class Daemon:
     """The long-running `fsprobe run`: scheduler, store, outputs and the metrics endpoint."""
 
@@ -116,7 +122,7 @@ class Daemon:
         except WebConfigError as error:
             raise StartupError(str(error)) from None
         self._lock = _lock_state_dir(self.config.state_dir)
-        self.publisher.state_dir = self._lock.directory
+        self.publisher.state_dir = _directory(self._lock)
         try:
             self.server = MetricsServer(
                 self.config.listen_address, self.exposition.render, web, self.scheduler.health
@@ -168,7 +174,7 @@ class Daemon:
                 self._lock.release()
             self._lock = lock
             self._listen_for_saves(config.state_dir)
-            self.publisher.state_dir = lock.directory
+            self.publisher.state_dir = _directory(lock)
         logs.configure(config.log_level)
         self.publisher.textfile_dir = config.textfile_dir
         if self.server is not None:
@@ -278,7 +284,7 @@ def run_once(config: Config) -> tuple[TargetView, ...]:
             store.views, process_metrics=False, internal_errors=store.internal_errors
         )
         publisher = Publisher(
-            store.views, exposition, lock.directory, config.textfile_dir, once=True
+            store.views, exposition, _directory(lock), config.textfile_dir, once=True
         )
         store.configure(target_spec(target) for target in config.targets)
         plans = {target.path: planned_probes(target) for target in config.targets}

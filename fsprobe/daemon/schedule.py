@@ -50,7 +50,9 @@ class Schedule:
 
     def due(self, now: float) -> list[Key]:
         """The keys whose time has come, earliest first."""
-        return sorted((key for key, at in self._due.items() if at <= now), key=self._due.get)
+        return sorted(
+            (key for key, at in self._due.items() if at <= now), key=self._due.__getitem__
+        )
 
     def advance(self, key: Key, now: float) -> float:
         """A run of `key` starts now: the next one is one jittered interval later."""

@@ -375,7 +375,7 @@ def _log_existence(previous: ProbeResult | None, result: ProbeResult, path: str)
     when it appears or goes."""
     if result.probe != "statvfs" or not isinstance(result.value, FilesystemInfo):
         return
-    was = previous.value.target_exists if previous is not None and previous.ok else None
+    was = previous.value.target_exists if previous is not None and previous.value else None
     now = result.value.target_exists
     if now == was or (now and was is None):
         return

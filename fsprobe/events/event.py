@@ -7,6 +7,7 @@ for type and bounded in length when decoded: a datagram is from anyone allowed t
 
 from __future__ import annotations
 
+import builtins
 import errno as errno_module
 import json
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ class SaveEvent:
     def succeeded(self) -> bool:
         return self.landed is not None
 
-    def encode(self) -> bytes:
+    def encode(self) -> builtins.bytes:
         """The datagram (the sender drops one longer than `MAX_EVENT_BYTES`)."""
         document = {
             "schema": SCHEMA,

@@ -132,7 +132,7 @@ class Receiver:
         assert self._socket is not None
         while True:
             try:
-                ready, _, _ = select.select([self._socket, self._wake[0]], [], [], 5.0)
+                ready, _, _ = select.select([self._socket.fileno(), self._wake[0]], [], [], 5.0)
                 if self._wake[0] in ready:
                     return
                 if ready:

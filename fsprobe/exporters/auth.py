@@ -117,6 +117,7 @@ class BasicAuth:
                 return True
         hashed = self._users.get(user)
         try:
+            assert self._bcrypt is not None
             valid = self._bcrypt.checkpw(password, hashed or self._dummy) and hashed is not None
         except ValueError:  # a password longer than bcrypt's 72 bytes
             valid = False

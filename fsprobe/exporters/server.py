@@ -199,6 +199,7 @@ class _Connection(asyncio.Protocol):
             except ssl.SSLError as error:  # the alert in to_send() tells the client why
                 self.fail(f"TLS failed: {error.reason or error}", self.tls.to_send())
                 return
+            assert self.transport is not None  # data comes only from a connected transport
             self.transport.write(self.tls.to_send())
         self.head += data
         end = self.head.find(b"\r\n\r\n")

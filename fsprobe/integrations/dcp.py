@@ -227,7 +227,7 @@ class FsprobeWriter(FileSystemWriter):
         self.options = SaveOptions(
             attempts=attempts,
             backoff=backoff or Backoff(),
-            fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
+            fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
             redirect=redirect,
             max_wait=max_wait,
             on_unhealthy=on_unhealthy,

@@ -135,6 +135,7 @@ def _read_output(process: subprocess.Popen[bytes], deadline: float) -> tuple[byt
     Reading stops `DRAIN_GRACE` after the exit even if a helper still holds a pipe. Raises
     `_Overflow` past a cap and `subprocess.TimeoutExpired` at the deadline.
     """
+    assert process.stdout is not None and process.stderr is not None  # started with PIPEs
     caps = {process.stdout: ("stdout", MAX_STDOUT), process.stderr: ("stderr", MAX_STDERR)}
     received: dict[object, bytearray] = {pipe: bytearray() for pipe in caps}
     exited_at: float | None = None

@@ -22,6 +22,7 @@ import errno
 import os
 import platform
 from collections.abc import Iterator
+from typing import Any
 
 from fsprobe.posix.identity import Identity
 
@@ -44,7 +45,7 @@ class _Data(ctypes.Structure):
     ]
 
 
-_Sets = _Data * 2
+_Sets: Any = _Data * 2  # ctypes array type: mypy sees no type in it
 _libc = ctypes.CDLL(None, use_errno=True)
 
 

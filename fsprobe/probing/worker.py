@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 from fsprobe.model import ProbeResult
 from fsprobe.posix import children
@@ -237,7 +237,7 @@ class ProcessExecutor:
                 _reap(process)
                 return
             try:
-                job, result = connection.recv()
+                job, result = cast(tuple[int, Any], connection.recv())
             except (EOFError, OSError):
                 break
             except Exception as error:  # a message that does not unpickle: not our worker's
@@ -338,7 +338,7 @@ def _serve(connection: Channel) -> None:
 
     while True:
         try:
-            job, probe, function = connection.recv()
+            job, probe, function = cast(tuple[int, str, Any], connection.recv())
         except (EOFError, OSError):
             return  # the parent is gone
         threading.Thread(target=run, args=(job, probe, function), daemon=True).start()

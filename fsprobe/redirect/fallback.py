@@ -52,7 +52,7 @@ def fallback_dirs_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str
 
 
 def all_fallback_dirs(
-    given: Iterable[str] = (), environ: Mapping[str, str] = os.environ
+    given: Iterable[str | os.PathLike[str]] = (), environ: Mapping[str, str] = os.environ
 ) -> tuple[str, ...]:
     """The caller's fallback directories, then those of the environment, each once, absolute."""
     if not given and not environ.get(FALLBACK_ENV):

@@ -16,6 +16,7 @@ regular file and its sha256 is still the one recorded.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import json
@@ -124,7 +125,7 @@ class Entry:
     def fallback(self) -> str:
         return self.area.fallback
 
-    def to_line(self) -> bytes:
+    def to_line(self) -> builtins.bytes:
         fields = {
             "requested": self.requested,
             "actual": self.actual,
@@ -142,7 +143,7 @@ class Entry:
         return {**where, **json.loads(self.to_line())}
 
     @classmethod
-    def from_line(cls, area: Area, line: bytes) -> Entry:
+    def from_line(cls, area: Area, line: builtins.bytes) -> Entry:
         """Parse one line; ValueError (or a subclass) when it is not an entry."""
         return cls.from_fields(area, json.loads(line))
 
@@ -383,9 +384,11 @@ def _read(area_fd: int, area: Area) -> list[Entry]:
                 unread += 1
                 first_unread = first_unread or (number, error)
     if first_unread is not None:  # one warning, however many lines: the manifest may be anyone's
-        number, error = first_unread
+        number, reason = first_unread
         more = f", and {unread - 1} more lines like it" if unread > 1 else ""
-        log.warning("%s line %d is not a redirect entry (%s); ignored%s", path, number, error, more)
+        log.warning(
+            "%s line %d is not a redirect entry (%s); ignored%s", path, number, reason, more
+        )
     return entries
 
 

@@ -64,7 +64,7 @@ Prepare = Callable[[], Callable[[], SaveResult]]
 class _Job:
     destination: str
     write: Callable[[], SaveResult] | None  # holds the snapshot; None once taken
-    future: Future
+    future: Future[Any]
 
     def take(self) -> Callable[[], SaveResult] | None:
         """The write, which the job then no longer holds (nor its snapshot)."""
@@ -91,7 +91,7 @@ class BackgroundSaves:
         self._threads: list[threading.Thread] = []
         self._idle = 0
 
-    def submit(self, destination: str, prepare: Prepare) -> Future:
+    def submit(self, destination: str, prepare: Prepare) -> Future[Any]:
         """Queue a save of `destination`; `prepare` runs here, once a waiting slot is free."""
         with self._changed:
             self._wait_for(
@@ -254,7 +254,7 @@ def _check_arguments(obj: object, path: object, save_kwargs: dict[str, Any]) -> 
     inspect.signature(torch.save).bind(obj, None, **for_torch)
 
 
-def save_async(obj: object, path: str | os.PathLike[str], **save_kwargs: Any) -> Future:
+def save_async(obj: object, path: str | os.PathLike[str], **save_kwargs: Any) -> Future[SaveResult]:
     """`fsprobe.save(obj, path, **save_kwargs)` in the background; returns its `Future`.
 
     Returns once `obj` is snapshotted (its tensors copied to CPU memory); the future's result

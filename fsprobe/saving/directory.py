@@ -107,7 +107,7 @@ def save_dir(
         options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
+        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
         max_wait=max_wait,
         need_bytes=need_bytes,
         need_inodes=need_inodes,

@@ -109,7 +109,9 @@ class _Group:
             dist.broadcast_object_list(box, group=self.group, group_src=0)
         except Exception as error:  # DistBackendError, RuntimeError from gloo, ...
             raise self._failed("broadcast", error) from error
-        return box[0]
+        order = box[0]
+        assert order is not None  # the coordinator always sends one
+        return order
 
     def gather(self, value: Any) -> list[Any]:
         """`value` of every rank, in rank order, on the coordinator ([] elsewhere)."""
@@ -199,9 +201,9 @@ def _coordinate(
             return result
         plan = tries.failed(failure)
         if plan is None:
-            error = tries.error()
-            group.broadcast(_Order(error=error))
-            raise error
+            gave_up = tries.error()
+            group.broadcast(_Order(error=gave_up))
+            raise gave_up
         tries.follow(plan)  # the other ranks wait for the next order meanwhile
 
 
@@ -255,7 +257,7 @@ def save_dir(
         options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
+        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
         max_wait=max_wait,
         need_bytes=need_bytes,
         need_inodes=need_inodes,

@@ -73,7 +73,7 @@ class AtomicFile:
             raise
 
     def write(self, data: Any) -> int:
-        return self._call("write", lambda: self._file.write(data))
+        return int(self._call("write", lambda: self._file.write(data)))
 
     def writelines(self, lines: Iterable[Any]) -> None:
         for line in lines:
@@ -92,7 +92,7 @@ class AtomicFile:
         return self._file.seek(offset, whence)
 
     def truncate(self, size: int | None = None) -> int:
-        return self._call("write", lambda: self._file.truncate(size))
+        return int(self._call("write", lambda: self._file.truncate(size)))
 
     def seekable(self) -> bool:
         return True
@@ -244,7 +244,7 @@ def atomic_write(
         options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
+        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
         max_wait=max_wait,
         need_bytes=need_bytes,
         need_inodes=need_inodes,
@@ -316,7 +316,7 @@ def save(
         options,
         attempts=attempts,
         backoff=backoff,
-        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
+        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
         max_wait=max_wait,
         need_bytes=need_bytes,
         need_inodes=need_inodes,

@@ -23,6 +23,16 @@ DEFAULT_ATTEMPTS = 5
 DEFAULT_TIMEOUT = 10.0
 ON_UNHEALTHY = ("proceed", "fail")
 
+__all__ = [
+    "DEFAULT_ATTEMPTS",
+    "DEFAULT_TIMEOUT",
+    "NEED_INODES",
+    "ON_UNHEALTHY",
+    "Backoff",
+    "SaveOptions",
+    "save_options",
+]
+
 
 @dataclass(frozen=True)
 class Backoff:
@@ -40,7 +50,7 @@ class Backoff:
 
     def delay(self, failures: int) -> float:
         """The wait after the `failures`-th failed attempt."""
-        return self.random() * min(self.cap, self.base * 2 ** (failures - 1))
+        return self.random() * min(self.cap, self.base * 2.0 ** (failures - 1))
 
 
 @dataclass(frozen=True)

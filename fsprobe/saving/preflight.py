@@ -146,7 +146,7 @@ class _Judged(NamedTuple):
 MEMORY_ENTRIES = 1024
 
 
-def _remember(memory: dict, key: object, value: object, entries: int) -> None:
+def _remember(memory: dict[Any, Any], key: object, value: object, entries: int) -> None:
     """Set `memory[key]`, forgetting the oldest entry once there are more than `entries`."""
     memory.pop(key, None)  # re-inserted last: the most recently used is kept longest
     memory[key] = value
@@ -427,7 +427,7 @@ class SaveContext:
         need = options.need_bytes
         if need is None:
             need = self.expected_need(requested)
-        candidates = _candidates(requested, tuple(map(os.fspath, fallback_dirs)))
+        candidates = _candidates(requested, tuple(os.fspath(d) for d in fallback_dirs))
         if not candidates:
             return None
         existence = self._check_existence(candidates, options.timeout)
@@ -651,7 +651,7 @@ def preflight(
     metadata-server RPC per save).
     """
     options = SaveOptions(
-        fallback_dirs=tuple(map(os.fspath, fallback_dirs)),
+        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
         max_wait=max_wait,
         need_bytes=need_bytes,
         need_inodes=need_inodes,

@@ -29,7 +29,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.events.emit import report
@@ -82,7 +82,7 @@ class SaveError(OSError):
         super().__init__(code, message, path)
         self.attempts = list(attempts)
 
-    def __reduce__(self):  # picklable across processes (DDP, multiprocessing)
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes (DDP, multiprocessing)
         return (type(self), (self.filename, self.attempts, self.strerror))
 
 
