@@ -9,7 +9,7 @@ one after the other for the latency percentiles.
     .venv/bin/python benchmarks/daemon_footprint.py                 # 2 minutes per size
     .venv/bin/python benchmarks/daemon_footprint.py --duration 30 --targets 1 10
 
-Goals (DESIGN §10, issue 4): /metrics p99 under 5 ms at 100 targets, RSS under 45 MB at 10.
+Goals (docs/design.md §10, issue 4): /metrics p99 under 5 ms at 100 targets, RSS under 45 MB at 10.
 """
 
 from __future__ import annotations

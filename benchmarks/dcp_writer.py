@@ -1,6 +1,6 @@
 """DCP save through `FsprobeWriter` (`fsprobe.integrations.dcp.save`) vs plain `FileSystemWriter`.
 
-DESIGN §10: committing a DCP checkpoint whole (staging directory, per-file retry, the
+docs/design.md §10: committing a DCP checkpoint whole (staging directory, per-file retry, the
 preflight in the global plan, `.metadata` fsynced for real, one rename, the old checkpoint
 removed) must cost little more than DCP's own save of the same state: goal, median ratio at
 most 1.05x. Two ranks (gloo, CPU), 256 MiB in all (each rank 128 MiB of its own tensors). Two

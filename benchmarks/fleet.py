@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from tests.fakes.fake_lfs import FAKE_LFS  # noqa: E402  (the harness of the tests)
 from tests.support.faultmount import FaultFS  # noqa: E402
 
-#: The default intervals (DESIGN §4) and the save interval of a trainer, in seconds.
+#: The default intervals (docs/design.md §4) and the save interval of a trainer, in seconds.
 DEFAULTS = {"statvfs": 15.0, "write": 60.0, "tmpdir": 60.0, "quota": 300.0, "lfs_df": 300.0}
 SAVE_EVERY = 300.0
 IDS = 3  # user, group and project of the job

@@ -1,5 +1,6 @@
 """How many `lfs` calls a daemon makes per quota round, by command, for N targets on one
-filesystem (the questions that reach the Lustre servers, DESIGN §8's goal: per filesystem and
+filesystem (the questions that reach the Lustre servers; the goal of docs/design.md §8: per
+filesystem and
 ID, not per target).
 
 Runs a real `fsprobe run` for `--duration` seconds with a short `--interval` for the quota and

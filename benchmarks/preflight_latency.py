@@ -1,6 +1,6 @@
 """Preflight latency with a fresh state file, against a bare `os.statvfs` of the same directory.
 
-DESIGN §10: the hook a trainer calls before every save must cost about what a statvfs costs
+docs/design.md §10: the hook a trainer calls before every save must cost about what a statvfs costs
 (goal: median within 8x), also with a fallback directory given, as docs/saving.md shows it: a
 healthy target's fallbacks are never looked at. All are timed call by call, interleaved in
 rounds so that all see the same machine; the medians and their ratios are printed.

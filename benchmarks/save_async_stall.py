@@ -1,6 +1,7 @@
 """How long `fsprobe.save_async` holds up the training thread.
 
-DESIGN §10: the caller of a background save pays only for a consistent snapshot, so its stall
+docs/design.md §10: the caller of a background save pays only for a consistent snapshot, so its
+stall
 is compared with the physical floor of one, copying the same tensors (``{k: v.clone()}``; goal:
 at most 1.5x), and with what it replaces, a synchronous `fsprobe.save` of the same object. The
 three are measured interleaved, in a rotating order; after each `save_async` the benchmark

@@ -1,6 +1,6 @@
 """`fsprobe.save` against a hand-written durable save and against plain `torch.save`.
 
-DESIGN §10: the retrying save must cost no more than doing it right by hand (goal: median
+docs/design.md §10: the retrying save must cost no more than doing it right by hand (goal: median
 ratio at most 1.03x). "By hand" is what a careful trainer writes: `torch.save` to a file object
 on a temp file in the same directory, flush, fsync, `os.replace`, fsync the directory. Plain
 `torch.save(obj, path)` (no temp file, no fsync: neither atomic nor durable) is shown too, for

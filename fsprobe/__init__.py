@@ -1,6 +1,6 @@
 """fsprobe: keeps multi-day training jobs alive when the shared filesystem misbehaves.
 
-The public API (DESIGN §6)::
+The public API (docs/design.md §6)::
 
     fsprobe.check(path, need_bytes=None, ...) -> Report          # probe now, judge
     fsprobe.preflight(path, need_bytes=None, ...) -> Decision     # right before a save

@@ -1,4 +1,6 @@
-"""Collective saves for jobs of many ranks: ``fsprobe.distributed.save_dir`` (DESIGN §6, §7).
+"""Collective saves for jobs of many ranks: ``fsprobe.distributed.save_dir``.
+
+See docs/design.md §6 and §7.
 
 ::
 

@@ -18,7 +18,7 @@ UNTRUSTED = "UNTRUSTED"
 
 
 class ErrorClass(str, enum.Enum):
-    """How a failed write should be handled (DESIGN §7)."""
+    """How a failed write should be handled (docs/design.md §7)."""
 
     TRANSIENT = "transient"  # back off and retry
     CAPACITY = "capacity"  # re-check headroom: redirect, or retry (a soft-quota bounce passes)

@@ -1,6 +1,7 @@
 """A judged snapshot and its JSON, both ways: `check --json`, and a target in the state file.
 
-`Report.to_dict` writes the documented object (DESIGN §6); `Report.from_dict` reads it back into
+`Report.to_dict` writes the documented object (docs/design.md §6); `Report.from_dict` reads it
+back into
 the same typed values (`to_dict(from_dict(x)) == x`), checking every field on the way, so that
 the save hook, `fsprobe status` and the human rendering work on a `Report` and none of them
 walks raw dicts. A document that does not read raises `ReportFormatError` naming the field
@@ -459,7 +460,7 @@ class Report:
         return self.verdict.fits
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented `check --json` object (DESIGN §6), plus per-probe details."""
+        """The documented `check --json` object (docs/design.md §6), plus per-probe details."""
         snapshot, verdict = self.snapshot, self.verdict
         fs: FilesystemInfo | None = snapshot.value("statvfs")
         quota: QuotaReport | None = snapshot.value("quota")

@@ -1,4 +1,4 @@
-"""Fixtures for the whole suite: real filesystems that fail for real (DESIGN §9).
+"""Fixtures for the whole suite: real filesystems that fail for real (docs/design.md §9).
 
 - ``tmpfs``: a factory, ``tmpfs(size="1M", nr_inodes=None) -> Tmpfs``; the mount is at
   ``.path``, a fresh directory, and goes away after the test. Real ENOSPC, real inode

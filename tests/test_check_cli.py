@@ -93,7 +93,7 @@ def test_no_write_probe_writes_nothing(same_fs_tmpdir):
 
 
 def test_tmpdir_on_another_filesystem_is_a_notice_and_the_check_passes(tmpfs, tmp_path):
-    """The usual cluster layout: node-local $TMPDIR, checkpoints elsewhere (DESIGN §5)."""
+    """The usual cluster layout: node-local $TMPDIR, checkpoints elsewhere (docs/design.md §5)."""
     target = tmpfs(size="16M").path
     assert os.stat(target).st_dev != os.stat(tmp_path).st_dev
     env = {**os.environ, "TMPDIR": str(tmp_path)}

@@ -144,7 +144,7 @@ def test_full_tmpfs_fails_the_write_probe_with_enospc(tmpfs):
 
 
 def test_the_field_case_93_percent_of_the_inode_quota_is_degraded(tmpfs):
-    """DESIGN §1: a project at 79 % of its space quota and 93 % of its inode quota.
+    """docs/design.md §1: a project at 79 % of its space quota and 93 % of its inode quota.
 
     Reproduced with a tmpfs whose inode count plays the quota: 1000 inodes, 930 in use.
     """

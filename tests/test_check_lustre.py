@@ -78,7 +78,7 @@ def test_quota_shows_what_the_filesystem_really_holds(faultfs, fake_lfs, version
 def test_project_inode_quota_past_93_percent_degrades_then_edquot_is_unhealthy(
     faultfs, fake_lfs, version
 ):
-    """The field case of DESIGN §1, on a forced-Lustre target, then the write that fails."""
+    """The field case of docs/design.md §1, on a forced-Lustre target, then the write that fails."""
     fake_lfs.configure(
         version=version, control=faultfs.ctl.socket_path, project=4242, limited_types="project"
     )

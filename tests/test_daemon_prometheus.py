@@ -1,4 +1,4 @@
-"""A real Prometheus server scrapes a running `fsprobe run` on a tmpfs (DESIGN §9).
+"""A real Prometheus server scrapes a running `fsprobe run` on a tmpfs (docs/design.md §9).
 
 Queried through Prometheus' HTTP API, the inode headroom equals what `os.statvfs` says and
 follows the files the test creates: the whole path from statvfs to a stored time series.

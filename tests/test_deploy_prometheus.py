@@ -1,5 +1,6 @@
 """The shipped Prometheus rules: promtool accepts them, their unit tests pass, and they keep the
-promises of DESIGN §6 (every alert, its labels and annotations, only metrics the exporter emits,
+promises of docs/design.md §6 (every alert, its labels and annotations, only metrics the exporter
+emits,
 a runbook section behind every runbook_url)."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ RUNBOOK = REPO / "docs" / "runbook.md"
 #: The runbook's published address: the project URL that the rule generator reads.
 RUNBOOK_URL = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Runbook"]
 
-#: DESIGN §6, "Alert names".
+#: docs/design.md §6, "Alert names".
 DESIGN_ALERTS = {
     "FsprobeSpaceHeadroomLow",
     "FsprobeInodeHeadroomLow",

@@ -1,4 +1,4 @@
-"""Durability asserted from the fault filesystem's journal (DESIGN §7, §9): every save and
+"""Durability asserted from the fault filesystem's journal (docs/design.md §7, §9): every save and
 write probe fsyncs the file before the rename that publishes it, and the directory after.
 
 Byte-for-byte comparisons cannot see a missing fsync (the page cache has the data either

@@ -1,4 +1,4 @@
-"""The metric contract (DESIGN §6): names, labels, values, what is left out, and the fast path."""
+"""The metric contract (docs/design.md §6): names, labels, values, what is left out, fast path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Headroom is what an unprivileged writer can take: ``f_bavail``, not ``f_bfree`` (DESIGN §4).
+"""Headroom is what an unprivileged writer can take: ``f_bavail``, not ``f_bfree``.
+
+See docs/design.md §4.
 
 ext4 reserves 5 % of its blocks for root by default, and Lustre's OSTs keep their own reserve:
 ``f_bfree`` counts those blocks, a training job cannot use them. On tmpfs the two are equal, so

@@ -1,4 +1,4 @@
-"""The architecture, held by a test: who may import whom (DESIGN §3), and no import cycles.
+"""The architecture, held by a test: who may import whom (docs/design.md §3), and no import cycles.
 
 Every `import` of an fsprobe module anywhere in a file counts, also one inside a function: a
 call-time import that dodges a cycle is still the cycle.

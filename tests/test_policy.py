@@ -1,4 +1,4 @@
-"""The health policy as a pure function: every rule of DESIGN §5 with plain values."""
+"""The health policy as a pure function: every rule of docs/design.md §5 with plain values."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_space_headroom_thresholds(avail, expected):
 
 
 def test_project_inode_quota_at_93_percent_binds_and_degrades():
-    """The field case of DESIGN §1: 79 % of the space quota, 93 % of the inode quota."""
+    """The field case of docs/design.md §1: 79 % of the space quota, 93 % of the inode quota."""
     project = entry(
         bytes_=QuotaUsage(used=79 * TiB // 100, hard=TiB),
         inodes=QuotaUsage(used=930_000, hard=1_000_000),

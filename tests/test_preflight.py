@@ -250,7 +250,7 @@ print(json.dumps({
 
 
 def test_a_healthy_target_in_the_state_is_answered_without_a_process_or_a_fallback(dirs, faultfs):
-    """The README's pattern (DESIGN §7, issue 11.4): fallbacks are judged only for a redirect.
+    """The README's pattern (docs/design.md §7, issue 11.4): fallbacks judged only for a redirect.
 
     The fallback is a hung mount: judging it would cost the 5 s timeout and a probe worker.
     """

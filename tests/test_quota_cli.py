@@ -31,7 +31,7 @@ def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
 def state(mountpoint: Path, **quota) -> dict:
     """User and group far from their limits; the project at 79 % of its space quota and 93 % of
-    its inode quota (the incident of DESIGN §1). `quota` changes the project's numbers."""
+    its inode quota (the incident of docs/design.md §1). `quota` changes the project's numbers."""
     bytes_ = {"used": 79 * GIB, "soft": 90 * GIB, "hard": 100 * GIB, "grace": 604800}
     inodes = {"used": 930_000, "soft": 950_000, "hard": 1_000_000, "grace": 604800}
     bytes_.update(quota.get("bytes", {}))

@@ -1,5 +1,5 @@
 """`fsprobe.SaveOptions`: one value for every save's options, resolved once, the same on every
-kind of save (DESIGN §7); the process's state owned by a `SaveContext`, not module globals."""
+kind of save (docs/design.md §7); the process's state owned by a `SaveContext`, not by globals."""
 
 from __future__ import annotations
 

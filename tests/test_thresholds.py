@@ -1,4 +1,4 @@
-"""Every threshold at its exact boundary, with the shipped defaults (DESIGN §5).
+"""Every threshold at its exact boundary, with the shipped defaults (docs/design.md §5).
 
 Each rule is tried exactly at its default value and one step to the side that flips it, so
 that ``<`` turned into ``<=``, or a default moved by one unit (3 % to 4 %, 5 s to 6 s), fails a

@@ -84,7 +84,7 @@ def check(
     elif quota_provider == "auto":
         elsewhere = server_probes_elsewhere("auto", os.environ)
     if elsewhere is not None and quota_provider == "auto" and not no_quota:
-        # One rank of a job asks the servers for all (DESIGN §8); --quota-provider lfs asks.
+        # One rank of a job asks the servers for all (docs/design.md §8); --quota-provider lfs asks.
         click.echo(f"fsprobe check: lfs quota and lfs df not asked here: {elsewhere}", err=True)
         no_quota = True
     report = run_check(

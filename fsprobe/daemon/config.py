@@ -530,7 +530,7 @@ LOCAL_RANK_VARIABLES = ("SLURM_LOCALID", "LOCAL_RANK")
 
 def server_probes_elsewhere(mode: str, environ: Mapping[str, str]) -> str | None:
     """Why this process does not run the quota and `lfs df` probes, or None if it does
-    (DESIGN §8).
+    (docs/design.md §8).
 
     `auto`: inside a job, only its global rank 0 does (every global rank variable set is 0):
     the sidecars of a job ask about the same IDs, so one question per job and ID reaches the

@@ -1,4 +1,4 @@
-"""The Prometheus metrics of fsprobe (DESIGN §6), as plain data built from target views.
+"""The Prometheus metrics of fsprobe (docs/design.md §6), as plain data built from target views.
 
 `FAMILIES` is the metric contract: every per-target family with its type, help and labels, in
 exposition order. `target_samples` turns one target's view into its samples, family by family;

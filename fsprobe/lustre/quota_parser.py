@@ -6,7 +6,7 @@ raises. It returns the sections (one per ``Disk quotas for ...`` header) with th
 notices, the recognised error messages, and every line it could not read, by number. It does
 not judge: whether a non-zero exit status still left a usable row is for the caller to decide.
 
-Rules (section numbers of the reference, ``lfs-output-formats.md``):
+Rules (section numbers of ``docs/lfs-output-formats.md``):
 - rows are read from the right: the last eight cells are the numbers, everything before them is
   the Filesystem cell, so a path with spaces or a 2.16 path longer than 16 characters still reads
   (1.4); a row whose label is blank follows a line that could not be read on its own is that

@@ -25,7 +25,7 @@ LFS_KILL_SLACK = 2.0
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """How one target is probed and judged (DESIGN §4-§5); every field is configurable."""
+    """How one target is probed and judged (docs/design.md §4-§5); every field is configurable."""
 
     deadline: float = 10.0
     write_probe: bool = True

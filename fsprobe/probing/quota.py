@@ -1,4 +1,6 @@
-"""The quota probe: the quota of every ID a new file in the target is charged to (DESIGN §4).
+"""The quota probe: the quota of every ID a new file in the target is charged to.
+
+See docs/design.md §4.
 
 The target may not exist yet: its nearest existing ancestor stands in, for the filesystem, the
 set-group-ID bit and the project ID alike. The provider is chosen by --quota-provider (auto:

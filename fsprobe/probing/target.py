@@ -56,7 +56,7 @@ def _account_uid(name: str) -> int:
 
 
 def probing_identity(probe_as: str, directory: os.stat_result) -> Identity:
-    """Who probes the directory `directory` describes (DESIGN §4, "Who probes").
+    """Who probes the directory `directory` describes (docs/design.md §4, "Who probes").
 
     Only root can act as someone else: any other process probes as itself, which is who its
     saves are made as. A new file gets the directory's group when it is set-group-ID.
@@ -154,7 +154,7 @@ def _names(path: str) -> list[str]:
 
 
 def _walk(target: str) -> _Walk:
-    """Walk to `target`, or to its nearest existing ancestor (DESIGN §4)."""
+    """Walk to `target`, or to its nearest existing ancestor (docs/design.md §4)."""
     walk = _Walk()
     pending = _names(os.path.abspath(target))
     swaps = 0

@@ -1,4 +1,6 @@
-"""Which user, group and project a new file in the target directory is charged to (DESIGN §4).
+"""Which user, group and project a new file in the target directory is charged to.
+
+See docs/design.md §4.
 
 - user: the uid of who probes the directory (`fsprobe.probing.target.probing_identity`: its
   owner when root probes, else this process's effective uid, the trainer's in the hook);

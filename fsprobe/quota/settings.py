@@ -25,7 +25,7 @@ def cache_seconds_for(quota_interval: float) -> float:
 
 @dataclass(frozen=True)
 class ServerProbeSettings:
-    """Server probe settings of one target (DESIGN §4); the defaults need no configuration.
+    """Server probe settings of one target (docs/design.md §4); the defaults need no configuration.
 
     `provider` chooses the quota provider, and with it whether `lfs df` runs (on Lustre, or
     anywhere with ``lfs``). `timeout` bounds one probe: every `lfs` call it makes shares that

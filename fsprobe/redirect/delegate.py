@@ -1,29 +1,9 @@
 """Root acting for a user: run ``fsprobe`` as that user, never act on their files as root.
 
-A user's fallback area holds what only that user wrote: their manifest says where their copies
-go. Root acting on it with root's own rights would let the user aim root at anything (issue: a
-manifest line pointing through a symlink at ``/etc/shadow``). So root never does: it starts
-``fsprobe`` as the user, with the user's uid, primary gid and groups, and the kernel applies
-the user's permissions to everything that run does. Root only reads the run's report.
-
-The run is started like ``su`` should be and ``sudo`` is: no shell, the interpreter isolated
-(``-I``: no current directory, no ``PYTHON*`` variables, no user site-packages), ``/`` as its
-directory, a new session without a terminal (no ``TIOCSTI`` into root's), only the environment
-fsprobe needs, a deadline after which it is killed, and a cap on what root reads from it.
-
-It becomes the user only after it has started (`become`), never before ``exec``: ``exec`` makes
-a process whose IDs all agree its user's own, which that user may trace (``ptrace``), read and
-write the memory of, and so steer into writing anything to the pipe root reads, or running
-anything of theirs inside root's service (its memory and task limits). A process that gives
-up root without ``exec`` stays "not dumpable", and the user it became can do none of that. What
-the user keeps is signalling it: a run they stop (``SIGSTOP``) is killed as soon as it is seen
-stopped, not waited for until the deadline; one they kill reports nothing. Its output is still
-data to check, never to act on.
-
-The run starts no process of the user's that lives: its probes run in its own threads
-(`fsprobe.probing.worker.probe_in_threads`), not in a probe worker, which being started with
-``exec`` would be the user's to trace. And it runs with the limits a login of the user gets
-(`fsprobe.redirect.limits`), not root's.
+The run has no shell, an isolated interpreter, ``/`` as its directory, a session of its own, a
+minimal environment, the user's login limits, a deadline and a cap on what root reads back. It
+becomes the user after it starts (`become`), never before ``exec``, so the user cannot trace it;
+it starts no probe worker. Why each of these: docs/design.md §8 and docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """`fsprobe sync`: copy redirected checkpoints back once their target can take them again.
 
-Who acts on what, as whom: `sync` acts on its own user's area of each fallback directory only
-(`fsprobe.redirect.fallback`), through what that user's manifest says and nothing else. Run as
-root, it syncs root's own area itself and every other user's area *as that user*, by running
-``fsprobe sync`` with the user's identity (`fsprobe.redirect.delegate`): root never copies,
-writes or deletes anything of a user's with root's rights.
-
-One entry goes back like this:
-
-1. the line is sound: its copy is the mirrored path of its ``requested`` in the area;
-2. the copy is opened through the user's own directories, as the user's own regular file;
-3. the target is judged (the bounded preflight: it may be the hung mount) and must take it;
-4. the checkpoint at the original path is looked at: one newer than the redirected save is
-   kept (``superseded``; with ``--prune-superseded`` the copy is removed instead);
-5. the copy is written to a locked temp file beside the original, fsynced, and read back:
-   its sha256 must be the one recorded at the save;
-6. it replaces the original only if the original is still the one seen in step 4
-   (`fsprobe.posix.atomic.TempFile.replace_if_unchanged`): a trainer save that lands while the copy
-   was being made is never overwritten, however slow the copy was;
-7. the directory is fsynced, then the fallback copy and its entry are removed.
+Acts on its own user's areas only, through what that user's manifest says; as root, every
+other user's area is synced by a run as that user (`delegate`). One entry goes back: the copy
+opened as the user's own regular file, the target judged ready (`Readiness`), a newer original
+kept, at most the recorded bytes copied beside it, the sha256 checked, published only over the
+version seen, then the copy removed (docs/design.md §7, §8).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A checkpoint directory that every rank of a job writes part of, committed once for all.
 
 Every rank calls `save_dir` with the same path; rank 0 of the process group coordinates. Per
-save, then per attempt (DESIGN §7, "One decision for all ranks"):
+save, then per attempt (docs/design.md §7, "One decision for all ranks"):
 
 1. every rank's `need_bytes` is gathered and summed; the coordinator runs the one preflight,
    so the whole checkpoint goes to the target or to one fallback, never split between them;

@@ -1,6 +1,6 @@
 """`fsprobe.atomic_write()` and `fsprobe.save()`: a checkpoint file that survives a bad minute.
 
-One attempt (DESIGN §7): remove the temp files of crashed saves; write a hidden temp file in
+One attempt (docs/design.md §7): remove the temp files of crashed saves; write a hidden temp file in
 the destination directory through a Python file object; flush, fsync, close; `os.replace` over
 the final name; fsync the directory. The previous checkpoint stays untouched until the rename,
 so a failure at any step costs the new checkpoint at most, never the old one. A failed attempt

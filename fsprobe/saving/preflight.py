@@ -1,34 +1,9 @@
 """`fsprobe.preflight()`: right before a save, can the target take it now, and if not, where to?
 
-It asks the daemon first: a fresh, trusted state file answers in microseconds (one `lstat` and
-a cached parse). Without one (no daemon, a stale or untrusted file, a target the daemon does not
-watch) it probes inline, cheaply: statvfs and the $TMPDIR check, no test write, no quota unless
-configured. Inline probes run in the process's shared runner (`fsprobe.probing.worker`): in a
-worker process, so that a hung mount costs one blocked thread there however often a trainer
-asks, and never a thread in the trainer that would keep it from exiting at the end of the job.
-Their result is reused for `INLINE_CACHE_SECONDS`.
-
-The policy judges (`fsprobe.policy.Verdict`): whether the target can take the save, whether
-waiting is worth it, whether a fallback is good enough to take it; this module only asks.
-
-The answer is a `Decision`:
-
-- ``proceed``: write to `path` (a warning is logged when the target is degraded or unhealthy:
-  the atomic write protects the previous checkpoint and the retry handles a transient failure);
-- ``delay``: the target was transiently unhealthy (a hung mount, a failed or very slow test
-  write, stale probes); preflight waited up to `max_wait` and it recovered: write to `path` now;
-- ``redirect``: the target cannot take the save (it does not fit, a hard quota limit or an
-  expired grace period, a persistent write error, read-only, or still unhealthy when the wait
-  ended) and a fallback directory can: write to `path`, which is inside that fallback;
-- ``fail``: only when asked for with ``on_unhealthy="fail"``: do not write.
-
-Fallbacks are judged only when a redirect is needed, or alongside the target when the target
-itself has to be probed: a healthy target in a fresh state file costs no probe, no process and
-no look at any fallback. Preflight never blocks much longer than `timeout` (plus `max_wait`
-when it waits), also on a hung mount: every probe is bounded by `timeout`, and the probes of
-one round run in parallel.
-Fallback directories come from the caller and ``FSPROBE_FALLBACK_DIRS``, never from the state
-file (which a daemon writes, and which must not be able to send a checkpoint elsewhere).
+The daemon's fresh, trusted state file answers in microseconds; otherwise cheap probes run
+inline in the context's probe runner and are reused for `INLINE_CACHE_SECONDS`. The policy
+judges; this module asks, and decides ``proceed``, ``delay``, ``redirect`` or ``fail``
+(docs/design.md §7). `SaveContext` holds what a process keeps between saves.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The attempts of a save: where each one goes, and what a failure means for the next.
 
 Every kind of save (one file, a directory, a directory written by many ranks) is the same loop
-around a different "one attempt" (DESIGN §7): preflight once; then attempt; on failure classify
+around a different "one attempt" (docs/design.md §7): preflight once; then attempt; on failure
+classify
 the errno (`fsprobe.errors.classify`) and decide:
 
 - transient (EIO, ESTALE, ETIMEDOUT, ..., or a failure without errno): back off, retry;

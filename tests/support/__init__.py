@@ -1,4 +1,4 @@
-"""Test infrastructure that reproduces a shared filesystem's bad days for real (DESIGN §9).
+"""Test infrastructure that reproduces a shared filesystem's bad days for real (docs/design.md §9).
 
 - :mod:`.faultfs`: the FUSE fault filesystem (its own process) and its control protocol;
 - :mod:`.faults`, :mod:`.quota`: its fault rules and its Lustre-like quota;

@@ -2,7 +2,7 @@
 
 A save is durable when a crash at any moment leaves the final name with either the old content
 or the whole new one, and a finished save survives a crash right after it returns. For content
-published by a rename that takes, in this order (DESIGN §7):
+published by a rename that takes, in this order (docs/design.md §7):
 
 1. every file of the new content fsynced after its last write (else the rename can reach the
    disk before the data, and a crash leaves a name pointing at zeros);

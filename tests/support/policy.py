@@ -1,4 +1,4 @@
-"""The policy's inputs built by hand, for the tests of the pure policy (DESIGN §5).
+"""The policy's inputs built by hand, for the tests of the pure policy (docs/design.md §5).
 
 `fsprobe.policy.evaluate` is a pure function of a snapshot, a policy and a moment, so its tests
 give it plain values: what statvfs saw of ``/ckpt``, and probe results that finished a second
