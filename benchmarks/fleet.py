@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.fakes.fake_lfs import FAKE_LFS  # noqa: E402  (the harness of the tests)
+from tests.support.fakes.fake_lfs import FAKE_LFS  # noqa: E402  (the harness of the tests)
 from tests.support.faultmount import FaultFS  # noqa: E402
 
 #: The default intervals (docs/design.md §4) and the save interval of a trainer, in seconds.

@@ -1,10 +1,9 @@
 """How many `lfs` calls a daemon makes per quota round, by command, for N targets on one
 filesystem (the questions that reach the Lustre servers; the goal of docs/design.md §8: per
-filesystem and
-ID, not per target).
+filesystem and ID, not per target).
 
-Runs a real `fsprobe run` for `--duration` seconds with a short `--interval` for the quota and
-`lfs df` probes against the fake `lfs` of tests/fakes (every call logged), on N directories of
+Runs a real `fsprobe run` for `--duration` seconds with a short `--interval` for the quota and `lfs
+df` probes against the fake `lfs` of tests/support/fakes (every call logged), on N directories of
 one pretend filesystem whose default layout names a pool, and prints the calls per round:
 
     .venv/bin/python benchmarks/lfs_calls.py --targets 10 --interval 4 --duration 40

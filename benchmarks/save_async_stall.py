@@ -1,13 +1,12 @@
 """How long `fsprobe.save_async` holds up the training thread.
 
 docs/design.md §10: the caller of a background save pays only for a consistent snapshot, so its
-stall
-is compared with the physical floor of one, copying the same tensors (``{k: v.clone()}``; goal:
-at most 1.5x), and with what it replaces, a synchronous `fsprobe.save` of the same object. The
-three are measured interleaved, in a rotating order; after each `save_async` the benchmark
-waits (untimed) for its write to finish and syncs, so that no measurement runs beside a
-background write or starts with dirty pages, and every copy is freed before the next is made.
-The state is float32 tensors of random values, a model's ``state_dict`` in shape.
+stall is compared with the physical floor of one, copying the same tensors (``{k: v.clone()}``;
+goal: at most 1.5x), and with what it replaces, a synchronous `fsprobe.save` of the same object. The
+three are measured interleaved, in a rotating order; after each `save_async` the benchmark waits
+(untimed) for its write to finish and syncs, so that no measurement runs beside a background write
+or starts with dirty pages, and every copy is freed before the next is made. The state is float32
+tensors of random values, a model's ``state_dict`` in shape.
 
     python benchmarks/save_async_stall.py [--dir DIR] [--size 256M] [--tensors 32] [--runs 15]
 """

@@ -62,8 +62,7 @@ class Policy:
     """Everything a target is judged by; all configurable per target.
 
     The thresholds of docs/design.md §5; how often each probe runs, because a result is stale
-    once it
-    is older than `stale_after_intervals` of its probe's interval; and whether $TMPDIR on
+    once it is older than `stale_after_intervals` of its probe's interval; and whether $TMPDIR on
     another filesystem is worth a notice.
     """
 

@@ -1,10 +1,9 @@
 """A judged snapshot and its JSON, both ways: `check --json`, and a target in the state file.
 
-`Report.to_dict` writes the documented object (docs/design.md §6); `Report.from_dict` reads it
-back into
-the same typed values (`to_dict(from_dict(x)) == x`), checking every field on the way, so that
-the save hook, `fsprobe status` and the human rendering work on a `Report` and none of them
-walks raw dicts. A document that does not read raises `ReportFormatError` naming the field
+`Report.to_dict` writes the documented object (docs/design.md §6); `Report.from_dict` reads it back
+into the same typed values (`to_dict(from_dict(x)) == x`), checking every field on the way, so that
+the save hook, `fsprobe status` and the human rendering work on a `Report` and none of them walks
+raw dicts. A document that does not read raises `ReportFormatError` naming the field
 (``reasons[0].severity: 'bad' is not one of notice, degraded, unhealthy``), never a KeyError.
 
 Every model value has its pair of functions here, side by side, so that the two directions

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.fakes.fake_lfs import fake_lfs_for, is_fake_process
+from tests.support.fakes.fake_lfs import fake_lfs_for, is_fake_process
 
 VERSIONS = ["2.12", "2.14", "2.15", "2.16"]
 # Tests run as root, and lfs shows root's limits as 0 ("no limit"): ask as an ordinary user.

@@ -18,7 +18,7 @@ import deploy_metrics
 import fsprobe
 from fsprobe.saving.options import Backoff
 from tests.daemon_process import DaemonProcess, clean_environment
-from tests.fakes.fake_lfs import FAKE_LFS
+from tests.support.fakes.fake_lfs import FAKE_LFS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 RULES = DEPLOY / "prometheus" / "fsprobe.rules.yml"

@@ -1,7 +1,6 @@
 """The shipped Prometheus rules: promtool accepts them, their unit tests pass, and they keep the
 promises of docs/design.md §6 (every alert, its labels and annotations, only metrics the exporter
-emits,
-a runbook section behind every runbook_url)."""
+emits, a runbook section behind every runbook_url)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.df_parser import parse_df
 from fsprobe.lustre.df_targets import merge_targets, pick_block
 from fsprobe.model import LustreTarget
-from tests.fakes.fake_lfs import load_fixtures
+from tests.support.fakes.fake_lfs import load_fixtures
 
 CASES = load_fixtures("df")
 

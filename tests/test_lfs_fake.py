@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.fake_lfs import FAKE_LFS, load_fixtures
+from tests.support.fakes.fake_lfs import FAKE_LFS, load_fixtures
 
 CASES = [
     (name, case)

@@ -20,7 +20,7 @@ from fsprobe.errors import ProbeFailure
 from fsprobe.lustre.runner import DRAIN_GRACE, MAX_STDERR, MAX_STDOUT, lfs_binary, run_lfs
 from fsprobe.probing.runner import ProbeRunner
 from fsprobe.probing.worker import ProcessExecutor
-from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
+from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
 
 FSPROBE = Path(sys.executable).with_name("fsprobe")
 #: Generous bound for "answered without waiting for the deadline" on a loaded two-core machine.

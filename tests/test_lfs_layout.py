@@ -20,7 +20,7 @@ from fsprobe.lustre.pools import (
 )
 from fsprobe.lustre.runner import LfsRun
 from fsprobe.model import LustreTarget, Mount
-from tests.fakes.fake_lfs import load_fixtures
+from tests.support.fakes.fake_lfs import load_fixtures
 from tests.test_lfs_parser_robustness import damaged
 
 CASES = load_fixtures("layout")

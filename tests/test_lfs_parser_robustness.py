@@ -18,7 +18,7 @@ from fsprobe.lustre.amounts import KIB
 from fsprobe.lustre.df_parser import parse_df
 from fsprobe.lustre.grace import NO_TIMER, Grace
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
-from tests.fakes.fake_lfs import load_fixtures
+from tests.support.fakes.fake_lfs import load_fixtures
 from tests.support.lfs_print import countdown
 
 QUOTA_SAMPLES = [case["stdout"] for _, case in load_fixtures("quota")]

@@ -12,7 +12,7 @@ import pytest
 
 from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
-from tests.fakes.fake_lfs import load_fixtures
+from tests.support.fakes.fake_lfs import load_fixtures
 
 CASES = load_fixtures("quota")
 VERSIONS = {"2.12", "2.14", "2.15", "2.16"}

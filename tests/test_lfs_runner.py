@@ -12,7 +12,7 @@ import pytest
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.lustre.runner import ENV_LFS, lfs_binary, run_lfs, status_error_name
-from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
+from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
 
 #: Generous: the deadline plus the kill, on a loaded two-core machine.
 SLACK = 3.0

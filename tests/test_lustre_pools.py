@@ -23,7 +23,7 @@ from fsprobe.lustre.provider import QUOTA_CACHE
 from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import ServerProbeSettings
-from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
+from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for
 
 GIB_KIB = 2**20  # a GiB in the KiB that lfs df counts in
 UID = 1000

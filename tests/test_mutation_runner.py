@@ -1,13 +1,13 @@
-"""The mutation runner (tests/mutation) makes exactly the mistakes it says, and its list of
+"""The mutation runner (tests/support/mutation) makes exactly the mistakes it says, and its list of
 accepted survivors names mutants that exist."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.mutation.mutants import apply, find
-from tests.mutation.survivors import EXPLAINED
-from tests.mutation.targets import TARGETS
+from tests.support.mutation.mutants import apply, find
+from tests.support.mutation.survivors import EXPLAINED
+from tests.support.mutation.targets import TARGETS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 limits for bytes and inodes, ties, filesystems without an inode count, and the details a
 message promises (which step was slow, which storage target is full, what quota said).
 
-Each test is there because a small change to the policy (found by tests/mutation) left every
+Each test is there because a small change to the policy (found by tests/support/mutation) left every
 other test green.
 """
 

@@ -28,8 +28,8 @@ from fsprobe.daemon.config import ConfigError, load_target
 from fsprobe.probing.quota import lookup_quota, probe_quota
 from fsprobe.probing.write import probe_write
 from fsprobe.quota import ServerProbeSettings
-from tests.fakes.fake_lfs import fake_lfs_for
 from tests.support.capability import need_command, need_module
+from tests.support.fakes.fake_lfs import fake_lfs_for
 from tests.support.users import REPO, LocalUser, share
 from tests.test_deploy_systemd import UNIT, _directives
 

@@ -14,8 +14,8 @@ from fsprobe.cli import main
 from fsprobe.lustre.df import DF_CACHE
 from fsprobe.lustre.provider import QUOTA_CACHE
 from fsprobe.probing.mounts import find_mount, nearest_existing
-from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
 from tests.support.cli import cli_runner
+from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for
 
 NOW = 1_700_000_000
 GIB = 2**30

@@ -38,8 +38,8 @@ from fsprobe.quota.ids import (
     resolve_ids,
 )
 from fsprobe.quota.provider import Deadline
-from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for
 from tests.support.capability import require
+from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for
 from tests.support.mountinfo import unmount
 
 #: _IOW('X', 32, struct fsxattr): set the attributes, the project ID among them.

@@ -19,7 +19,7 @@ from fsprobe.model import QuotaState
 from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import ServerProbeSettings
-from tests.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
+from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
 
 VERSIONS = ["2.12", "2.14", "2.15", "2.16"]
 FORCED = ServerProbeSettings(provider="lfs", user=1000, group=1000)

@@ -19,7 +19,7 @@ from fsprobe.probing.quota import select_provider
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.provider import IdOutcome, QuotaReading, assemble
-from tests.fakes.fake_lfs import load_fixtures
+from tests.support.fakes.fake_lfs import load_fixtures
 
 FIXTURES = dict(load_fixtures("quota"))
 NOW = 1_800_000_000.0

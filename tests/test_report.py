@@ -13,7 +13,7 @@ import pytest
 from fsprobe.model import QuotaReport, Status
 from fsprobe.policy import Severity
 from fsprobe.report import Report, ReportFormatError
-from tests.fakes.fake_lfs import fake_lfs_for
+from tests.support.fakes.fake_lfs import fake_lfs_for
 
 AS_USER = ["--user", "1000", "--group", "1000"]
 

@@ -18,7 +18,7 @@ from fsprobe.daemon.config import (
 )
 from fsprobe.daemon.scheduler import planned_probes
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
-from tests.fakes.fake_lfs import FAKE_LFS
+from tests.support.fakes.fake_lfs import FAKE_LFS
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,7 @@
 
 Hugging Face writes ``checkpoint-N/``, DCP a directory of shards and a ``.metadata``: a
 checkpoint that is many files. One attempt (docs/design.md §7): remove the leftovers of crashed
-saves;
-create a hidden staging directory beside the destination (same filesystem, named like a temp
+saves; create a hidden staging directory beside the destination (same filesystem, named like a temp
 file so that no checkpoint glob matches it); let `write(staging_dir)` fill it; fsync every file
 and then every directory in it, bottom up; put it in place with one rename (`fsprobe.posix.swap`:
 an existing checkpoint of the same name is replaced only now, when the new one is complete);

@@ -2,8 +2,7 @@
 
 Every kind of save (one file, a directory, a directory written by many ranks) is the same loop
 around a different "one attempt" (docs/design.md §7): preflight once; then attempt; on failure
-classify
-the errno (`fsprobe.errors.classify`) and decide:
+classify the errno (`fsprobe.errors.classify`) and decide:
 
 - transient (EIO, ESTALE, ETIMEDOUT, ..., or a failure without errno): back off, retry;
 - capacity (ENOSPC, EDQUOT): redirect to a fallback that can take it, else back off and retry

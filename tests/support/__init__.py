@@ -7,7 +7,10 @@
 - :mod:`.durability`: assertions over that record: fsynced, and in the order a crash needs;
 - :mod:`.tmpfs`: tiny tmpfs mounts and helpers that fill them;
 - :mod:`.mountinfo`: mount-table checks that never touch a (possibly hung) mount;
-- :mod:`.capability`: whether this machine can mount, and skip-or-fail when it cannot.
+- :mod:`.capability`: whether this machine can mount, and skip-or-fail when it cannot;
+- :mod:`.fakes`: the fake `lfs`; :mod:`.mutation`: the mutation runner.
+
+What each module gives a test: ``tests/support/README.md``.
 
 The pytest fixtures built on these are in ``tests/conftest.py``.
 """

@@ -2,16 +2,16 @@
 the tests that cover it fail. Not part of the suite (it takes a while); run it as a habit before
 and after changing those places::
 
-    .venv/bin/python -m tests.mutation.run                 # every target
-    .venv/bin/python -m tests.mutation.run policy quota-ids --jobs 2
-    .venv/bin/python -m tests.mutation.run save-write --list   # the mutants, without running
+    .venv/bin/python -m tests.support.mutation.run                 # every target
+    .venv/bin/python -m tests.support.mutation.run policy quota-ids --jobs 2
+    .venv/bin/python -m tests.support.mutation.run save-write --list   # the mutants, not run
 
-The repository is copied to a scratch directory (one per job), so the working tree is never
-touched and a run can go on while you edit. Each mutant is written into the copy and the
-target's tests run there with ``FSPROBE_REQUIRE_MOUNT_TESTS=1`` (a test that skips kills
-nothing). A mutant is *killed* when the tests fail or time out, *survives* when they pass.
-Survivors whose reason is known are listed in tests/mutation/survivors.py; the run reports them
-apart and exits 1 only when a survivor is unexplained. ``--json FILE`` keeps every outcome.
+The repository is copied to a scratch directory (one per job), so the working tree is never touched
+and a run can go on while you edit. Each mutant is written into the copy and the target's tests run
+there with ``FSPROBE_REQUIRE_MOUNT_TESTS=1`` (a test that skips kills nothing). A mutant is *killed*
+when the tests fail or time out, *survives* when they pass. Survivors whose reason is known are
+listed in tests/support/mutation/survivors.py; the run reports them apart and exits 1 only when a
+survivor is unexplained. ``--json FILE`` keeps every outcome.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .mutants import Mutant, apply, find
 from .survivors import EXPLAINED
 from .targets import TARGETS, Target
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,9 @@ def run_target(target: Target, scratch: Path) -> list[Outcome]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.mutation.run", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.mutation.run", description=__doc__
+    )
     parser.add_argument("targets", nargs="*", help="target names (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--jobs", type=int, default=1, help="targets run in parallel")

@@ -1,4 +1,4 @@
-"""Driving the fake `lfs` (tests/fakes/lfs) from a test, and loading the lfs output fixtures.
+"""Driving the fake `lfs` (tests/support/fakes/lfs) from a test; loading the lfs output fixtures.
 
 In a test module (or use this module as a pytest plugin, see `fake_lfs`)::
 
@@ -33,9 +33,9 @@ import pytest
 from fsprobe.lustre.placement import PLACEMENTS
 
 FAKE_LFS = Path(__file__).resolve().with_name("lfs")
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lfs"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lfs"
 #: What the children a hanging or escaping fake starts run (see `hang` and `escape` in
-#: tests/fakes/lfs): they sleep forever.
+#: tests/support/fakes/lfs): they sleep forever.
 SLEEP_FOREVER = "time.sleep(1 << 30)"
 
 
@@ -140,7 +140,7 @@ def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeLf
     """The fake lfs as FSPROBE_LFS, unconfigured (version 2.16, no state) until `configure`.
 
     Register this module as a plugin to use it anywhere (``pytest_plugins =
-    ["tests.fakes.fake_lfs"]`` in the root conftest), or wrap `fake_lfs_for` in a fixture.
+    ["tests.support.fakes.fake_lfs"]`` in the root conftest), or wrap `fake_lfs_for` in a fixture.
     """
     yield from fake_lfs_for(monkeypatch, tmp_path)
 
