@@ -28,7 +28,8 @@ def fsprobe(environment: dict[str, str]) -> str:
 
 
 def test_every_documented_shell_gets_a_completion_script() -> None:
-    shells = re.findall(r"^_FSPROBE_COMPLETE=(\w+)_source fsprobe > ", REFERENCE, re.MULTILINE)
+    documented = r"^(?:mkdir -p \S+ && )?_FSPROBE_COMPLETE=(\w+)_source fsprobe > "
+    shells = re.findall(documented, REFERENCE, re.MULTILINE)
     assert sorted(shells) == ["bash", "fish", "zsh"]
     for shell in shells:
         script = fsprobe({"_FSPROBE_COMPLETE": f"{shell}_source"})

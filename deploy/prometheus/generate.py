@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             if not path.exists() or path.read_text(encoding="utf-8") != content:
                 stale.append(path)
-        else:
+        else:  # a site's rules directory may not exist yet (/etc/prometheus/rules/fsprobe)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
     for path in stale:
         print(f"{path} is out of date: run {Path(__file__).name}", file=sys.stderr)
