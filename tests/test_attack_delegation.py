@@ -206,6 +206,66 @@ def test_a_run_its_user_stops_is_not_waited_for(local_users, place):
     assert "was stopped" in failure["cause"]
 
 
+#: Mallory holding the lock of her own manifest (argv[1]), as a save of hers may: her run of
+#: root's sync then waits for it at the rewrite, up to the lock's timeout (30 s).
+HOLD_LOCK = r"""
+import fcntl, sys, time
+with open(sys.argv[1], "rb") as manifest:
+    fcntl.flock(manifest, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def _processes_of(uid: int) -> set[int]:
+    return {
+        process.pid
+        for process in psutil.process_iter(["uids"])
+        if process.info["uids"] and process.info["uids"].real == uid
+    }
+
+
+def test_a_slow_users_run_costs_at_most_her_share_of_the_round(local_users, place):
+    """Each run as a user had an hour (DELEGATE_TIMEOUT) whatever the others needed: a run
+    that Mallory makes slow without stopping it (here she holds the lock of her own manifest,
+    which her run then waits 30 s for; a directory copy of many files, a slow disk of hers
+    would do too) held root's sync, and every user after her, for up to that hour. Now the
+    runs share the round (--round-timeout): hers is killed at her share, with its process
+    group, and reported as a failure of hers (exit 2); Bob, after her, is synced in the same
+    round."""
+    mallory, bob, scratch, targets = _two_pending_users(local_users, place)
+    manifest = scratch / f"uid-{mallory.uid}" / ".fsprobe-redirects.jsonl"
+    holder = subprocess.Popen(
+        [local_users.python, "-c", HOLD_LOCK, str(manifest)],
+        stdout=subprocess.PIPE,
+        text=True,
+        **mallory.subprocess_kwargs(),
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        before = _processes_of(mallory.uid)  # hers already (a save's worker still exiting)
+        done = subprocess.run(
+            [local_users.python, "-m", "fsprobe", "sync", "--json", "--fallback-dir",
+             str(scratch), "--round-timeout", "24"],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert holder.poll() is None  # she still holds it: her run did not get past it
+        left = sorted(_processes_of(mallory.uid) - before)
+        assert left == []  # her run and its group are gone
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2, done.stderr
+    report = json.loads(done.stdout)
+    assert [(e["owner"], e["action"]) for e in report["entries"]] == [(bob.uid, "synced")]
+    assert (targets[bob] / "model.pt").read_text() == f"{bob.name}'s"
+    [failure] = report["failures"]
+    assert failure["uid"] == mallory.uid and failure["fallback"] == str(scratch)
+    assert "did not finish in time" in failure["cause"], failure
+    assert "12 s, its share of the sync round" in failure["cause"], failure
+    assert f"uid {mallory.uid}" in done.stderr
+
+
 def test_root_acts_for_no_account_because_someone_named_an_area_after_it(local_users, place):
     """Root's sync ran ``fsprobe sync`` as every uid an area's *name* gave: Mallory made
     root start processes as any account she liked (here, three of her neighbours; nobody's

@@ -20,9 +20,16 @@ from pathlib import Path
 import psutil
 
 import fsprobe
+from fsprobe.daemon.config import TargetConfig
+from fsprobe.daemon.tasks import SYNC_DEADLINE, planned_tasks
+from fsprobe.model import Snapshot
+from fsprobe.policy import Policy, evaluate
 from fsprobe.posix.atomic import parse_temp_name
+from fsprobe.probing.plan import ProbeSettings
 from fsprobe.redirect.fallback import prepare_directory, redirect_path
-from fsprobe.redirect.manifest import new_entry, pending, record
+from fsprobe.redirect.manifest import MAX_AREA_ENTRIES, new_entry, pending, record
+from fsprobe.redirect.sync import fair_order
+from fsprobe.view import TargetView
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 
@@ -281,3 +288,22 @@ def test_a_killed_directory_save_in_a_fallback_is_cleaned_by_the_next_sync(tmp_p
     assert done[0] == 0, done
     assert (target / "last.ckpt").exists()  # the entry went home
     assert not landed.parent.exists()  # the staging directory went, and so its directory
+
+
+def test_each_sync_round_of_the_daemon_starts_with_another_user():
+    """The daemon's sync rounds are numbered per target, so that root's sync starts each round
+    with another user's run (`fair_order`), and they share the task's deadline: the round that
+    the worker runs is given its number, the cap on entries and the deadline as real values."""
+    target = TargetConfig(
+        "/ckpt", ProbeSettings(), {}, fallback_dirs=("/scratch",), sync_redirected=True
+    )
+    snapshot = Snapshot("/ckpt")
+    view = TargetView("/ckpt", snapshot, evaluate(snapshot, Policy(), time.time(), None, None))
+    work = planned_tasks(target)["sync"].work
+    rounds = [work(view).keywords for _ in range(3)]
+    assert [round_["rotation"] for round_ in rounds] == [0, 1, 2]
+    assert {round_["round_seconds"] for round_ in rounds} == {SYNC_DEADLINE}
+    assert {round_["max_entries"] for round_ in rounds} == {MAX_AREA_ENTRIES}
+    runs = [("/scratch", 1001), ("/scratch", 1002), ("/scratch", 1003)]
+    firsts = [fair_order(runs, round_["rotation"])[0][1] for round_ in rounds]
+    assert firsts == [1001, 1002, 1003]

@@ -9,7 +9,7 @@ import click
 from fsprobe.cli.options import DIRECTORY, SECONDS, absolute_path
 from fsprobe.posix.paths import escaped
 from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
-from fsprobe.redirect.sync import SyncOutcome, SyncReport
+from fsprobe.redirect.sync import ROUND_SECONDS, SyncOutcome, SyncReport
 from fsprobe.redirect.sync import sync as run_sync
 from fsprobe.saving.preflight import preflight_readiness
 from fsprobe.saving.stale import clean_directory
@@ -80,6 +80,15 @@ def exit_status(report: SyncReport) -> int:
     metavar="SECONDS",
     help="Deadline for judging each target (a hung mount answers by then).",
 )
+@click.option(
+    "--round-timeout",
+    type=SECONDS,
+    default=ROUND_SECONDS,
+    show_default=True,
+    metavar="SECONDS",
+    help="As root: how long the runs as the other users may take in all; each gets an equal "
+    "share and is killed past it (an error for that user, the others go on).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object for scripts.")
 def sync(
     fallback_dirs: tuple[str, ...],
@@ -88,6 +97,7 @@ def sync(
     under: str | None,
     state_dir: str | None,
     timeout: float,
+    round_timeout: float,
     as_json: bool,
 ) -> int:
     """Copy checkpoints that fsprobe.save redirected to a fallback back where they belong.
@@ -119,6 +129,7 @@ def sync(
         under=under,
         ready=preflight_readiness(state_dir, timeout),
         clean=clean_directory,
+        round_seconds=round_timeout,
     )
     if as_json:
         document = {

@@ -18,9 +18,10 @@ fallback directories may hang in the kernel, and at most one run per task is out
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -60,7 +61,9 @@ def _count(target: TargetConfig, _view: TargetView) -> Callable[[], object]:
     )
 
 
-def _sync(target: TargetConfig, view: TargetView) -> Callable[[], object]:
+def _sync(target: TargetConfig, rounds: Iterator[int], view: TargetView) -> Callable[[], object]:
+    """The next sync round of `target`: `rounds` numbers them, so that another user's run
+    goes first each round; the runs as users share the task's deadline."""
     return functools.partial(
         sync,
         target.fallback_dirs,
@@ -68,6 +71,8 @@ def _sync(target: TargetConfig, view: TargetView) -> Callable[[], object]:
         ready=VerdictReadiness(view.verdict),
         clean=clean_directory,
         max_entries=MAX_AREA_ENTRIES,
+        round_seconds=SYNC_DEADLINE,
+        rotation=next(rounds),
     )
 
 
@@ -78,7 +83,9 @@ def planned_tasks(target: TargetConfig) -> dict[str, PlannedTask]:
     tasks = {}
     if target.sync_redirected:
         tasks["sync"] = PlannedTask(
-            target.redirect_interval, SYNC_DEADLINE, functools.partial(_sync, target)
+            target.redirect_interval,
+            SYNC_DEADLINE,
+            functools.partial(_sync, target, itertools.count()),
         )
     tasks["count"] = PlannedTask(
         target.redirect_interval, target.settings.deadline, functools.partial(_count, target)

@@ -53,6 +53,10 @@ class DelegationFailed(Exception):
     """The run as the user could not be made, did not finish in time, or said nonsense."""
 
 
+class DelegationTimedOut(DelegationFailed):
+    """The run as the user overran its deadline (it was killed with its process group)."""
+
+
 def _environment(environ: Mapping[str, str]) -> dict[str, str]:
     kept = {
         name: value
@@ -81,7 +85,7 @@ def _read_report(process: subprocess.Popen, deadline: float, cap: int) -> bytes:
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise DelegationFailed("did not finish in time")
+            raise DelegationTimedOut("did not finish in time")
         if _stopped(process):
             raise DelegationFailed("was stopped by a signal (not by fsprobe); not waiting for it")
         if not select.select([fd], [], [], min(left, _STOP_CHECK_SECONDS))[0]:
@@ -180,7 +184,7 @@ def run_as(uid: int, arguments: Sequence[str], timeout: float) -> dict[str, Any]
     except DelegationFailed as failure:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # its own session's group, nobody else's
-        raise DelegationFailed(f"fsprobe as uid {uid} {failure}") from None
+        raise type(failure)(f"fsprobe as uid {uid} {failure}") from None
     finally:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(_REAP_SECONDS)  # a run stuck in the kernel is left to the reaper

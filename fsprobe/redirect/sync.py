@@ -69,8 +69,9 @@ _ACTIONS = frozenset(
 )
 #: Outcomes not logged as they happen: the caller reports them once (the daemon per area).
 _REPORTED_ONCE = frozenset({"too_many_entries"})
-#: How long root waits for a run as another user (copying gigabytes back is slow, not hung).
-DELEGATE_TIMEOUT = 3600.0
+#: How long root's sync of all other users' areas may take, by default: each user's run gets an
+#: equal share of it (copying gigabytes back is slow, not hung; one user must not take it all).
+ROUND_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -342,23 +343,35 @@ def _sync_as_owner(
     prune_superseded: bool,
     state_dir: str | None,
     timeout: float,
+    share: float,
 ) -> list[SyncOutcome] | UnsyncedUser:
     """Root's part for another user's areas: ``fsprobe sync`` run as that user, its report
-    read; or why that could not be done."""
+    read; or why that could not be done. The run is killed once it overruns `share`."""
     arguments = ["sync", "--json", "--fallback-dir", fallback, "--timeout", str(timeout)]
     arguments += ["--state-dir", state_dir or default_state_dir()]
     arguments += ["--dry-run"] * dry_run + ["--prune-superseded"] * prune_superseded
     if under is not None:
         arguments += ["--under", under]
     try:
-        report = delegate.run_as(owner, arguments, DELEGATE_TIMEOUT)
+        report = delegate.run_as(owner, arguments, share)
         outcomes = [SyncOutcome.from_dict(fields, fallback, owner) for fields in report["entries"]]
+    except delegate.DelegationTimedOut as error:
+        cause = f"{error}: it had {share:.3g} s, its share of the sync round; killed"
+        return UnsyncedUser(owner, fallback, cause)
     except (delegate.DelegationFailed, KeyError, TypeError, ValueError) as error:
         return UnsyncedUser(owner, fallback, str(error))  # the caller's to report, once
     for outcome in outcomes:
         if outcome.action not in _REPORTED_ONCE:
             log.info("sync as uid %d %s: %s", owner, outcome.action, outcome.message)
     return outcomes
+
+
+def fair_order(runs: list[tuple[str, int]], rotation: int) -> list[tuple[str, int]]:
+    """`runs` (sorted) starting at the `rotation`-th: each round another user goes first."""
+    if not runs:
+        return runs
+    start = rotation % len(runs)
+    return runs[start:] + runs[:start]
 
 
 def sync(
@@ -372,6 +385,8 @@ def sync(
     ready: Readiness,
     clean: Callable[[str], object] | None = None,
     max_entries: int = MAX_AREA_ENTRIES,
+    round_seconds: float = ROUND_SECONDS,
+    rotation: int = 0,
 ) -> SyncReport:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
@@ -388,22 +403,30 @@ def sync(
     staging directory) left what no later save into the target would remove. The directory
     copies of one area are walked streaming, at most `max_entries` entries in all (a copy past
     that is ``too_many_entries``, and stays); a run as another user uses its own default cap.
+
+    As root, the runs as other users share `round_seconds` equally: one that overruns its
+    share is killed with its process group and is a failure of that user for this round, and
+    the users after it are synced all the same. They go in the order of `fair_order`: the
+    daemon passes its round's number as `rotation`, so that each round another goes first.
     """
     options: dict[str, Any] = {"dry_run": dry_run, "prune_superseded": prune_superseded}
     report = SyncReport()
+    runs: list[tuple[str, int]] = []  # (fallback, uid) of the other users' areas
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
         for area in own_areas(fallback):
             report.outcomes += _sync_area(area, under, clean, max_entries, ready=ready, **options)
         if os.geteuid() == 0:
             others = {area.owner for area in _areas_or_none(fallback)} - {0}
-            for owner in sorted(others):
-                done = _sync_as_owner(
-                    fallback, owner, under, state_dir=state_dir, timeout=timeout, **options
-                )
-                if isinstance(done, UnsyncedUser):
-                    report.failures.append(done)
-                else:
-                    report.outcomes += done
+            runs += [(fallback, owner) for owner in sorted(others)]
+    share = round_seconds / max(1, len(runs))
+    for fallback, owner in fair_order(runs, rotation):
+        done = _sync_as_owner(
+            fallback, owner, under, state_dir=state_dir, timeout=timeout, share=share, **options
+        )
+        if isinstance(done, UnsyncedUser):
+            report.failures.append(done)
+        else:
+            report.outcomes += done
     return report
 
 
