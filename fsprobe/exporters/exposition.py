@@ -107,6 +107,7 @@ class Exposition:
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
         self._text: tuple[tuple[tuple[int, ...], int], bytes] = (((), -1), b"")
+        self._internal: tuple[tuple[tuple[str, ...], int], bytes] = (((), -1), b"")
         self._internal_header = encode_header(
             INTERNAL_ERRORS, f"{INTERNAL_ERRORS.help} {CACHED}"
         ).encode()
@@ -158,24 +159,33 @@ class Exposition:
     def fsprobe_text(self) -> bytes:
         """The fsprobe metrics alone: what the textfile holds."""
         views = self._views()
-        per_target = [self._lines(view) for view in views]  # may count a bug: before the key
         # versions are unique across targets; the count of bugs changes without a view
-        key = (tuple(view.version for view in views), self.internal_errors.version)
         text_key, text = self._text
-        if text_key == key:
-            return text
+        if text_key == (tuple(view.version for view in views), self.internal_errors.version):
+            return text  # every view's lines are in it already: nothing to look up per target
+        per_target = [self._lines(view) for view in views]  # may count a bug: before the key
+        key = (tuple(view.version for view in views), self.internal_errors.version)
         parts = [self._build_info]
         # One column of lines per family, every target's in turn (transposed in C).
         columns = zip(*per_target) if per_target else [()] * len(FAMILIES)
         for header, column in zip(self._headers, columns):
             parts.append(header)
             parts.extend(column)
-        counts = self.internal_errors.counts()
-        bugs = internal_error_samples((view.path for view in views), counts)
-        parts += [self._internal_header, "".join(map(encode_sample, bugs)).encode()]
+        parts += [self._internal_header, self._internal_lines(views, key[1])]
         text = b"".join(parts)
         self._text = (key, text)
         return text
+
+    def _internal_lines(self, views: Sequence[TargetView], version: int) -> bytes:
+        """`fsprobe_internal_errors_total` of the watched targets, encoded again only when the
+        targets or the counts changed (a path's label is escaped character by character)."""
+        paths = tuple(view.path for view in views)
+        key, lines = self._internal
+        if key != (paths, version):
+            bugs = internal_error_samples(paths, self.internal_errors.counts())
+            lines = "".join(map(encode_sample, bugs)).encode()
+            self._internal = ((paths, version), lines)
+        return lines
 
     def render(self) -> tuple[bytes, bytes]:
         """What /metrics serves, in two pieces (no copy of the large one): process metrics

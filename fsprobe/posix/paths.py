@@ -23,6 +23,8 @@ def escaped(path: str) -> str:
     OS as surrogates) become ``\\xNN``: a table row cannot be broken, and two paths that
     differ only in invalid bytes do not print, or label a metric, the same.
     """
+    if "\\" not in path and path.isprintable():  # nothing to escape (the common case)
+        return path
     out = []
     for char in path:
         code = ord(char)
