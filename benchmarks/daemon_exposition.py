@@ -6,7 +6,7 @@ busy machine that latency is mostly the scheduler's. This script times only the 
 work, in one process, in interleaved rounds, so that two source trees can be compared on the
 same machine at the same time (run it from each tree):
 
-    .venv/bin/python benchmarks/daemon_exposition.py [--targets 100] [--rounds 30]
+    .venv/bin/python benchmarks/daemon_exposition.py [--targets 100] [--rounds 30] [--scrapes 1000]
 
 Every target is a fully probed Lustre target (statvfs, two quota entries, 8 OSTs and an MDT,
 write probes with every step timed, $TMPDIR, a pending redirect), as on a busy node.
@@ -14,6 +14,8 @@ write probes with every step timed, $TMPDIR, a pending redirect), as on a busy n
 - change: one target's view changes (a probe result), the daemon re-renders it and joins the
   text that scrapes will send (`Exposition.warm`);
 - scrape: the bytes a scrape sends (`Exposition.render`, process metrics left out);
+- percentiles: p50 and p99 of `--scrapes` single scrapes, one change (also timed alone)
+  before every tenth, as scrapes meet results in the daemon;
 - baseline: prometheus_client's `generate_latest` encoding the same series from scratch, which
   is what an exporter without the cache would pay on every scrape.
 """
@@ -116,6 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--scrapes", type=int, default=1000, help="single scrapes for p50/p99")
     args = parser.parse_args()
 
     store = Store()
@@ -145,10 +148,22 @@ def main() -> None:
         rows["change"].append(median_seconds(change, 20))
         rows["scrape"].append(median_seconds(exposition.render, 20))
         rows["baseline"].append(median_seconds(lambda: generate_latest(Parsed()), 3))
+    singles: dict[str, list[float]] = {"change": [], "scrape": []}
+    for index in range(args.scrapes):
+        if index % 10 == 0:
+            singles["change"].append(median_seconds(change, 1))
+        singles["scrape"].append(median_seconds(exposition.render, 1))
     lines = text.count(b"\n")
     print(f"{args.targets} targets: {lines} lines, {len(text) / 1024:.0f} KiB of fsprobe metrics")
     for name, values in rows.items():
         print(f"  {name:<9} median {statistics.median(values) * 1000:8.3f} ms")
+    for name, values in singles.items():
+        values.sort()
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        print(
+            f"  {name:<9} p50 {statistics.median(values) * 1000:8.3f} ms  p99 {p99 * 1000:8.3f} ms"
+            f"  ({len(values)} single)"
+        )
     baseline = statistics.median(rows["baseline"])
     print(
         f"  a change costs {statistics.median(rows['change']) / baseline:.2f}x, a scrape "
