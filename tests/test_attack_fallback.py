@@ -18,6 +18,8 @@ import pytest
 
 from fsprobe.redirect import manifest
 from fsprobe.redirect.fallback import own_area, prepare_directory, redirect_path
+from fsprobe.redirect.manifest import MAX_AREA_ENTRIES
+from tests.daemon_process import DaemonProcess, clean_environment
 from tests.support.users import REPO, share
 from tests.test_trust_fallback import make_dir, save_as
 
@@ -221,3 +223,37 @@ def test_a_directory_copy_past_the_entry_cap_is_neither_counted_nor_synced(local
     [(action, message)] = mallory.run(_sync_capped, str(scratch), str(target), 3001)
     assert action == "synced", message
     assert len(os.listdir(requested)) == 3000
+
+
+def test_the_daemon_names_an_area_past_the_entry_cap_once(local_users, place):
+    """Root's daemon, counting and syncing every round, names an area whose directory copy is
+    past the cap once (event=area_too_many_entries), not at every count and every sync; the
+    other users' checkpoints go back all the same."""
+    bob, mallory = local_users.user(), local_users.user()
+    scratch = make_dir(place / "scratch", 0o1777)
+    target = make_dir(place / "ckpt", 0o755)  # root's: Bob's save is redirected
+    assert save_as(bob, target / "model.pt", "bob's", scratch)["redirected"]
+    copy = mallory.run(
+        _plant_directory_copy, str(scratch), str(target / "run"), MAX_AREA_ENTRIES + 1,
+        timeout=300,
+    )  # fmt: skip
+    config = place / "fsprobe.toml"
+    config.write_text(
+        "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.5\nwrite_probe = false\n"
+        f'quota_probe = "never"\n[[targets]]\npath = "{target}"\n'
+        f'fallback_dirs = ["{scratch}"]\n'
+    )
+    home = make_dir(place / "daemon", 0o700)
+    daemon = DaemonProcess(
+        home, "--config", str(config), "--sync-redirected", env=clean_environment(),
+        python=local_users.python,
+    )  # fmt: skip
+    with daemon:
+        line = daemon.wait_for_log("event=area_too_many_entries", timeout=120)
+        os.chown(target, bob.uid, -1)  # a later round brings Bob's back, and meets hers again
+        daemon.wait_for_log("action=synced", timeout=120)
+        log = daemon.log()
+    assert f"area={scratch}/uid-{mallory.uid}" in line, line
+    assert log.count("event=area_too_many_entries") == 1, log
+    assert (target / "model.pt").read_text() == "bob's"
+    assert len(os.listdir(copy)) == MAX_AREA_ENTRIES + 1  # left where it is
