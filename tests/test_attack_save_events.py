@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import time
 
@@ -178,3 +179,143 @@ def test_root_of_her_own_user_namespace_is_not_root_to_the_daemon(tmp_path, loca
         daemon.wait_for_value("fsprobe_save_events_dropped_total", 1.0, reason="not_permitted")
         assert not daemon.value("fsprobe_saves_total", path=str(target), outcome="failed")
         assert daemon.value("fsprobe_save_failed_attempts_total", path=str(target)) in (None, 0.0)
+
+
+#: Mallory's flood: a connected, blocking sender keeps the shared socket's kernel queue full
+#: (`net.unix.max_dgram_qlen` datagrams, shared by every sender) for `seconds`, at most
+#: `FLOOD_MAX` datagrams; the daemon rate-limits her, but only after taking each from the queue.
+FLOOD = """
+import socket, sys, time
+from fsprobe.events.event import SaveEvent
+state_dir, requested, seconds, most = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+data = SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1).encode()
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock.settimeout(0.1)
+sock.connect(state_dir + "/events.sock")
+sent, deadline = 0, time.monotonic() + seconds
+while sent < most and time.monotonic() < deadline:
+    try:
+        sock.send(data)
+        sent += 1
+    except OSError:
+        pass
+print(sent)
+"""
+FLOOD_SECONDS = 30.0
+FLOOD_MAX = 2_000_000
+
+#: Alice's trainer: `saves` saves a few tens of milliseconds apart, each reporting once, as a
+#: real save does (one non-blocking send, never retried).
+SAVES = """
+import sys, time
+from fsprobe.events.emit import report
+from fsprobe.events.event import SaveEvent
+state_dir, requested, saves = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sent = 0
+for _ in range(saves):
+    sent += report(SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1), state_dir)
+    time.sleep(0.03)
+print(sent)
+"""
+ALICE_SAVES = 40
+
+
+def _owned_target(parent, name: str, user) -> str:
+    directory = parent / name
+    directory.mkdir(mode=0o700)
+    os.chown(directory, user.uid, user.gid)
+    return str(directory)
+
+
+def _wait_for(condition, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_flood_of_the_shared_socket_loses_none_of_another_users_events(tmp_path, local_users):
+    """The kernel queues `net.unix.max_dgram_qlen` datagrams per socket, shared by every sender:
+    Mallory keeping ``events.sock`` full (rate-limited by the daemon, but only after the queue)
+    made Alice's sends find it full, and her saves went uncounted (16-34 of 40 on main). The
+    daemon listens on a socket of her own, ``events-<uid>.sock`` (hers and root's only), which
+    her trainer tries first: every one of her saves is counted while Mallory floods."""
+    share(tmp_path)
+    alice, mallory = local_users.user(), local_users.user()
+    alice_target = _owned_target(tmp_path, "alice-ckpt", alice)
+    mallory_target = _owned_target(tmp_path, "mallory-ckpt", mallory)
+    with start_daemon(tmp_path, alice_target, mallory_target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        own_socket = daemon.state_dir / f"events-{alice.uid}.sock"
+        _wait_for(own_socket.exists, 5.0)  # made once statvfs saw her target's owner
+        flood = subprocess.Popen(
+            [mallory.python_executable, "-c", FLOOD, str(daemon.state_dir),
+             f"{mallory_target}/x.pt", str(FLOOD_SECONDS), str(FLOOD_MAX)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            **mallory.subprocess_kwargs(),
+        )  # fmt: skip
+        try:
+            daemon.wait_for_present("fsprobe_save_events_dropped_total")  # past her burst
+            done = alice.python(SAVES, str(daemon.state_dir), f"{alice_target}/a.pt",
+                                str(ALICE_SAVES))  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            still_flooding = flood.poll() is None
+            counted = daemon.value("fsprobe_saves_total", path=alice_target, outcome="ok")
+            deadline = time.monotonic() + 10
+            while counted != ALICE_SAVES and time.monotonic() < deadline:
+                time.sleep(0.1)
+                counted = daemon.value("fsprobe_saves_total", path=alice_target, outcome="ok")
+        finally:
+            flood.kill()
+            out, err = flood.communicate(timeout=30)
+        assert still_flooding, f"the flood ended before Alice's saves: {out} {err}"
+        limited = daemon.value("fsprobe_save_events_dropped_total", reason="rate_limited")
+        assert limited and limited > 0
+        assert (int(done.stdout), counted) == (ALICE_SAVES, ALICE_SAVES), (
+            f"of {ALICE_SAVES} saves {done.stdout.strip()} sent, {counted} counted; "
+            f"{limited} of Mallory's rate-limited"
+        )
+
+
+MALLORY_SENDS_TO = """
+import json, socket, sys
+target = sys.argv[1]
+found = {}
+for how in ("sendto", "connect"):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    try:
+        if how == "sendto":
+            sock.sendto(b"{}", target)
+        else:
+            sock.connect(target)
+        found[how] = "sent"
+    except OSError as error:
+        found[how] = error.__class__.__name__
+print(json.dumps(found))
+"""
+
+
+def test_another_user_cannot_send_to_a_users_own_socket(tmp_path, local_users):
+    """Alice's socket is hers: mode 0600, owned by her, in root's state dir; Mallory's sendto
+    and connect are refused by the kernel (EACCES), so she can neither fill its queue nor hold
+    a connection to it."""
+    share(tmp_path)
+    alice, mallory = local_users.user(), local_users.user()
+    alice_target = _owned_target(tmp_path, "alice-ckpt", alice)
+    with start_daemon(tmp_path, alice_target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        own_socket = daemon.state_dir / f"events-{alice.uid}.sock"
+        _wait_for(own_socket.exists, 5.0)
+        info = own_socket.lstat()
+        assert (stat.S_ISSOCK(info.st_mode), info.st_uid, stat.S_IMODE(info.st_mode)) == (
+            True,
+            alice.uid,
+            0o600,
+        )
+        refused = {"sendto": "PermissionError", "connect": "PermissionError"}
+        done = mallory.python(MALLORY_SENDS_TO, str(own_socket))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == refused
+        done = alice.python(MALLORY_SENDS_TO, str(own_socket))
+        assert json.loads(done.stdout) == {"sendto": "sent", "connect": "sent"}
