@@ -190,7 +190,7 @@ class Daemon:
         if self.receiver is not None:
             self.receiver.stop()
             self.receiver = None
-        receiver = Receiver(state_dir, self.scheduler.saved)
+        receiver = Receiver(state_dir, self.scheduler.saved, self.scheduler.store.owner_uids)
         try:
             receiver.start()
         except OSError as error:

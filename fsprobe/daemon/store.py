@@ -263,6 +263,12 @@ class Store:
                 target.written_at = now
             return None, self._publish(target)
 
+    def owner_uids(self) -> frozenset[int]:
+        """The owners of the watched targets' directories, as statvfs last saw them (the
+        users the event receiver gives a socket of their own)."""
+        with self._lock:
+            return frozenset(t.owner.uid for t in self._targets.values() if t.owner is not None)
+
     def skip_write_probe(self, path: str) -> TargetView | None:
         """Whether a real save that landed in `path` within the write probe's interval stands
         for the probe due now: the new view (the skip counted), or None to run the probe."""

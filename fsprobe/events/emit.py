@@ -6,6 +6,12 @@ daemon whose dir the trainer was pointed at (``FSPROBE_STATE_DIR``) both hear it
 with ``MSG_DONTWAIT`` on a non-blocking socket: no daemon (no socket, ECONNREFUSED), a full
 queue (EAGAIN) or anything else is silently nothing, and no exception ever reaches the save.
 
+A root daemon also listens on a socket of each target owner's own, ``events-<uid>.sock``
+(mode 0600, that user's): the kernel queues only ``net.unix.max_dgram_qlen`` datagrams per
+socket, shared by all its senders, so another user flooding ``events.sock`` would find the
+shared queue full for us. The sender tries the socket of its effective uid first (the one
+the kernel lets it send to) and the shared one if that is missing or refuses the datagram.
+
 The dir is trusted as the state file is (owned by us or root, not writable by others) and
 the socket must belong to us or root: an event names the paths of one's checkpoints, and is
 not handed to a socket that someone else planted. The dir is opened once and the socket
@@ -39,6 +45,11 @@ def report(event: SaveEvent, state_dir: str | None = None) -> bool:
         return False
 
 
+def own_socket_name(uid: int) -> str:
+    """The socket a root daemon keeps for user `uid` alone."""
+    return f"events-{uid}.sock"
+
+
 def _send(data: bytes, state_dir: str) -> bool:
     if len(data) > MAX_EVENT_BYTES:
         return False
@@ -49,19 +60,27 @@ def _send(data: bytes, state_dir: str) -> bool:
     try:
         if not _trusted(os.fstat(directory), directory=True):
             return False
-        try:
-            info = os.stat(SOCKET_NAME, dir_fd=directory, follow_symlinks=False)
-        except OSError:
-            return False
-        if not _trusted(info, directory=False):
-            return False
-        sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-        with sender, contextlib.suppress(OSError):
-            sender.sendto(data, socket.MSG_DONTWAIT, f"/proc/self/fd/{directory}/{SOCKET_NAME}")
-            return True
-        return False
+        return any(
+            _send_to(directory, name, data)
+            for name in (own_socket_name(os.geteuid()), SOCKET_NAME)
+        )
     finally:
         os.close(directory)
+
+
+def _send_to(directory: int, name: str, data: bytes) -> bool:
+    """Hand `data` to the socket `name` in the state dir, if it is ours or root's."""
+    try:
+        info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except OSError:
+        return False
+    if not _trusted(info, directory=False):
+        return False
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    with sender, contextlib.suppress(OSError):
+        sender.sendto(data, socket.MSG_DONTWAIT, f"/proc/self/fd/{directory}/{name}")
+        return True
+    return False
 
 
 def _trusted(info: os.stat_result, directory: bool) -> bool:

@@ -7,10 +7,16 @@ kernel's queue is `RECEIVE_BUFFER` bytes (a sender finds it full and drops its e
 waits), and each uid may deliver `RATE` events a second after a burst of `BURST`; the rest
 are dropped and counted by reason, as are malformed events and those `deliver` refuses.
 
-The socket is made after the daemon holds the state dir's writer lock: one found there is
-an earlier daemon's of this dir, and is replaced. It is ``0666`` when the daemon runs as root
-(a node daemon hears every user, `admission` decides what counts) and ``0600`` otherwise (a
-sidecar hears its own user).
+The sockets are made after the daemon holds the state dir's writer lock: those found there
+are an earlier daemon's of this dir, and are replaced. ``events.sock`` is ``0666`` when the
+daemon runs as root (a node daemon hears every user, `admission` decides what counts) and
+``0600`` otherwise (a sidecar hears its own user). The kernel queues only
+``net.unix.max_dgram_qlen`` datagrams per socket, shared by all its senders, so one user
+flooding ``events.sock`` fills it for everyone: a root daemon therefore also binds
+``events-<uid>.sock`` for each distinct owner of a watched target (as statvfs saw it), owned
+by that user and ``0600``, so that only she (and root) can fill its queue; the sender tries
+it first. One selector serves all of them, one datagram per ready socket and turn, each
+through the same credentials, rate limit and admission.
 """
 
 from __future__ import annotations
@@ -19,17 +25,18 @@ import contextlib
 import dataclasses
 import logging
 import os
-import select
+import re
+import selectors
 import socket
 import stat
 import struct
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fsprobe.events.admission import Sender, groups_of
-from fsprobe.events.emit import SOCKET_NAME
+from fsprobe.events.emit import SOCKET_NAME, own_socket_name
 from fsprobe.events.event import MAX_EVENT_BYTES, MalformedEvent, SaveEvent, decode
 
 RECEIVE_BUFFER = 256 * 1024
@@ -37,6 +44,12 @@ RATE = 5.0  # events per second and uid, after
 BURST = 100
 #: uids whose rate is remembered; beyond, the longest quiet one is forgotten.
 MAX_SENDERS = 1024
+#: Sockets of their own kept for target owners at most (one per distinct owner, normally far
+#: fewer); the owners of further targets share ``events.sock``.
+MAX_OWNERS = 256
+#: How often (seconds) the receiver looks for owners of watched targets new or gone.
+OWNERS_EVERY = 0.5
+_OWN_SOCKET = re.compile(r"events-[0-9]+\.sock")
 _UCRED = struct.Struct("iII")  # pid_t, uid_t, gid_t
 
 log = logging.getLogger("fsprobe.events")
@@ -64,12 +77,14 @@ class _Buckets:
 
 
 class Receiver:
-    """Receives save events on ``<state_dir>/events.sock`` in a thread of its own."""
+    """Receives save events on ``<state_dir>/events.sock`` and, as root, on a socket of each
+    target owner's own (`owners`), in a thread of its own."""
 
     def __init__(
         self,
         state_dir: str,
         deliver: Deliver,
+        owners: Callable[[], Iterable[int]],
         *,
         rate: float = RATE,
         burst: int = BURST,
@@ -77,51 +92,49 @@ class Receiver:
     ) -> None:
         self._state_dir = state_dir
         self._deliver = deliver
+        self._owners = owners
         self._buckets = _Buckets(rate, burst, clock)
         self._dropped: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._socket: socket.socket | None = None
-        self._inode: int | None = None
+        self._sockets: dict[int | None, _Bound] = {}  # owner uid (None: shared) -> its socket
+        self._unbindable: set[int] = set()  # owners whose socket could not be made (logged)
+        self._owners_at = 0.0
+        self._selector: selectors.BaseSelector | None = None
         self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(target=self._loop, name="fsprobe-events", daemon=True)
 
     def start(self) -> None:
-        """Bind the socket and start receiving; OSError if the socket cannot be made."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        """Bind the shared socket and start receiving; OSError if it cannot be made."""
+        directory = _open_directory(self._state_dir)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
-            directory = os.open(
-                self._state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            )
-            try:
-                _remove_socket(directory, None)
-                sock.bind(f"/proc/self/fd/{directory}/{SOCKET_NAME}")
-                os.chmod(SOCKET_NAME, 0o666 if os.getuid() == 0 else 0o600, dir_fd=directory)
-                self._inode = os.stat(SOCKET_NAME, dir_fd=directory, follow_symlinks=False).st_ino
-            finally:
-                os.close(directory)
-        except BaseException:
-            sock.close()
-            raise
-        self._socket = sock
+            _remove_stale_sockets(directory)
+            shared = _bind(directory, SOCKET_NAME, 0o666 if os.getuid() == 0 else 0o600)
+        finally:
+            os.close(directory)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake[0], selectors.EVENT_READ, "wake")
+        self._sockets[None] = shared
+        self._selector.register(shared.sock, selectors.EVENT_READ, None)
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop receiving and remove the socket (if it is still the one we made)."""
-        if self._socket is None:
+        """Stop receiving and remove the sockets (those that are still the ones we made)."""
+        if self._selector is None:
             return
         with contextlib.suppress(OSError):
             os.write(self._wake[1], b"x")
         self._thread.join(timeout)
+        directory: int | None = None
         with contextlib.suppress(OSError):
-            directory = os.open(self._state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            try:
-                _remove_socket(directory, self._inode)
-            finally:
+            directory = _open_directory(self._state_dir)
+        try:
+            for uid in list(self._sockets):
+                self._close(directory, uid)
+        finally:
+            if directory is not None:
                 os.close(directory)
-        self._socket.close()
-        self._socket = None
+        self._selector.close()
+        self._selector = None
 
     def dropped(self) -> Mapping[str, int]:
         """Events dropped since the start, by reason."""
@@ -129,18 +142,60 @@ class Receiver:
             return dict(self._dropped)
 
     def _loop(self) -> None:
-        assert self._socket is not None
+        assert self._selector is not None
         while True:
             try:
-                ready, _, _ = select.select([self._socket.fileno(), self._wake[0]], [], [], 5.0)
-                if self._wake[0] in ready:
+                self._follow_owners()
+                ready = self._selector.select(OWNERS_EVERY)
+                if any(key.data == "wake" for key, _ in ready):
                     return
-                if ready:
-                    self._receive_one(self._socket)
+                for key, _ in ready:  # one datagram per ready socket and turn: none waits
+                    self._receive_one(key.fileobj)  # type: ignore[arg-type]
             except Exception:  # contained: the daemon's probing goes on without events
                 log.exception("save event receiver")
                 self._drop("internal_error")
                 time.sleep(0.1)
+
+    def _follow_owners(self) -> None:
+        """As root, keep one socket per owner of a watched target (at most `MAX_OWNERS`):
+        bind those of new owners, close those of owners no longer watched."""
+        now = time.monotonic()
+        if os.getuid() != 0 or now - self._owners_at < OWNERS_EVERY:
+            return
+        self._owners_at = now
+        wanted = set(sorted(set(self._owners()))[:MAX_OWNERS])
+        self._unbindable &= wanted
+        have = {uid for uid in self._sockets if uid is not None}
+        missing = wanted - have - self._unbindable
+        if not missing and have <= wanted:
+            return
+        directory = _open_directory(self._state_dir)
+        try:
+            for uid in have - wanted:
+                self._close(directory, uid)
+            for uid in sorted(missing):
+                try:
+                    bound = _bind(directory, own_socket_name(uid), 0o600, uid)
+                except OSError as error:
+                    self._unbindable.add(uid)
+                    log.error("no save event socket of its own for uid %d: %s", uid, error)
+                    continue
+                assert self._selector is not None
+                self._sockets[uid] = bound
+                self._selector.register(bound.sock, selectors.EVENT_READ, uid)
+        finally:
+            os.close(directory)
+
+    def _close(self, directory: int | None, uid: int | None) -> None:
+        """Stop listening on the socket of `uid` (None: the shared one) and remove it."""
+        bound = self._sockets.pop(uid)
+        if self._selector is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(bound.sock)
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                _remove_socket(directory, bound.name, bound.inode)
+        bound.sock.close()
 
     def _receive_one(self, sock: socket.socket) -> None:
         try:
@@ -180,11 +235,53 @@ def _credentials(ancillary: list[tuple[int, int, bytes]]) -> Sender | None:
     return None
 
 
-def _remove_socket(directory: int, inode: int | None) -> None:
-    """Remove the socket in the state dir: any (an earlier daemon's), or only ours (`inode`)."""
+@dataclasses.dataclass(frozen=True)
+class _Bound:
+    """A socket we bound in the state dir: its name there and its inode (ours to remove)."""
+
+    sock: socket.socket
+    name: str
+    inode: int
+
+
+def _open_directory(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _bind(directory: int, name: str, mode: int, owner: int | None = None) -> _Bound:
+    """A receiving socket `name` in the state dir, replacing any left there. Its mode is set
+    on the socket before it is bound (Linux makes the file with it, less the umask), so a
+    socket for `owner` is never a moment open to anyone but root and then `owner`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
     try:
-        info = os.stat(SOCKET_NAME, dir_fd=directory, follow_symlinks=False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        os.fchmod(sock.fileno(), mode)
+        _remove_socket(directory, name, None)
+        sock.bind(f"/proc/self/fd/{directory}/{name}")
+        os.chmod(name, mode, dir_fd=directory)
+        if owner is not None:
+            os.chown(name, owner, -1, dir_fd=directory, follow_symlinks=False)
+        inode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_ino
+    except BaseException:
+        sock.close()
+        raise
+    return _Bound(sock, name, inode)
+
+
+def _remove_stale_sockets(directory: int) -> None:
+    """Remove the sockets an earlier daemon of this state dir left (we hold its lock)."""
+    for name in os.listdir(directory):
+        if name == SOCKET_NAME or _OWN_SOCKET.fullmatch(name):
+            _remove_socket(directory, name, None)
+
+
+def _remove_socket(directory: int, name: str, inode: int | None) -> None:
+    """Remove the socket `name` in the state dir: any (an earlier daemon's), or only ours
+    (`inode`)."""
+    try:
+        info = os.stat(name, dir_fd=directory, follow_symlinks=False)
     except FileNotFoundError:
         return
     if stat.S_ISSOCK(info.st_mode) and inode in (None, info.st_ino):
-        os.unlink(SOCKET_NAME, dir_fd=directory)
+        os.unlink(name, dir_fd=directory)
