@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import fsprobe.distributed
@@ -20,6 +22,7 @@ from tests.support.crash import leftovers
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import (
     DIED,
+    RankResult,
     assert_a_dead_rank_fails_the_save,
     finish,
     run_ranks,
@@ -46,6 +49,8 @@ def save_shards(
     fallback_dirs: tuple[str, ...] = (),
     die_in_write: bool = False,
     bug_in_write: bool = False,
+    save_timeout: float | None = None,
+    done: str | None = None,
 ) -> dict:
     """The scenario: every rank writes ``shard-<rank>.pt`` through a Python file object."""
 
@@ -59,13 +64,18 @@ def save_shards(
             torch.save({"rank": rank, "shard": shard(rank, seed, numel)}, stream)
         return [path]
 
-    result = fsprobe.distributed.save_dir(
-        target,
-        write,
-        need_bytes=need_bytes,
-        fallback_dirs=fallback_dirs,
-        backoff=Backoff(base=0.05, cap=0.2),
-    )
+    try:
+        result = fsprobe.distributed.save_dir(
+            target,
+            write,
+            need_bytes=need_bytes,
+            fallback_dirs=fallback_dirs,
+            backoff=Backoff(base=0.05, cap=0.2),
+            save_timeout=save_timeout,
+        )
+    finally:
+        if done is not None:  # the save has returned on this rank (it may not exit yet)
+            Path(f"{done}.{rank}").touch()
     return dataclasses.asdict(result)
 
 
@@ -183,3 +193,78 @@ def test_a_bug_on_one_rank_is_raised_on_every_rank_and_nothing_is_published(tmp_
     assert (rank1.raised["type"], rank1.raised["message"]) == ("ValueError", "a bug on rank 1")
     assert rank0.raised["type"] == "RuntimeError" and "a bug on rank 1" in rank0.raised["message"]
     assert not target.exists() and leftovers(tmp_path) == []
+
+
+#: The deadline of the held-fsync tests (the rank's `save_timeout`).
+DEADLINE = 2.0
+
+
+def held_on_rank_1(faultfs, workdir: Path, **args) -> list[RankResult]:
+    """Two ranks save while the filesystem holds rank 1's fsync of its shard.
+
+    The hold is released once the save has returned on both ranks: a process with a thread
+    asleep in the kernel cannot exit, so the ranks end after the release.
+    """
+    done = workdir / "done"
+    rule = faultfs.ctl.block("fsync", path="/.fsprobe~*/shard-1.pt")
+    ranks = start_ranks(
+        f"{HERE}:save_shards", 2, workdir, save_timeout=DEADLINE, done=str(done), **args
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not all(Path(f"{done}.{rank}").exists() for rank in range(2)):
+            if time.monotonic() > deadline or any(r.poll() is not None for r in ranks):
+                break
+            time.sleep(0.05)
+    finally:
+        faultfs.ctl.remove(rule)
+    results = finish(ranks, timeout=60)
+    for result in results:
+        assert Path(f"{done}.{result.rank}").exists(), f"rank {result.rank} held:\n{result.errors}"
+    return results
+
+
+def wait_until_nothing_left(directory: Path, timeout: float = 30.0) -> None:
+    """Until the held attempt, released, is gone from `directory` (its staging removed)."""
+    deadline = time.monotonic() + timeout
+    while leftovers(directory):
+        assert time.monotonic() < deadline, f"left in {directory}: {leftovers(directory)}"
+        time.sleep(0.05)
+
+
+def test_an_fsync_held_past_save_timeout_on_one_rank_moves_every_rank_to_the_fallback(
+    faultfs, tmp_path
+):
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    target = faultfs.mountpoint / "step-10"
+    results = held_on_rank_1(
+        faultfs, tmp_path, target=str(target), fallback_dirs=[str(fallback)]
+    )
+    for result in results:
+        assert result.returncode == 0, f"rank {result.rank} failed:\n{result.errors[-4000:]}"
+    result = results[0].value
+    assert results[1].value == result
+    assert result["redirected"] and result["errors"] == ["TIMEOUT"] and result["attempts"] == 2
+    assert_shards(Path(result["path"]), 2, seed=1)
+    wait_until_nothing_left(faultfs.mountpoint)
+    assert not target.exists()  # the held attempt published nothing
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_an_fsync_held_past_save_timeout_without_a_fallback_fails_every_rank(
+    faultfs, tmp_path, previous
+):
+    target = faultfs.mountpoint / "last"
+    if previous:
+        previous_checkpoint(target, 2, seed=1)
+    results = held_on_rank_1(faultfs, tmp_path, target=str(target), seed=2)
+    for result in results:
+        assert result.returncode == 1 and result.raised["type"] == "SaveError"
+        assert [a[:2] for a in result.raised["attempts"]] == [["TIMEOUT", "fsync"]]
+        assert "rank 1" in result.raised["attempts"][0][2]
+    wait_until_nothing_left(faultfs.mountpoint)
+    if previous:
+        assert_shards(target, 2, seed=1)  # the held attempt replaced nothing
+    else:
+        assert not target.exists()

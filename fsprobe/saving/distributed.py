@@ -8,7 +8,8 @@ save, then per attempt (docs/design.md §7, "One decision for all ranks"):
 2. the coordinator cleans up after crashed saves and makes the staging directory, and
    broadcasts where it is;
 3. every rank runs `write(staging_dir)` and fsyncs the files it wrote (a rank's fsync is what
-   makes its own writes durable on a distributed filesystem);
+   makes its own writes durable on a distributed filesystem), within `save_timeout` if given
+   (`fsprobe.saving.deadline`): a rank held longer abandons its part and reports ``TIMEOUT``;
 4. every rank's outcome is gathered on the coordinator: all succeeded, so it fsyncs the
    directories, publishes the staging directory with one rename and fsyncs the parent; any
    rank failed, so it removes the staging directory and takes the retry decision for all
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +45,7 @@ from fsprobe.posix.staging import Staging
 from fsprobe.posix.tree import open_directory, opened, sync_file_at, sync_tree
 from fsprobe.redirect.manifest import sha256_of_directory
 from fsprobe.saving.commit import committed, start
-from fsprobe.saving.deadline import Progress
+from fsprobe.saving.deadline import TIMEOUT, Progress, bounded
 from fsprobe.saving.options import (
     DEFAULT_ATTEMPTS,
     DEFAULT_TIMEOUT,
@@ -137,20 +139,36 @@ def _sync_written(staging: str, written: Written) -> None:
 
 
 def _write_part(
-    rank: int, staging: str, write: Callable[[str], Written], fsync: bool
+    rank: int,
+    staging: str,
+    write: Callable[[str], Written],
+    options: SaveOptions,
 ) -> tuple[_Outcome, BaseException | None]:
-    """This rank's part of an attempt; a bug is reported, and kept to be raised here after."""
+    """This rank's part of an attempt, within `options.save_timeout`; a bug is reported, and
+    kept to be raised here after."""
+
+    def part(directory: str, progress: Progress) -> int:
+        progress.at("write")
+        written = write(directory)
+        if options.fsync:
+            progress.at("fsync")
+            _sync_written(directory, written)
+        return 0
+
     try:
-        written = write(staging)
-        if fsync:
-            _sync_written(staging, written)
+        bounded(options.save_timeout, part)(staging)
+    except FailedAttempt as held:  # TIMEOUT: abandoned at the deadline, left behind
+        return _Outcome(rank, failure=_of_rank(rank, held)), None
     except Exception as error:
         failure = failure_of(error, "write", where=staging)
         if failure is None:
             return _Outcome(rank, bug=f"rank {rank}: {error!r}"), error
-        bare = FailedAttempt(failure.errno, failure.step, f"rank {rank}: {failure.message}")
-        return _Outcome(rank, failure=bare), None
+        return _Outcome(rank, failure=_of_rank(rank, failure)), None
     return _Outcome(rank), None
+
+
+def _of_rank(rank: int, failure: FailedAttempt) -> FailedAttempt:
+    return FailedAttempt(failure.errno, failure.step, f"rank {rank}: {failure.message}")
 
 
 def _commit(staging: Staging, fsync: bool) -> tuple[int, FailedAttempt | None]:
@@ -165,15 +183,25 @@ def _commit(staging: Staging, fsync: bool) -> tuple[int, FailedAttempt | None]:
         return 0, FailedAttempt.of(error, progress.step)
 
 
+def _close(staging: Staging, outcomes: list[_Outcome]) -> None:
+    """Close `staging` (removed unless published); in a thread left behind when a rank was
+    held past its deadline: removing the file it is stuck on waits as long as that rank does."""
+    if any(o.failure is not None and o.failure.errno == TIMEOUT for o in outcomes):
+        threading.Thread(target=staging.close, name=f"fsprobe-cleanup {staging.path}").start()
+    else:
+        staging.close()
+
+
 def _coordinate(
     group: _Group,
     tries: RetryState,
     write: Callable[[str], Written],
-    fsync: bool,
+    options: SaveOptions,
 ) -> SaveResult:
     """The coordinator's side of the protocol (see the module docstring)."""
     cleaned: set[str] = set()
     while True:
+        outcomes: list[_Outcome] = []
         failure: FailedAttempt | None = None
         nbytes = 0
         try:
@@ -184,7 +212,7 @@ def _coordinate(
         else:
             try:
                 group.broadcast(_Order(staging=staging.path))
-                outcome, bug = _write_part(0, staging.path, write, fsync)
+                outcome, bug = _write_part(0, staging.path, write, options)
                 outcomes = group.gather(outcome)
                 bugs = [o.bug for o in outcomes if o.bug is not None]
                 if bugs:
@@ -192,9 +220,9 @@ def _coordinate(
                     raise bug or RuntimeError("; ".join(bugs))
                 failure = deciding(o.failure for o in outcomes if o.failure is not None)
                 if failure is None:
-                    nbytes, failure = _commit(staging, fsync)
+                    nbytes, failure = _commit(staging, options.fsync)
             finally:
-                staging.close()
+                _close(staging, outcomes)
         if failure is None:
             result = committed(tries, nbytes, sha256_of_directory)
             group.broadcast(_Order(result=result))
@@ -207,7 +235,7 @@ def _coordinate(
         tries.follow(plan)  # the other ranks wait for the next order meanwhile
 
 
-def _follow(group: _Group, write: Callable[[str], Written], fsync: bool) -> SaveResult:
+def _follow(group: _Group, write: Callable[[str], Written], options: SaveOptions) -> SaveResult:
     """Every other rank's side: write where told, until told the result or the error."""
     while True:
         order = group.broadcast(None)
@@ -216,7 +244,7 @@ def _follow(group: _Group, write: Callable[[str], Written], fsync: bool) -> Save
         if order.error is not None:
             raise order.error
         assert order.staging is not None
-        outcome, bug = _write_part(group.rank, order.staging, write, fsync)
+        outcome, bug = _write_part(group.rank, order.staging, write, options)
         group.gather(outcome)
         if bug is not None:
             group.broadcast(None)  # the coordinator's order to raise: raise our own instead
@@ -241,6 +269,7 @@ def save_dir(
     on_unhealthy: str = "proceed",
     state_dir: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    save_timeout: float | None = None,
 ) -> SaveResult:
     """Save the directory `path` collectively: every rank of `process_group` calls this.
 
@@ -249,9 +278,10 @@ def save_dir(
     rank fsyncs. Returning None makes the rank fsync every file in the directory: correct,
     but one fsync per file per rank. `need_bytes` and `need_inodes` are this rank's share
     (summed over the ranks; if any rank leaves `need_bytes` out, the whole directory's last
-    size is assumed); the other arguments (or `options`) count as the coordinator (rank 0)
-    gives them. Returns the same `SaveResult` on every rank, or raises `SaveError` on every
-    rank.
+    size is assumed); `fsync` and `save_timeout` (which bounds this rank's write and fsync,
+    each attempt) count as each rank gives them; the other arguments (or `options`) as the
+    coordinator (rank 0) gives them. Returns the same `SaveResult` on every rank, or raises
+    `SaveError` on every rank.
     """
     chosen = save_options(
         options,
@@ -267,11 +297,12 @@ def save_dir(
         on_unhealthy=on_unhealthy,
         state_dir=state_dir,
         timeout=timeout,
+        save_timeout=save_timeout,
     )
     group = _Group(process_group, os.path.abspath(os.fspath(path)))
     needs = group.gather((chosen.need_bytes, chosen.need_inodes))
     if not group.coordinator:
-        return _follow(group, write, chosen.fsync)
+        return _follow(group, write, chosen)
     chosen = dataclasses.replace(
         chosen,
         need_bytes=None if any(b is None for b, _ in needs) else sum(b for b, _ in needs),
@@ -282,4 +313,4 @@ def save_dir(
     except SaveError as error:
         group.broadcast(_Order(error=error))
         raise
-    return _coordinate(group, tries, write, chosen.fsync)
+    return _coordinate(group, tries, write, chosen)

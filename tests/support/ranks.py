@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -162,6 +163,9 @@ def _main(argv: list[str]) -> None:
         }
         status = 1
     print(_RESULT + json.dumps(report), flush=True)
+    for thread in threading.enumerate():  # as the interpreter's exit would, but bounded
+        if not thread.daemon and thread is not threading.current_thread():
+            thread.join(timeout=30)
     sys.stderr.flush()
     # No destroy_process_group: after a peer died it can block; the process ends here anyway.
     os._exit(status)
