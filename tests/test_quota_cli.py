@@ -73,7 +73,11 @@ def test_table_names_the_closest_limit(tmp_path: Path, fake_lfs: FakeLfs):
 
 
 def test_grace_and_hard_limits_are_said_in_words(tmp_path: Path, fake_lfs: FakeLfs):
-    over_soft = state(tmp_path, bytes={"used": 95 * GIB, "grace_start": NOW - 3 * 86400})
+    # 4 days and 30 minutes of grace left when lfs answers, so that the seconds the three
+    # lfs calls and the rendering take cannot carry it below the 4 days the words name
+    # (exactly 4 days read as "3 days 23 hours" once the rendering came 0.5 s after lfs).
+    grace_start = NOW - 3 * 86400 + 1800
+    over_soft = state(tmp_path, bytes={"used": 95 * GIB, "grace_start": grace_start})
     fake_lfs.configure(state=over_soft)
     result = run(str(tmp_path), "--quota-provider", "lfs", *IDS)
     assert result.exit_code == 0
