@@ -30,7 +30,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from daemon_footprint import wait_for_address  # beside this script
+import psutil
+from live_daemon import running_daemon  # beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.users import SharedPython
@@ -73,33 +74,21 @@ def worker_peak(home: Path, target: Path, fallback: Path, rounds: int) -> tuple[
         '[defaults]\nredirect_interval = 1\nwrite_probe = false\nquota_probe = "never"\n'
         f'[[targets]]\npath = "{target}"\nfallback_dirs = ["{fallback}"]\n'
     )
-    log = home / "daemon.log"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FSPROBE_")}
-    with open(log, "wb") as stream:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fsprobe", "run", "--config", str(config),
-             "--listen", "127.0.0.1:0", "--state-dir", str(home / "state")],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        host, port = wait_for_address(proc, log)
+    with running_daemon(home, "--config", str(config)) as daemon:
         time.sleep(rounds)  # a count a second
         sample = ""
         deadline = time.monotonic() + 120
         while not sample and time.monotonic() < deadline:
-            body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read()
+            body = urllib.request.urlopen(daemon.url, timeout=10).read()
             found = re.search(rb"^fsprobe_redirected_pending_bytes\{.*$", body, re.M)
             sample = found[0].decode() if found else ""
             time.sleep(0.5)
-        import psutil
-
-        [worker] = psutil.Process(proc.pid).children()
-        return vm_hwm_mib(worker.pid), sample
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        if "area_too_many_entries" in log.read_text():
-            print("   daemon log:", *re.findall(r".*area_too_many_entries.*", log.read_text()))
+        [worker] = psutil.Process(daemon.process.pid).children()
+        peak = vm_hwm_mib(worker.pid)
+    log = daemon.log.read_text()
+    if "area_too_many_entries" in log:
+        print("   daemon log:", *re.findall(r".*area_too_many_entries.*", log))
+    return peak, sample
 
 
 def sync_peak(python: str, fallback: Path) -> tuple[float, list[str], float]:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import bcrypt
-from daemon_footprint import wait_for_address  # beside this script
+from live_daemon import clean_environment, running_daemon  # beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "s3cret"
@@ -39,23 +39,14 @@ def authorization(password: str) -> str:
     return "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()
 
 
-def start_daemon(tree: Path, home: Path) -> tuple[subprocess.Popen, str, int]:
+def daemon_arguments(home: Path) -> list[str]:
+    """A target and a web config whose one user's password is bcrypt-hashed at cost 12."""
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=12)).decode()
     web = home / "web.yml"
     web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     target = home / "ckpt"
     target.mkdir()
-    log = home / "daemon.log"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FSPROBE_")}
-    env.update(TMPDIR=str(home), PYTHONPATH=str(tree))
-    with open(log, "wb") as stream:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fsprobe", "run", str(target), "--web-config", str(web),
-             "--listen", "127.0.0.1:0", "--state-dir", str(home / "state")],
-            cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    host, port = wait_for_address(proc, log)
-    return proc, host, port
+    return [str(target), "--web-config", str(web)]
 
 
 def scrape(host: str, port: int) -> tuple[float, int]:
@@ -116,21 +107,23 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def measure(tree: Path, clients: int, duration: float, per_client: int) -> None:
     home = Path(tempfile.mkdtemp(prefix="fsprobe-bench-auth-"))
-    proc, host, port = start_daemon(tree, home)
+    environment = clean_environment(TMPDIR=str(home), PYTHONPATH=str(tree))
     try:
-        assert scrape(host, port)[1] == 200  # the scraper's credentials are now known
-        alone = scrape_for(host, port, duration, 0.05)
-        flooder = subprocess.Popen(
-            [sys.executable, __file__, "--flood-only", host, str(port), str(clients),
-             str(duration), str(per_client)],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        time.sleep(1.0)  # the flood is in
-        during = scrape_for(host, port, duration - 1.0, 0.05)
-        flood_answers = flooder.communicate(timeout=duration + 30)[0].strip()
+        with running_daemon(
+            home, *daemon_arguments(home), tree=tree, environment=environment
+        ) as daemon:
+            host, port = daemon.host, daemon.port
+            assert scrape(host, port)[1] == 200  # the scraper's credentials are now known
+            alone = scrape_for(host, port, duration, 0.05)
+            flooder = subprocess.Popen(
+                [sys.executable, __file__, "--flood-only", host, str(port), str(clients),
+                 str(duration), str(per_client)],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            time.sleep(1.0)  # the flood is in
+            during = scrape_for(host, port, duration - 1.0, 0.05)
+            flood_answers = flooder.communicate(timeout=duration + 30)[0].strip()
     finally:
-        proc.terminate()
-        proc.wait(10)
         shutil.rmtree(home, ignore_errors=True)
     for name, results in (("alone", alone), (f"{clients} flooding", during)):
         latencies = [seconds for seconds, _ in results]

@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-
-REPO = Path(__file__).resolve().parents[1]
+from live_daemon import clean_environment, cpu_seconds, family, running_daemon  # beside this script
 
 
 @dataclass
@@ -45,7 +42,7 @@ class Measurement:
     body_kib: float
 
 
-def start_daemon(home: Path, targets: int) -> tuple[subprocess.Popen, str, int]:
+def write_config(home: Path, targets: int) -> Path:
     config = home / "fsprobe.toml"
     lines = []
     for index in range(targets):
@@ -53,32 +50,7 @@ def start_daemon(home: Path, targets: int) -> tuple[subprocess.Popen, str, int]:
         target.mkdir(parents=True)
         lines.append(f'[[targets]]\npath = "{target}"\n')
     config.write_text("\n".join(lines))
-    log = home / "daemon.log"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FSPROBE_")}
-    env["TMPDIR"] = str(home)
-    with open(log, "wb") as stream:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fsprobe", "run", "--config", str(config),
-             "--listen", "127.0.0.1:0", "--state-dir", str(home / "state")],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    host, port = wait_for_address(proc, log)
-    return proc, host, port
-
-
-def wait_for_address(proc: subprocess.Popen, log: Path) -> tuple[str, int]:
-    """The address a starting daemon says it listens on, in its log (exits if it did not)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        match = re.search(r"metrics=\"?http://([^/\"]+)/metrics", log.read_text())
-        if match:
-            host, port = match[1].rsplit(":", 1)
-            return host, int(port)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"fsprobe run did not start:\n{log.read_text()}")
+    return config
 
 
 def scrape(host: str, port: int) -> tuple[float, int]:
@@ -93,42 +65,33 @@ def scrape(host: str, port: int) -> tuple[float, int]:
     return elapsed, len(body)
 
 
-def family(process: psutil.Process) -> list[psutil.Process]:
-    """The daemon and its probe worker process."""
-    return [process, *process.children(recursive=True)]
-
-
-def cpu_seconds(processes: list[psutil.Process]) -> dict[int, float]:
-    return {p.pid: p.cpu_times().user + p.cpu_times().system for p in processes}
-
-
 def measure(targets: int, duration: float, settle: float, scrapes: int) -> Measurement:
     home = Path(tempfile.mkdtemp(prefix=f"fsprobe-bench-{targets}-"))
-    proc, host, port = start_daemon(home, targets)
-    process = psutil.Process(proc.pid)
+    config = write_config(home, targets)
+    environment = clean_environment(TMPDIR=str(home))
     try:
-        time.sleep(settle)  # the first round of every probe, and the imports, are behind us
-        cpu_start = cpu_seconds(family(process))
-        daemon_rss, worker_rss, pss = [0], [0], [0]
-        end = time.monotonic() + duration
-        while True:
-            processes = family(process)
-            daemon_rss.append(processes[0].memory_info().rss)
-            worker_rss.append(sum(p.memory_info().rss for p in processes[1:]))
-            pss.append(sum(p.memory_full_info().pss for p in processes))
-            if time.monotonic() >= end:
-                break
-            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
-        cpu_end = cpu_seconds(family(process))
-        cpu = sum(cpu_end[pid] - cpu_start.get(pid, 0.0) for pid in cpu_end) / duration * 100
-        threads = sum(p.num_threads() for p in family(process))
-        latencies, size = [], 0
-        for _ in range(scrapes):
-            elapsed, size = scrape(host, port)
-            latencies.append(elapsed)
+        with running_daemon(home, "--config", str(config), environment=environment) as daemon:
+            process = psutil.Process(daemon.process.pid)
+            time.sleep(settle)  # the first round of every probe, and the imports, are behind us
+            cpu_start = cpu_seconds(family(process))
+            daemon_rss, worker_rss, pss = [0], [0], [0]
+            end = time.monotonic() + duration
+            while True:
+                processes = family(process)
+                daemon_rss.append(processes[0].memory_info().rss)
+                worker_rss.append(sum(p.memory_info().rss for p in processes[1:]))
+                pss.append(sum(p.memory_full_info().pss for p in processes))
+                if time.monotonic() >= end:
+                    break
+                time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            cpu_end = cpu_seconds(family(process))
+            cpu = sum(cpu_end[pid] - cpu_start.get(pid, 0.0) for pid in cpu_end) / duration * 100
+            threads = sum(p.num_threads() for p in family(process))
+            latencies, size = [], 0
+            for _ in range(scrapes):
+                elapsed, size = scrape(daemon.host, daemon.port)
+                latencies.append(elapsed)
     finally:
-        proc.terminate()
-        proc.wait(10)
         shutil.rmtree(home, ignore_errors=True)
     latencies.sort()
     return Measurement(

@@ -20,13 +20,12 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
-from daemon_footprint import cpu_seconds, family, wait_for_address  # beside this script
+from live_daemon import clean_environment, cpu_seconds, family, running_daemon  # beside this script
 
 FAST = """
 [defaults]
@@ -75,30 +74,22 @@ def measure(tree: Path, owners: list[str], duration: float, settle: float) -> tu
     targets = make_targets(home, owners)
     config = home / "fsprobe.toml"
     config.write_text(FAST + "".join(f'[[targets]]\npath = "{t}"\n' for t in targets))
-    log = home / "daemon.log"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FSPROBE_")}
-    env.update(TMPDIR=str(home), PYTHONPATH=str(tree))
-    with open(log, "wb") as stream:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fsprobe", "run", "--config", str(config),
-             "--listen", "127.0.0.1:0", "--state-dir", str(home / "state")],
-            cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    environment = clean_environment(TMPDIR=str(home), PYTHONPATH=str(tree))
     try:
-        wait_for_address(proc, log)
-        process = psutil.Process(proc.pid)
-        time.sleep(settle)
-        start = cpu_seconds(family(process))
-        pss = [0]
-        end = time.monotonic() + duration
-        while time.monotonic() < end:
-            pss.append(sum(p.memory_full_info().pss for p in family(process)))
-            time.sleep(0.5)
-        finish = cpu_seconds(family(process))
-        cpu = sum(finish[pid] - start.get(pid, 0.0) for pid in finish) / duration * 100
+        with running_daemon(
+            home, "--config", str(config), tree=tree, environment=environment, stop_timeout=10
+        ) as daemon:
+            process = psutil.Process(daemon.process.pid)
+            time.sleep(settle)
+            start = cpu_seconds(family(process))
+            pss = [0]
+            end = time.monotonic() + duration
+            while time.monotonic() < end:
+                pss.append(sum(p.memory_full_info().pss for p in family(process)))
+                time.sleep(0.5)
+            finish = cpu_seconds(family(process))
+            cpu = sum(finish[pid] - start.get(pid, 0.0) for pid in finish) / duration * 100
     finally:
-        proc.terminate()
-        proc.wait(10)
         shutil.rmtree(home, ignore_errors=True)
     return max(pss) / 2**20, cpu
 
