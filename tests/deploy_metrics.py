@@ -50,6 +50,7 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_lustre_target_size_bytes",
         "fsprobe_lustre_target_inodes_free",
         "fsprobe_lustre_target_inodes",
+        "fsprobe_lustre_target_in_layout",
         "fsprobe_headroom_bytes",
         "fsprobe_headroom_inodes",
         "fsprobe_headroom_ratio",

@@ -69,7 +69,7 @@ CONTRACT = {
     "fsprobe_quota_exceeded": {"path", "type", "id", "resource"},
     **{
         f"fsprobe_lustre_target_{suffix}": {"path", "target"}
-        for suffix in ("avail_bytes", "size_bytes", "inodes_free", "inodes")
+        for suffix in ("avail_bytes", "size_bytes", "inodes_free", "inodes", "in_layout")
     },
     "fsprobe_headroom_bytes": {"path"},
     "fsprobe_headroom_inodes": {"path"},
@@ -239,6 +239,39 @@ def test_pool_quotas_and_pooled_osts_carry_a_pool_label():
         for sample in family.samples:
             extra = {"pool"} if name in POOLED else set()
             assert set(sample.labels) - {"le"} - extra == CONTRACT[name], sample
+
+
+def test_each_lustre_target_says_whether_a_new_file_can_meet_it():
+    """`in_layout` as a gauge the alert rules join on (path, target): 1 for every MDT and each
+    OST of the layout's pools, 0 for an OST outside them, also when it has no other series."""
+    path = "/lustre/ckpt"
+    targets = (
+        LustreTarget("scratch-MDT0000", "MDT", 0, 2**40, 2**39, 10**6, 10**5),
+        LustreTarget("scratch-OST0000", "OST", 0, 2**40, 2**30, None, None, pools=("flash",)),
+        LustreTarget(
+            "scratch-OST0001", "OST", 1, 2**40, 2**30, None, None, pools=("flash", "ssd")
+        ),
+        LustreTarget("scratch-OST0003", "OST", 3, 2**40, 2**30, None, None, in_layout=False),
+        LustreTarget("scratch-OST0004", "OST", 4, None, None, None, None, in_layout=False),
+    )
+    store = Store(clock=lambda: NOW + 1)
+    intervals = {"statvfs": 15.0, "lfs_df": 300.0}
+    store.configure([TargetSpec(path, Policy(intervals=intervals), intervals)])
+    for probe, value in (("statvfs", FS), ("lfs_df", targets)):
+        store.record(path, result(probe, value))
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    assert families["fsprobe_lustre_target_in_layout"].type == "gauge"
+    in_layout = {
+        tuple(sorted(labels)): value
+        for labels, value in samples(families, "fsprobe_lustre_target_in_layout").items()
+    }
+    assert in_layout == {
+        (("path", path), ("target", "scratch-MDT0000")): 1.0,
+        (("path", path), ("pool", "flash"), ("target", "scratch-OST0000")): 1.0,
+        (("path", path), ("pool", "flash,ssd"), ("target", "scratch-OST0001")): 1.0,
+        (("path", path), ("target", "scratch-OST0003")): 0.0,
+        (("path", path), ("target", "scratch-OST0004")): 0.0,
+    }
 
 
 def test_values_of_a_fully_probed_lustre_target():

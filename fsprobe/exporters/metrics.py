@@ -204,6 +204,13 @@ FAMILIES: tuple[Family, ...] = (
         ("path", "target"),
     ),
     Family(
+        "fsprobe_lustre_target_in_layout",
+        "gauge",
+        "1 when a new file in the path can meet this Lustre target (every MDT; an OST the "
+        "layout's pools hold, every OST when it names none or cannot be read), 0 when not.",
+        ("path", "target"),
+    ),
+    Family(
         "fsprobe_headroom_bytes",
         "gauge",
         "Bytes a new file in the target can still take (filesystem and quota).",
@@ -526,6 +533,7 @@ def _add_lustre(samples: _Samples, targets: tuple[LustreTarget, ...]) -> None:
         ):
             if value is not None:
                 samples.add(family, value, **labels)
+        samples.add("fsprobe_lustre_target_in_layout", float(target.in_layout), **labels)
 
 
 def _add_headroom(samples: _Samples, view: TargetView) -> None:
