@@ -140,6 +140,7 @@ def test_headroom_gauges_have_the_alert_thresholds(dashboard: dict) -> None:
         ("timeseries", "fsprobe_write_step_seconds"),
         ("timeseries", "sum by (probe, errno) (increase(fsprobe_probe_errors_total"),
         ("bargauge", "fsprobe:lustre_target_free:ratio"),
+        ("bargauge", "fsprobe_lustre_target_in_layout"),  # only the OSTs new files meet
         ("timeseries", "fsprobe_redirected_pending_bytes"),
         ("timeseries", "sum by (outcome) (increase(fsprobe_saves_total"),
         ("timeseries", "sum by (errno) (increase(fsprobe_save_failed_attempts_total"),
