@@ -2,16 +2,21 @@
 
 promtool's unit tests (tests/test_deploy_prometheus.py) check the rules against made-up series;
 this checks them against the series the daemon really exports: running low on inodes on a tmpfs
-makes `FsprobeInodeHeadroomLow` appear in Prometheus' alerts API, freeing them clears it.
+makes `FsprobeInodeHeadroomLow` appear in Prometheus' alerts API, freeing them clears it; a
+nearly full OST outside a path's layout pools (the fake `lfs`) raises no
+`FsprobeLustreTargetAlmostFull` for that path.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
 from tests.daemon_process import DaemonProcess, clean_environment
+from tests.support.fakes.fake_lfs import FAKE_LFS
 from tests.support.prometheus import Prometheus
 from tests.support.tmpfs import fill_inodes
 
@@ -69,3 +74,64 @@ def test_inode_headroom_alert_follows_the_filesystem(tmp_path, tmpfs, prometheus
         for name in created:
             os.unlink(name)
         wait_until(lambda: inode_alerts(prometheus, str(target)) == [], 30, "the alert to clear")
+
+
+def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, prometheus_for):
+    """The fake `lfs` plays five OSTs; pool ``flash`` holds OST0000 and OST0001, and OST0001 and
+    OST0004 are nearly full. `pooled` has a layout naming pool flash, `plain` one naming none.
+    Prometheus, scraping the daemon with the shipped rules, holds FsprobeLustreTargetAlmostFull
+    for OST0001 in both paths and for OST0004 in `plain` only: no byte of `pooled` can land on
+    OST0004."""
+    pooled, plain = tmp_path / "pooled", tmp_path / "plain"
+    pooled.mkdir()
+    plain.mkdir()
+    kib = 1 << 20  # a GiB in the KiB that lfs df counts in
+    targets = [{"kind": "MDT", "index": 0, "blocks": kib, "bfree": kib // 2, "bavail": kib // 2,
+                "files": 1 << 20, "ffree": 1 << 19}] + [
+        {"kind": "OST", "index": index, "blocks": 100 * kib, "bfree": free * kib,
+         "bavail": free * kib, "files": 1 << 20, "ffree": 1 << 19}
+        for index, free in enumerate((60, 1, 60, 60, 1))
+    ]  # fmt: skip
+    state = tmp_path / "fake-lfs-state.json"
+    state.write_text(json.dumps({
+        "mountpoint": str(tmp_path), "targets": targets, "pools": {"flash": [0, 1]},
+        "layout": {}, "layouts": {str(pooled): {"pool": "flash"}},
+        "quota": {"bytes": {"used": 1 << 30, "soft": None, "hard": None},
+                  "inodes": {"used": 10, "soft": None, "hard": None}},
+    }))  # fmt: skip
+    config = tmp_path / "fsprobe.toml"
+    config.write_text(
+        '[defaults]\nlfs_df_interval = 0.5\nquota_interval = 0.5\nstatvfs_interval = 0.5\n'
+        'write_probe = false\nquota_probe = "always"\nquota_provider = "lfs"\n'
+        + "".join(f'[[targets]]\npath = "{path}"\n' for path in (pooled, plain))
+    )
+    env = clean_environment(
+        FSPROBE_LFS=str(FAKE_LFS),
+        FAKE_LFS_STATE=str(state),
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        TMPDIR=str(tmp_path),
+    )
+    home = tmp_path / "daemon"
+    home.mkdir()
+    with DaemonProcess(home, "--config", str(config), env=env) as daemon:
+        for path, value in ((pooled, 0.0), (plain, 1.0)):  # both probed before any scrape
+            daemon.wait_for_value(
+                "fsprobe_lustre_target_in_layout", value, path=str(path), target="lustre-OST0004"
+            )
+        address = daemon.url.split("//")[1].split("/")[0]
+        prometheus = prometheus_for(address, rule_files=[RULES])
+
+        def almost_full() -> set[tuple[str, str]]:
+            return {
+                (alert["labels"]["path"], alert["labels"]["target"])
+                for alert in prometheus.alerts()
+                if alert["labels"]["alertname"] == "FsprobeLustreTargetAlmostFull"
+            }
+
+        # The alerts of one rule evaluation over one scrape: all of them or none.
+        held = wait_until(almost_full, 30, "FsprobeLustreTargetAlmostFull")
+    assert held == {
+        (str(pooled), "lustre-OST0001"),
+        (str(plain), "lustre-OST0001"),
+        (str(plain), "lustre-OST0004"),
+    }
