@@ -101,7 +101,7 @@ def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, pro
     }))  # fmt: skip
     config = tmp_path / "fsprobe.toml"
     config.write_text(
-        '[defaults]\nlfs_df_interval = 0.5\nquota_interval = 0.5\nstatvfs_interval = 0.5\n'
+        "[defaults]\nlfs_df_interval = 0.5\nquota_interval = 0.5\nstatvfs_interval = 0.5\n"
         'write_probe = false\nquota_probe = "always"\nquota_provider = "lfs"\n'
         + "".join(f'[[targets]]\npath = "{path}"\n' for path in (pooled, plain))
     )

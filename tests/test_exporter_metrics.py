@@ -248,9 +248,7 @@ def test_each_lustre_target_says_whether_a_new_file_can_meet_it():
     targets = (
         LustreTarget("scratch-MDT0000", "MDT", 0, 2**40, 2**39, 10**6, 10**5),
         LustreTarget("scratch-OST0000", "OST", 0, 2**40, 2**30, None, None, pools=("flash",)),
-        LustreTarget(
-            "scratch-OST0001", "OST", 1, 2**40, 2**30, None, None, pools=("flash", "ssd")
-        ),
+        LustreTarget("scratch-OST0001", "OST", 1, 2**40, 2**30, None, None, pools=("flash", "ssd")),
         LustreTarget("scratch-OST0003", "OST", 3, 2**40, 2**30, None, None, in_layout=False),
         LustreTarget("scratch-OST0004", "OST", 4, None, None, None, None, in_layout=False),
     )
