@@ -78,13 +78,14 @@ def test_inode_headroom_alert_follows_the_filesystem(tmp_path, tmpfs, prometheus
 
 def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, prometheus_for):
     """The fake `lfs` plays five OSTs; pool ``flash`` holds OST0000 and OST0001, and OST0001 and
-    OST0004 are nearly full. `pooled` has a layout naming pool flash, `plain` one naming none.
-    Prometheus, scraping the daemon with the shipped rules, holds FsprobeLustreTargetAlmostFull
-    for OST0001 in both paths and for OST0004 in `plain` only: no byte of `pooled` can land on
-    OST0004."""
-    pooled, plain = tmp_path / "pooled", tmp_path / "plain"
-    pooled.mkdir()
-    plain.mkdir()
+    OST0004 are nearly full. `pooled` has a layout naming pool flash, `plain` one naming none,
+    `unknown` one whose pool lfs cannot list. Prometheus, scraping the daemon with the shipped
+    rules, holds FsprobeLustreTargetAlmostFull for OST0001 in every path, and for OST0004 in
+    `plain` and, since no OST can be ruled out, in `unknown`: never in `pooled`, no byte of
+    which can land on OST0004."""
+    pooled, plain, unknown = paths = [tmp_path / name for name in ("pooled", "plain", "unknown")]
+    for path in paths:
+        path.mkdir()
     kib = 1 << 20  # a GiB in the KiB that lfs df counts in
     targets = [{"kind": "MDT", "index": 0, "blocks": kib, "bfree": kib // 2, "bavail": kib // 2,
                 "files": 1 << 20, "ffree": 1 << 19}] + [
@@ -95,7 +96,7 @@ def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, pro
     state = tmp_path / "fake-lfs-state.json"
     state.write_text(json.dumps({
         "mountpoint": str(tmp_path), "targets": targets, "pools": {"flash": [0, 1]},
-        "layout": {}, "layouts": {str(pooled): {"pool": "flash"}},
+        "layout": {}, "layouts": {str(pooled): {"pool": "flash"}, str(unknown): {"pool": "gone"}},
         "quota": {"bytes": {"used": 1 << 30, "soft": None, "hard": None},
                   "inodes": {"used": 10, "soft": None, "hard": None}},
     }))  # fmt: skip
@@ -103,7 +104,7 @@ def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, pro
     config.write_text(
         "[defaults]\nlfs_df_interval = 0.5\nquota_interval = 0.5\nstatvfs_interval = 0.5\n"
         'write_probe = false\nquota_probe = "always"\nquota_provider = "lfs"\n'
-        + "".join(f'[[targets]]\npath = "{path}"\n' for path in (pooled, plain))
+        + "".join(f'[[targets]]\npath = "{path}"\n' for path in paths)
     )
     env = clean_environment(
         FSPROBE_LFS=str(FAKE_LFS),
@@ -114,7 +115,7 @@ def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, pro
     home = tmp_path / "daemon"
     home.mkdir()
     with DaemonProcess(home, "--config", str(config), env=env) as daemon:
-        for path, value in ((pooled, 0.0), (plain, 1.0)):  # both probed before any scrape
+        for path, value in ((pooled, 0.0), (plain, 1.0), (unknown, 1.0)):  # before any scrape
             daemon.wait_for_value(
                 "fsprobe_lustre_target_in_layout", value, path=str(path), target="lustre-OST0004"
             )
@@ -134,4 +135,6 @@ def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, pro
         (str(pooled), "lustre-OST0001"),
         (str(plain), "lustre-OST0001"),
         (str(plain), "lustre-OST0004"),
+        (str(unknown), "lustre-OST0001"),
+        (str(unknown), "lustre-OST0004"),
     }
