@@ -15,6 +15,9 @@ PARSE = "PARSE"
 #: The name a probe reports when the target path leads through a symlink that neither root nor
 #: the probing identity owns (`fsprobe.probing.target`): refused, never followed.
 UNTRUSTED = "UNTRUSTED"
+#: The name the write probe reports when it will not run: root would probe as root in a
+#: directory that others may rename in (`fsprobe.probing.target.root_write_refusal`).
+NOT_AS_ROOT = "NOT_AS_ROOT"
 
 
 class ErrorClass(str, enum.Enum):

@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsprobe.errors import UNTRUSTED, ErrorClass, classify
+from fsprobe.errors import NOT_AS_ROOT, UNTRUSTED, ErrorClass, classify
 from fsprobe.model import (
     INTERNAL,
     TIMEOUT,
@@ -512,6 +512,10 @@ def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Rea
 def _write_reasons(
     latest: ProbeResult, recent_errors: tuple[str | None, ...], policy: Policy
 ) -> list[Reason]:
+    if latest.error == NOT_AS_ROOT:
+        # Not run, not failed: the target's saves are as good as before, but nothing tested
+        # them, and the admin has a setting to change.
+        return [Reason("write_probe_refused", Severity.DEGRADED, latest.message or NOT_AS_ROOT)]
     if not latest.ok:
         error = latest.error or "EUNKNOWN"
         transient = classify(error) is ErrorClass.TRANSIENT

@@ -560,3 +560,23 @@ def test_labels_read_back_exactly(enum):
     for bad in ("Degraded", "worse", "", None, 1):
         with pytest.raises(ValueError):
             enum.from_label(bad)
+
+
+def test_a_write_probe_root_refused_degrades_but_leaves_saves_alone():
+    """Root would have probed as root where others may rename (fsprobe.probing.target): not a
+    failed write, nothing in the way of a save, but the target is not fully judged."""
+    refused = result("write", error="NOT_AS_ROOT", message="not write-probing /ckpt as root")
+    verdict = judge(result("statvfs", fs()), refused, recent=["NOT_AS_ROOT"])
+    assert verdict.status is Status.DEGRADED
+    (reason,) = verdict.reasons
+    assert (reason.code, reason.severity, reason.message) == (
+        "write_probe_refused",
+        Severity.DEGRADED,
+        "not write-probing /ckpt as root",
+    )
+    assert reason.errno is None and not reason.transient
+    assert verdict.can_take_save and verdict.acceptable_destination and not verdict.worth_waiting
+    assert (
+        judge(result("statvfs", fs()), result("write", error="NOT_AS_ROOT")).reasons[0].message
+        == "NOT_AS_ROOT"
+    )

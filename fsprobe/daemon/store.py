@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fsprobe.daemon.logs import log_bug
+from fsprobe.errors import NOT_AS_ROOT
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.event import SaveEvent
 from fsprobe.events.evidence import write_evidence
@@ -77,13 +78,16 @@ class _Target:
     saves: SaveStats = field(default_factory=SaveStats)
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
     written_at: float | None = None  # the last real save that landed in the target
-    skipped: Counter = field(default_factory=Counter)  # probe -> runs a real save stood for
+    skipped: Counter = field(default_factory=Counter)  # probe -> runs left out (`take`)
     bug: tuple[str, str] | None = None  # (stage, summary) of a bug caught handling a result
 
     def take(self, result: ProbeResult, probed: bool = True) -> None:
         """Record one probe result, or (not `probed`) a save's evidence of one
         (`fsprobe.events.evidence`), whose errors the save counters count instead."""
         self.results[result.probe] = result
+        if result.error == NOT_AS_ROOT:  # not run (root may not write there): not an error
+            self.skipped[result.probe] += 1
+            return
         if result.error is not None and probed:
             self.errors[(result.probe, result.error)] += 1
         if result.ok:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from prometheus_client.utils import floatToGoString
 
+from fsprobe.errors import NOT_AS_ROOT
 from fsprobe.events.event import OUTCOMES
 from fsprobe.exporters.contained import STAGES
 from fsprobe.model import (
@@ -110,8 +111,9 @@ FAMILIES: tuple[Family, ...] = (
         "fsprobe_probe_skipped",
         "counter",
         "Runs of the probe left out because a real save into the target within its interval "
-        "stood for it (the write probe while saves flow); its success and last-success series "
-        "then come from the saves.",
+        "stood for it (the write probe while saves flow; its success and last-success series "
+        "then come from the saves), or because root may not run it there (the write probe of "
+        "a root-owned directory that others may rename in: reason write_probe_refused).",
         ("path", "probe"),
     ),
     Family(
@@ -392,6 +394,7 @@ def probes_run(view: TargetView) -> list[str]:
         for probe in PROBE_KINDS
         if probe in results
         and not (probe in _SELF_SELECTING and results[probe].ok and results[probe].value is None)
+        and results[probe].error != NOT_AS_ROOT  # refused: counted as skipped, not failed
     ]
 
 

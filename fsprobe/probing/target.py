@@ -13,11 +13,17 @@ default, and a symlink on the way that neither root nor that identity owns is re
 (``UNTRUSTED``, reason ``target_untrusted``): whoever planted it may not choose where root, or
 another user, probes. The identity whose directory it is may point its own links anywhere it can
 write itself.
+
+A directory whose owner is root (a project directory ``root:team 2770``) gives ``"owner"`` no
+user to act as, and root's write probe there is refused (`root_write_refusal`) when others
+may rename in it: without the sticky bit, any member could take, replace or race root's probe
+file. The admin names the account to probe as, or sets the sticky bit.
 """
 
 from __future__ import annotations
 
 import errno
+import grp
 import os
 import pwd
 import stat
@@ -69,6 +75,57 @@ def probing_identity(probe_as: str, directory: os.stat_result) -> Identity:
         return process
     setgid = directory.st_gid if directory.st_mode & stat.S_ISGID else None
     return Identity.of_account(uid, setgid)
+
+
+#: Who may rename entries of a directory: write and search permission on it. The group bits
+#: are the ACL mask when the directory has an ACL, so a named user or group who may write it
+#: shows there too.
+_GROUP_RENAMES = stat.S_IWGRP | stat.S_IXGRP
+_OTHERS_RENAME = stat.S_IWOTH | stat.S_IXOTH
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"group {grp.getgrgid(gid).gr_name}"
+    except KeyError:
+        return f"gid {gid}"
+
+
+def others_who_rename(directory: os.stat_result) -> str:
+    """Who besides the owner may rename or remove any entry of `directory` ("" for nobody):
+    write and search permission on a directory without the sticky bit (which keeps each
+    entry its owner's)."""
+    mode = directory.st_mode
+    if mode & stat.S_ISVTX:
+        return ""
+    if mode & _OTHERS_RENAME == _OTHERS_RENAME:
+        return "every user"
+    if mode & _GROUP_RENAMES == _GROUP_RENAMES:
+        return f"the members of {_group_name(directory.st_gid)}"
+    return ""
+
+
+def root_write_refusal(opened: OpenedTarget, probe_as: str) -> str:
+    """Why root may not write-probe `opened` (`""`: it may), docs/security.md.
+
+    Root probing as the owner of a directory that is root's own probes as root; where others
+    may rename in it, they can take root's probe file the moment it exists (emptied then, still
+    an inode of root's beyond every quota per probe), put their own file under its next name or
+    race its steps. Only an explicit choice (``probe_as = "root"`` or an account) probes there.
+    """
+    if probe_as != OWNER or opened.identity.uid != 0 or not opened.identity.is_process():
+        return ""
+    info = os.fstat(opened.fd)
+    others = others_who_rename(info)
+    if not others:
+        return ""
+    return (
+        f"not write-probing {opened.path} as root: it is root's and {others} may rename in it "
+        f"(mode {stat.S_IMODE(info.st_mode):04o}, no sticky bit), so they could take or "
+        "replace root's probe file; set probe_as to an account whose saves land there "
+        '(probe_as = "USERNAME" for this target, fsprobe check --probe-as USERNAME), '
+        "or give the directory the sticky bit (chmod +t)"
+    )
 
 
 @dataclass

@@ -19,11 +19,11 @@ import os
 import time
 from collections.abc import Callable
 
-from fsprobe.errors import ProbeFailure, name_of
+from fsprobe.errors import NOT_AS_ROOT, ProbeFailure, name_of
 from fsprobe.model import WriteProbeResult
 from fsprobe.posix.atomic import TempFile, temp_name
 from fsprobe.probing.credentials import acting_as
-from fsprobe.probing.target import OWNER, OpenedTarget, open_target
+from fsprobe.probing.target import OWNER, OpenedTarget, open_target, root_write_refusal
 
 DEFAULT_WRITE_BYTES = 1024 * 1024
 
@@ -117,7 +117,8 @@ def probe_write(
 
     When the target does not exist yet, its nearest existing ancestor is where the first save
     will have to create it, so that is where writing is tested. Raises ProbeFailure
-    ``UNTRUSTED`` for a symlink on the way that is not to be followed.
+    ``UNTRUSTED`` for a symlink on the way that is not to be followed, and ``NOT_AS_ROOT``,
+    creating nothing, where root would probe as root in a directory others may rename in.
     """
     start = time.monotonic()
     try:
@@ -125,6 +126,9 @@ def probe_write(
     except OSError as error:  # a symlink loop, a directory we may not search: no file to create
         raise _failure(error, "create", size, {"total": time.monotonic() - start}) from error
     with directory:
+        refusal = root_write_refusal(directory, probe_as)
+        if refusal:
+            raise ProbeFailure(NOT_AS_ROOT, refusal)
         # Incompressible data, made before the clock starts: no filesystem can shortcut it.
         rehearsal = _Rehearsal(directory, os.urandom(size))
         start = time.monotonic()
