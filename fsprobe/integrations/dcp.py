@@ -45,7 +45,7 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fsprobe.extras import extra_imports
 
@@ -62,7 +62,12 @@ with extra_imports("torch", __name__, "torch"):
         _write_files_from_queue,
     )
     from torch.distributed.checkpoint.metadata import Metadata
-    from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+    from torch.distributed.checkpoint.planner import (
+        SavePlan,
+        SavePlanner,
+        WriteItem,
+        WriteItemType,
+    )
     from torch.distributed.checkpoint.stateful import Stateful
     from torch.futures import Future
 
@@ -103,6 +108,9 @@ _DCP_FILE = re.compile(r"(__\d+_\d+\.distcp|(__\d+)?\.metadata(\.tmp)?)\Z")
 _UNBOUNDED = 1 << 62
 #: Bytes assumed for a non-tensor item (a pickled Python object) and for the ``.metadata``.
 _SMALL_ITEM_BYTES = 64 * 1024
+#: What DCP queues for each file a rank writes: (its path, its file name, its write items).
+_FileTask = tuple[Path, str, list[WriteItem]]
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass
@@ -124,12 +132,12 @@ class _StagingFileSystem(FileSystem):
         self.checkpoint: Path | None = None
         self.staging: Path | None = None
 
-    def concat_path(self, path: str | os.PathLike, suffix: str) -> Path:
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> Path:
         if self.staging is not None and Path(path) == self.checkpoint:
             return self.staging / suffix
         return Path(path) / suffix
 
-    def mkdir(self, path: str | os.PathLike) -> None:
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
         if Path(path) != self.checkpoint:  # the staging directory is made by the coordinator
             super().mkdir(path)
 
@@ -207,6 +215,8 @@ class FsprobeWriter(FileSystemWriter):
     coordinator; None on the other ranks).
     """
 
+    fs: _StagingFileSystem  # DCP's `FileSystem`, with the staging directory mapped in
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -242,7 +252,7 @@ class FsprobeWriter(FileSystemWriter):
 
     # -- the attempts of one checkpoint (driven by `save` and `async_save` below) --------------
 
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             checkpoint_id = os.path.abspath(os.fspath(checkpoint_id))
         super().reset(checkpoint_id)
@@ -320,7 +330,9 @@ class FsprobeWriter(FileSystemWriter):
         self.fs.staging = Path(placement.staging)
         return super().write_data(plan, planner)
 
-    def _write_data(self, planner: SavePlanner, file_queue: queue.Queue) -> Future[list[Any]]:
+    def _write_data(
+        self, planner: SavePlanner, file_queue: queue.Queue[_FileTask]
+    ) -> Future[list[Any]]:
         """Write every file of this rank, each retried on a transient error."""
         tasks = []
         while not file_queue.empty():
@@ -335,13 +347,13 @@ class FsprobeWriter(FileSystemWriter):
         future.set_result([result for results in written for result in results])
         return future
 
-    def _write_file(self, planner: SavePlanner, task: tuple[Any, str, list[Any]]) -> list[Any]:
+    def _write_file(self, planner: SavePlanner, task: _FileTask) -> list[Any]:
         """One file of this rank's shards, written again from scratch on a transient error."""
         backoff = self.options.backoff
         for attempt in range(1, self.options.attempts + 1):
-            tasks: queue.Queue = queue.Queue()
+            tasks: queue.Queue[_FileTask] = queue.Queue()
             tasks.put(task)
-            results: queue.Queue = queue.Queue()
+            results: queue.Queue[list[Any]] = queue.Queue()
             try:
                 _write_files_from_queue(
                     create_stream=self.fs.create_stream,
@@ -378,7 +390,8 @@ class FsprobeWriter(FileSystemWriter):
 
     def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
         """On the coordinator: ``.metadata`` into the staging dir, then publish it whole."""
-        assert self._staging is not None and self._attempts is not None
+        assert self._staging is not None and self._staging.fd is not None
+        assert self._attempts is not None
         self.fs.staging = Path(self._staging.path)
         super().finish(metadata, results)
         progress = Progress()
@@ -402,8 +415,8 @@ class FsprobeWriter(FileSystemWriter):
     def _carry_over(self) -> None:
         """The files of the checkpoint being replaced that DCP did not write, into the new one:
         from the destination, or (a first redirect) from the requested path."""
-        assert self._staging is not None and self._attempts is not None
         staging = self._staging
+        assert staging is not None and staging.fd is not None and self._attempts is not None
         places = [staging.final]
         if staging.final != str(self.path):
             places.append(str(self.path))
@@ -455,7 +468,7 @@ def _is_coordinator(group: Any) -> bool:
     return not dist.is_initialized() or dist.get_rank(group) == 0
 
 
-def _broadcast(value: Any, group: Any) -> Any:
+def _broadcast(value: _T, group: Any) -> _T:
     """The coordinator's `value` on every rank (itself without torch.distributed)."""
     if not dist.is_initialized():
         return value
@@ -505,7 +518,9 @@ def save(
             if verdict is None:
                 raise  # a bug (not an I/O failure) on some rank: DCP's own exception
             raise verdict from error
-        return _broadcast(writer.last_result, process_group)
+        result = _broadcast(writer.last_result, process_group)
+        assert result is not None  # the coordinator's, which committed it
+        return result
 
 
 #: One background checkpoint at a time per process: the next waits for the one before.
@@ -549,7 +564,9 @@ def load(
     of `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``) if that is newer. The coordinator
     decides, every rank loads the same one. Returns the directory loaded.
     """
-    where = locate(path, fallback_dirs=fallback_dirs) if _is_coordinator(process_group) else None
+    where = os.fspath(path)  # on the other ranks, replaced by the coordinator's
+    if _is_coordinator(process_group):
+        where = locate(path, fallback_dirs=fallback_dirs)
     where = _broadcast(where, process_group)
     torch_dcp.load(
         state_dict,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Iterable
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from fsprobe import atomic_write
 from fsprobe.extras import import_extra, is_missing, missing_extra
@@ -33,15 +33,18 @@ from fsprobe.redirect.manifest import forget
 from fsprobe.saving.commit import DEFAULT_ATTEMPTS, SaveResult
 
 torch = import_extra("torch", "lightning", __name__)
-try:
+if TYPE_CHECKING:  # the standalone package's class below is a copy of this one
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-except ImportError:  # only the standalone pytorch_lightning / lightning_fabric packages
+else:
     try:
-        from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-    except ModuleNotFoundError as error:
-        if not is_missing(error, "lightning_fabric"):
-            raise
-        raise missing_extra("lightning", "lightning", __name__) from None
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    except ImportError:  # only the standalone pytorch_lightning / lightning_fabric packages
+        try:
+            from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+        except ModuleNotFoundError as error:
+            if not is_missing(error, "lightning_fabric"):
+                raise
+            raise missing_extra("lightning", "lightning", __name__) from None
 
 
 def _is_local(path: str | os.PathLike[str]) -> bool:
@@ -82,7 +85,7 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
     ) -> None:
         if storage_options is not None or not _is_local(path):
             # Lightning's own refusal of storage_options (its wording), or a remote path.
-            super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+            super().save_checkpoint(checkpoint, os.fspath(path), storage_options=storage_options)
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.last_result = atomic_write(
@@ -101,16 +104,18 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(
         self,
         path: str | os.PathLike[str],
-        map_location: Callable | Any | None = lambda storage, loc: storage,
+        map_location: Callable[..., Any] | Any | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Load `path`, or its redirected copy when that one is newer (not yet synced back)."""
         if _is_local(path):
             path = locate(path, fallback_dirs=self.fallback_dirs)
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        return super().load_checkpoint(
+            os.fspath(path), map_location=map_location, weights_only=weights_only
+        )
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Remove `path` and any redirected copy of it, with its manifest entry."""
-        super().remove_checkpoint(path)
+        super().remove_checkpoint(os.fspath(path))
         if _is_local(path):
             forget(os.fspath(path), all_fallback_dirs(self.fallback_dirs))

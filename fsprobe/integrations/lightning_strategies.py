@@ -36,7 +36,8 @@ import os
 from typing import Any
 
 import torch.distributed as dist
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, ParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsprobe import distributed as collective
@@ -77,11 +78,13 @@ def _io_error_of(error: CheckpointException, staging: str) -> OSError | None:
     return first
 
 
-class DirectoryCheckpoints:
+class DirectoryCheckpoints(ParallelStrategy):
     """Mixin for a Lightning strategy that saves directories: see the module docstring.
 
-    A subclass says when its checkpoint is a directory (`writes_directory`). `last_result` is
-    the `SaveResult` of the last directory saved.
+    A subclass names the strategy second (``class S(DirectoryCheckpoints, FSDPStrategy)``):
+    what this calls on `super()` is that strategy's. It says when its checkpoint is a
+    directory (`writes_directory`). `last_result` is the `SaveResult` of the last directory
+    saved.
     """
 
     last_result: SaveResult | None = None
@@ -90,13 +93,13 @@ class DirectoryCheckpoints:
         raise NotImplementedError
 
     @property
-    def checkpoint_io(self) -> Any:
+    def checkpoint_io(self) -> CheckpointIO:
         if self._checkpoint_io is None:
             self._checkpoint_io = FsprobeCheckpointIO()
         return super().checkpoint_io
 
     @checkpoint_io.setter
-    def checkpoint_io(self, io: Any) -> None:
+    def checkpoint_io(self, io: CheckpointIO) -> None:
         self._checkpoint_io = io
 
     def _options(self) -> dict[str, Any]:
@@ -132,7 +135,7 @@ class DirectoryCheckpoints:
 
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
         """Load `checkpoint_path`, or its newer redirected copy (rank 0 decides for all)."""
-        where = None
+        where = os.fspath(checkpoint_path)  # on the other ranks, replaced by rank 0's
         if self.is_global_zero:
             fallback_dirs = self._options().get("fallback_dirs", ())
             where = locate(checkpoint_path, fallback_dirs=fallback_dirs)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fsprobe.extras import extra_imports
@@ -132,9 +132,14 @@ class _Protection:
             filename,
         )
 
-    def existing_models(self, original: Any, config: Any, for_training: bool | None) -> dict:
+    def existing_models(
+        self,
+        original: Callable[[Any, bool | None], dict[int, str]],
+        config: Any,
+        for_training: bool | None,
+    ) -> dict[int, str]:
         """RETURNN's epochs on disk, each at its newest copy: the target or a fallback."""
-        found = original(config, for_training=for_training)
+        found = original(config, for_training)
         model = config.value("model", "")
         if not model:
             return found

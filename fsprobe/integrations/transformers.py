@@ -47,14 +47,20 @@ import os
 import re
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from fsprobe.extras import extra_imports
 
 with extra_imports("transformers", __name__, "torch", "transformers", "accelerate"):
     import torch.distributed as dist
     import transformers
-    from transformers import Trainer, TrainerCallback
+    from transformers import (
+        Trainer,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from fsprobe import distributed as collective
@@ -91,6 +97,13 @@ def _tree_size(directory: str) -> tuple[int, int]:
     return total, count
 
 
+def _checkpoint_at(args: TrainingArguments, state: TrainerState) -> str:
+    """The ``checkpoint-N`` directory the Trainer saves at this step."""
+    # Declared `str | None`, but TrainingArguments.__post_init__ always sets it.
+    output_dir = cast(str, args.output_dir)
+    return os.path.join(output_dir, f"{CHECKPOINT_PREFIX}-{state.global_step}")
+
+
 class FsprobeCallback(TrainerCallback):
     """Preflight before each save step; the decisions so far are in `decisions`.
 
@@ -119,26 +132,39 @@ class FsprobeCallback(TrainerCallback):
 
     # -- Trainer events ------------------------------------------------------------------------
 
-    def on_step_end(self, args, state, control, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if control.should_save:
             self._before_save(args, state)
 
-    def on_epoch_end(self, args, state, control, **kwargs: Any) -> None:
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if control.should_save:
             self._before_save(args, state)
 
-    def on_save(self, args, state, control, **kwargs: Any) -> None:
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         """Measure the checkpoint just written: the need of the next one."""
         if not args.should_save:
             return
-        directory = os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}-{state.global_step}")
+        directory = _checkpoint_at(args, state)
         try:
             if os.path.isdir(directory):
                 self._measured = _tree_size(directory)
         except Exception:  # never let measuring stop the training
             log.exception("fsprobe: could not measure %s", directory)
 
-    def on_log(self, args, state, control, logs=None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if logs is not None and self._unreported is not None:
             logs["fsprobe_status"] = int(self._unreported.status)
             logs["fsprobe_action"] = self._unreported.action
@@ -155,7 +181,7 @@ class FsprobeCallback(TrainerCallback):
         size, inodes = self._measured
         return math.ceil(size * NEED_MARGIN), inodes
 
-    def _before_save(self, args, state) -> None:
+    def _before_save(self, args: TrainingArguments, state: TrainerState) -> None:
         if not args.should_save:  # only the process that writes checkpoints asks
             return
         try:
@@ -165,9 +191,9 @@ class FsprobeCallback(TrainerCallback):
                 "fsprobe: the preflight before the save at step %d failed", state.global_step
             )
 
-    def _decide(self, args, state) -> Decision:
+    def _decide(self, args: TrainingArguments, state: TrainerState) -> Decision:
         need_bytes, need_inodes = self._need()
-        checkpoint = os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}-{state.global_step}")
+        checkpoint = _checkpoint_at(args, state)
         return preflight(
             checkpoint,  # a path inside output_dir: output_dir is the target judged
             need_bytes=need_bytes,
@@ -179,7 +205,7 @@ class FsprobeCallback(TrainerCallback):
             timeout=self.timeout,
         )
 
-    def _report(self, decision: Decision, state) -> None:
+    def _report(self, decision: Decision, state: TrainerState) -> None:
         self.decisions.append(decision)
         self._unreported = decision
         level = (
@@ -229,15 +255,14 @@ def last_checkpoint(
     """
     output_dir = os.path.abspath(os.fspath(output_dir))
     fallbacks = all_fallback_dirs(fallback_dirs)
-    steps = set()
-    if os.path.isdir(output_dir):
-        steps.update(_step_of(name) for name in os.listdir(output_dir))
-    steps.update(
-        _step_of(os.path.basename(entry.requested))
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    names += [
+        os.path.basename(entry.requested)
         for entry in pending(fallbacks, mine=True)
         if os.path.dirname(entry.requested) == output_dir
-    )
-    for step in sorted(steps - {None}, reverse=True):
+    ]
+    steps = {step for step in map(_step_of, names) if step is not None}
+    for step in sorted(steps, reverse=True):
         found = locate(
             os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"), fallback_dirs=fallbacks
         )
@@ -303,14 +328,16 @@ class _ProtectedCheckpoints:
                 "save_on_each_node: every node writes its own checkpoint to its own disk, "
                 "which one collective save cannot commit; fsprobe protects shared storage"
             )
-        original = trainer._save_checkpoint
-        for name in WRITERS:
-            setattr(trainer, name, self._staged_writer(getattr(trainer, name)))
+        replacements = {name: self._staged_writer(getattr(trainer, name)) for name in WRITERS}
         pushing = trainer._push_from_checkpoint
-        trainer._push_from_checkpoint = functools.wraps(pushing)(
+        replacements["_push_from_checkpoint"] = functools.wraps(pushing)(
             lambda folder, *args, **kwargs: self._defer_push(pushing, args, kwargs)
         )
-        trainer._save_checkpoint = functools.partial(self.save_checkpoint, original)
+        replacements["_save_checkpoint"] = functools.partial(
+            self.save_checkpoint, trainer._save_checkpoint
+        )
+        for name, replacement in replacements.items():
+            setattr(trainer, name, replacement)  # this trainer's own methods, not its class's
 
     # -- what the Trainer's own code calls --------------------------------------------------
 
@@ -333,7 +360,9 @@ class _ProtectedCheckpoints:
 
         return write
 
-    def _defer_push(self, push: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    def _defer_push(
+        self, push: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         """The Hub upload reads the files in the background: only from the published folder."""
         self.push = lambda folder: push(folder, *args, **kwargs)
 
