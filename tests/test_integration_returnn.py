@@ -23,6 +23,7 @@ import returnn  # noqa: E402
 import fsprobe  # noqa: E402
 from fsprobe.integrations import returnn as protection  # noqa: E402
 from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
+from fsprobe.redirect import manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,6 +74,8 @@ def train_step(*, model, extern_data, **_kwargs):
     targets = classes.raw_tensor.long()[mask]
     loss = torch.nn.functional.cross_entropy(logits[mask], targets, reduction="none")
     rf.get_run_ctx().mark_as_loss(name="ce", loss=loss)
+
+{extra}
 """
 
 #: The README's two lines, with a backoff that does not make the test wait.
@@ -87,12 +90,13 @@ fsprobe.integrations.returnn.protect(
 
 
 def train(
-    tmp_path: Path, model: Path, epochs: int, fallbacks: list[str] | None
+    tmp_path: Path, model: Path, epochs: int, fallbacks: list[str] | None, extra: str = ""
 ) -> subprocess.CompletedProcess:
-    """One RETURNN training run (``python -m returnn config``) in a process of its own."""
+    """One RETURNN training run (``python -m returnn config``) in a process of its own;
+    `extra` ends the config."""
     protect = "" if fallbacks is None else PROTECT.format(fallbacks=fallbacks)
     config = tmp_path / f"config-{epochs}.py"
-    config.write_text(CONFIG.format(protect=protect, epochs=epochs, model=str(model)))
+    config.write_text(CONFIG.format(protect=protect, epochs=epochs, model=str(model), extra=extra))
     return subprocess.run(
         [sys.executable, "-m", "returnn", str(config)],
         capture_output=True,
@@ -181,6 +185,57 @@ def test_a_full_quota_for_two_epochs_redirects_them_and_the_resume_starts_at_epo
     for name in ("model.001.pt", "model.002.pt", "model.002.opt.pt"):
         loads(run / name, int(name.split(".")[1]))
     assert temps(run) == []
+
+
+#: RETURNN's own cleanup, keeping epoch 1 and the last epoch: after epoch 3 it deletes epoch 2
+#: (model and optimizer state), and `_save_optimizer` the optimizer state of epoch 1.
+CLEANUP = 'cleanup_old_models = {"keep": [1], "keep_last_n": 1, "keep_best_n": 0}'
+
+
+def models_in(directory: Path) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith("model."))
+
+
+def test_what_returnn_cleans_up_in_a_redirected_run_is_gone_and_stays_gone(faultfs, tmp_path):
+    """RETURNN's cleanup deletes redirected epochs wherever they landed: no manifest entry
+    names a deleted file, and a sync brings home exactly what a run on a healthy disk keeps."""
+    healthy = tmp_path / "healthy"
+    plain = train(tmp_path, healthy / "model", 3, None, extra=CLEANUP)
+    assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-4000:]
+    kept = models_in(healthy)
+    assert kept == ["model.001.pt", "model.003.opt.pt", "model.003.pt"]
+
+    run, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    quota = faultfs.ctl.fail("write", "EDQUOT", path="/run/*", times=None)
+    done = train(tmp_path, run / "model", 3, [str(fallback)], extra=CLEANUP)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "We will delete the models of epochs [2]." in done.stdout
+    entries = manifest.pending([str(fallback)], mine=True)
+    assert sorted(os.path.basename(entry.requested) for entry in entries) == kept
+    copies = {
+        os.path.join(parent, name)
+        for parent, _, names in os.walk(fallback)
+        for name in names
+        if name != manifest.MANIFEST
+    }
+    assert copies == {entry.actual for entry in entries}
+    for name in ("model.002.pt", "model.002.opt.pt", "model.001.opt.pt"):
+        assert fsprobe.locate(run / name, fallback_dirs=[fallback]) == str(run / name)
+
+    faultfs.ctl.remove(quota)
+    synced = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(fallback), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert models_in(run) == kept
+    for name in kept:
+        loads(run / name, int(name.split(".")[1]))
+    assert manifest.pending([str(fallback)], mine=True) == []
 
 
 def test_an_unknown_returnn_is_refused_loudly(monkeypatch):

@@ -18,17 +18,23 @@ after a transient error and redirected to a fallback when the target cannot take
 over quota, read-only). On resume, RETURNN's search for the last epoch (its
 ``get_existing_models``) also sees redirected epochs through `fsprobe.locate`, so an epoch saved
 to a fallback is loaded (model and optimizer), not trained again; ``fsprobe sync`` later
-copies it back to where RETURNN expects it.
+copies it back to where RETURNN expects it. What RETURNN deletes (``cleanup_old_models``, and
+the optimizer state of two epochs ago) is deleted wherever it landed: a redirected copy goes
+with its manifest entry, so that ``fsprobe sync`` never brings back a file RETURNN dropped.
 
 What is patched, and why it is pinned: RETURNN builds both files' contents in the methods
 that write them (`Engine._save_model`, `Updater.save_optimizer`), so those two are replaced by
-copies that build the same dictionaries and hand them to `fsprobe.save`; the copies use
-RETURNN's internals, so `protect` refuses any RETURNN version but those in
-`RETURNN_VERSIONS`, whose source a test holds them to.
+copies that build the same dictionaries and hand them to `fsprobe.save`; `Engine.delete_model`
+(which `cleanup_old_models` calls with what `get_existing_models` found) is replaced, and
+`Engine._save_optimizer` (which deletes the optimizer state of two epochs ago) is followed by
+the removal of that state's redirected copies. The copies use RETURNN's internals, so
+`protect` refuses any RETURNN version but those in `RETURNN_VERSIONS`, whose source a test
+holds them to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -45,6 +51,8 @@ with extra_imports("returnn", __name__, "returnn", "torch"):
     from returnn.util import basic as returnn_util
 
 from fsprobe import locate, save
+from fsprobe.redirect.fallback import all_fallback_dirs
+from fsprobe.redirect.manifest import forget
 
 #: The RETURNN releases whose save and load code these patches were written against, with the
 #: sha256 of the source of each method replaced or relied on (a modified install is refused).
@@ -56,6 +64,13 @@ RETURNN_VERSIONS = {
         ),
         "EngineBase.get_existing_models": (
             "974f5322b60d13ac570e23b652fab8bd5ce790ad2a5fb302e5fe17d2315bb37b"
+        ),
+        "EngineBase.cleanup_old_models": (
+            "66d94d438d0db07b6d7c91f14b0075e6008a18a777b709af3bd53e532ee77d71"
+        ),
+        "Engine.delete_model": "676c6ba66904e63dab2ef415895f65eab4c8d2dc7adf251aae8a3f7d0a2be487",
+        "Engine._save_optimizer": (
+            "6b0837b7c02849c4c6723635293766ad91e44e4f54f0a2da4798e27405bf1a6e"
         ),
     },
 }
@@ -73,6 +88,8 @@ class _Protection:
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
         self.fallback_dirs = tuple(os.fspath(d) for d in options.get("fallback_dirs", ()))
+        #: The epochs `existing_models` found redirected: their copy's name -> RETURNN's.
+        self.requested: dict[str, str] = {}
 
     def save(self, obj: dict[str, Any], filename: str) -> None:
         directory = os.path.dirname(filename)
@@ -82,6 +99,16 @@ class _Protection:
 
     def located(self, filename: str) -> str:
         return locate(filename, fallback_dirs=self.fallback_dirs)
+
+    def forget(self, filename: str) -> int:
+        """Remove the redirected copies of `filename` (RETURNN deleted it) and their manifest
+        entries; the bytes of the newest one, the one RETURNN would have loaded."""
+        where, nbytes = self.located(filename), 0
+        if where != os.path.abspath(filename):
+            with contextlib.suppress(FileNotFoundError):
+                nbytes = os.stat(where).st_size
+        forget(filename, all_fallback_dirs(self.fallback_dirs))
+        return nbytes
 
     # -- the patched methods (self is the protection; the engine or updater comes first) -------
 
@@ -154,7 +181,33 @@ class _Protection:
             if for_training and not os.path.exists(self.located(base + _OPTIMIZER_SUFFIX)):
                 continue  # as RETURNN: no optimizer state, no resume from it
             found[epoch] = where[: -len(_MODEL_SUFFIX)]
+            self.requested[found[epoch]] = base
         return found
+
+    def delete_model(self, filename: str) -> int:
+        """`Engine.delete_model` (of an epoch `existing_models` found): the model and its
+        optimizer state at RETURNN's path, and fsprobe's redirected copies of them."""
+        requested = self.requested.pop(filename, filename)
+        deleted = 0
+        for suffix in (_MODEL_SUFFIX, _OPTIMIZER_SUFFIX):
+            path = requested + suffix
+            deleted += self.forget(path)
+            if os.path.exists(path):  # RETURNN's own file, deleted as RETURNN does
+                deleted += os.stat(path).st_size
+                os.remove(path)
+        return deleted
+
+    def save_optimizer_of(self, original: Callable[[Any], None], engine: Any) -> None:
+        """`Engine._save_optimizer`, which also deletes the optimizer state of two epochs ago
+        at RETURNN's path: its redirected copies go too."""
+        original(engine)
+        clean_epoch = engine.epoch - 2
+        if (
+            engine._do_save()
+            and clean_epoch > 0
+            and not engine.config.bool("apply_cleanup_old_models_to_optim_states", False)
+        ):
+            self.forget(engine.get_epoch_model_filename(epoch=clean_epoch) + _OPTIMIZER_SUFFIX)
 
     def load_optimizer(self, original: Any, updater: Any, filename: str) -> None:
         """`Updater.load_optimizer` of the newest copy of `filename`."""
@@ -183,7 +236,10 @@ def protect(
     _check_options(options)
     protection = _Protection(options)
     existing, loading = engine.get_existing_models.__func__, updater.load_optimizer
+    saving_optimizer = engine._save_optimizer
     engine._save_model = lambda self: protection.save_model(self)
+    engine._save_optimizer = lambda self: protection.save_optimizer_of(saving_optimizer, self)
+    engine.delete_model = staticmethod(protection.delete_model)
     updater.save_optimizer = lambda self, filename: protection.save_optimizer(self, filename)
     engine.get_existing_models = classmethod(
         lambda cls, config, *, for_training=None: protection.existing_models(
@@ -212,6 +268,9 @@ def _check_version() -> None:
         "Engine._save_model": returnn_engine.Engine._save_model,
         "Updater.save_optimizer": returnn_updater.Updater.save_optimizer,
         "EngineBase.get_existing_models": returnn_engine.EngineBase.get_existing_models,
+        "EngineBase.cleanup_old_models": returnn_engine.EngineBase.cleanup_old_models,
+        "Engine.delete_model": returnn_engine.Engine.delete_model,
+        "Engine._save_optimizer": returnn_engine.Engine._save_optimizer,
     }
     changed = [
         name
