@@ -107,6 +107,19 @@ def train(
     )
 
 
+def sync(fallback: Path) -> None:
+    """``fsprobe sync`` of `fallback`, as a user runs it; it must succeed."""
+    synced = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(fallback), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    json.loads(synced.stdout)
+
+
 def loads(path: Path, epoch: int) -> None:
     """A model or optimizer file RETURNN can resume from: whole, of that epoch."""
     checkpoint = torch.load(path, map_location="cpu")
@@ -173,15 +186,7 @@ def test_a_full_quota_for_two_epochs_redirects_them_and_the_resume_starts_at_epo
     loads(run / "model.003.pt", 3)
     loads(run / "model.003.opt.pt", 3)
 
-    synced = subprocess.run(
-        [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(fallback), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert synced.returncode == 0, synced.stdout + synced.stderr
-    json.loads(synced.stdout)
+    sync(fallback)
     for name in ("model.001.pt", "model.002.pt", "model.002.opt.pt"):
         loads(run / name, int(name.split(".")[1]))
     assert temps(run) == []
@@ -224,14 +229,7 @@ def test_what_returnn_cleans_up_in_a_redirected_run_is_gone_and_stays_gone(fault
         assert fsprobe.locate(run / name, fallback_dirs=[fallback]) == str(run / name)
 
     faultfs.ctl.remove(quota)
-    synced = subprocess.run(
-        [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(fallback), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert synced.returncode == 0, synced.stdout + synced.stderr
+    sync(fallback)
     assert models_in(run) == kept
     for name in kept:
         loads(run / name, int(name.split(".")[1]))
