@@ -11,8 +11,9 @@ connections that never finish their headers hold 1,500 threads. Here:
   queues no scraper that knows the right one);
 - at most `MAX_CONNECTIONS` are open at once; when full, the oldest connection that has not
   sent its whole request head within `MIN_HEAD_AGE` gives way to a new one (a real scraper
-  sends its head at once, a slow-header client never does); with no such connection, new
-  clients wait in the kernel's backlog until a slot frees;
+  sends its head at once, a slow-header client never does), unless bytes of it wait unread
+  (then the loop is behind, not the client); with no such connection, new clients wait in
+  the kernel's backlog until a slot frees;
 - every connection has one deadline, `REQUEST_DEADLINE`, for the TLS handshake, the request and
   the response together; the request head is capped at `MAX_HEAD` bytes;
 - the response goes out in chunks as the client reads it, so a client that does not read costs
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import select
 import socket
 import ssl
 import threading
@@ -481,12 +483,24 @@ class MetricsServer:
             self._attaching -= 1
 
     def _make_room(self) -> bool:
-        """Evict the oldest client still sending its head, if it has had `MIN_HEAD_AGE` s."""
-        oldest = next(iter(self._waiting_for_head.items()), None)
-        if oldest is None or time.monotonic() - oldest[1] < MIN_HEAD_AGE:
-            return False
-        oldest[0].evict()
-        return True
+        """Evict the oldest client still sending its head, if it has had `MIN_HEAD_AGE` s.
+
+        A client whose bytes wait unread in its socket is not slow: this loop is (a burst of
+        connections on a loaded machine), and it keeps its place. Evicting by age alone cut
+        hundreds of clients that had sent their whole request, unanswered.
+        """
+        now = time.monotonic()
+        old = []
+        for connection, accepted in self._waiting_for_head.items():  # oldest first
+            if now - accepted < MIN_HEAD_AGE:
+                break
+            old.append(connection)
+        unread = _with_unread_bytes(old)
+        for connection in old:
+            if connection not in unread:
+                connection.evict()
+                return True
+        return False
 
     # -- the connection table (loop thread only) -------------------------------------------------
 
@@ -500,6 +514,18 @@ class MetricsServer:
     def release(self, connection: _Connection) -> None:
         self._open.pop(connection, None)
         self._waiting_for_head.pop(connection, None)
+
+
+def _with_unread_bytes(connections: Sequence[_Connection]) -> set[_Connection]:
+    """Those of `connections` whose socket has bytes (or an end) we have not read yet."""
+    by_fd = {}
+    poller = select.poll()
+    for connection in connections:
+        sock = connection.transport.get_extra_info("socket") if connection.transport else None
+        if sock is not None and sock.fileno() >= 0:
+            by_fd[sock.fileno()] = connection
+            poller.register(sock.fileno(), select.POLLIN)
+    return {by_fd[fd] for fd, _events in poller.poll(0) if fd in by_fd}
 
 
 def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict) -> None:
