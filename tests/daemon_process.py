@@ -3,6 +3,11 @@
 It listens on port 0 (the kernel picks a free port) and the test learns the address from the
 daemon's own ``event=started`` log line, so there is no race for a port. Stopping never hangs:
 SIGTERM, then SIGKILL if the daemon is still there after a few seconds.
+
+Every wait here polls for its condition and returns as soon as it holds; the default deadlines
+(`PATIENCE`) only bound a hang, and are long because a loaded CI machine may take many seconds
+for what takes milliseconds alone. A test that must see something *not* happen says so with
+its own means, never by a deadline running out.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Seconds any wait or request of a test's daemon may take before the test fails.
+PATIENCE = 60.0
 
 
 #: A daemon that probes often and never runs ``lfs quota``: its state file comes within a second.
@@ -88,7 +95,7 @@ class DaemonProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 15.0) -> DaemonProcess:
+    def start(self, timeout: float = PATIENCE) -> DaemonProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [self.python, *self.program, "run", *self.args],
@@ -105,7 +112,7 @@ class DaemonProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_for_log(self, text: str, timeout: float = 10.0, count: int = 1) -> str:
+    def wait_for_log(self, text: str, timeout: float = PATIENCE, count: int = 1) -> str:
         """Wait until `text` appears `count` times in the log; returns the last such line."""
         deadline = time.monotonic() + timeout
         while True:
@@ -123,7 +130,7 @@ class DaemonProcess:
         path: str = "/metrics",
         headers: dict[str, str] | None = None,
         context: ssl.SSLContext | None = None,
-        timeout: float = 5.0,
+        timeout: float = PATIENCE,
     ) -> tuple[int, bytes]:
         base = self.url.rsplit("/metrics", 1)[0]
         request = urllib.request.Request(base + path, headers=headers or {})
@@ -153,7 +160,7 @@ class DaemonProcess:
         assert len(matches) <= 1, (name, labels, matches)
         return matches[0] if matches else None
 
-    def wait_for_value(self, name: str, expected, timeout: float = 10.0, **labels: str):
+    def wait_for_value(self, name: str, expected, timeout: float = PATIENCE, **labels: str):
         """Wait until `name{labels}` equals `expected` (None: absent); returns it."""
         deadline = time.monotonic() + timeout
         while True:
@@ -168,7 +175,7 @@ class DaemonProcess:
         """The daemon's child processes: its probe worker."""
         return psutil.Process(self.pid).children(recursive=True)
 
-    def wait_for_present(self, name: str, timeout: float = 15.0) -> None:
+    def wait_for_present(self, name: str, timeout: float = PATIENCE) -> None:
         """Wait until at least one sample named `name` is exported."""
         deadline = time.monotonic() + timeout
         while name not in self.metrics():

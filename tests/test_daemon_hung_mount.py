@@ -79,7 +79,7 @@ def test_a_hung_mount_blocks_one_worker_never_the_daemon_and_recovers(tmp_path, 
     daemon = start_daemon(tmp_path, target)
     try:
         rule = faultfs.ctl.block("statfs")
-        daemon.wait_for_value("fsprobe_mount_stuck", 1.0, timeout=5.0, path=path)
+        daemon.wait_for_value("fsprobe_mount_stuck", 1.0, path=path)
         assert daemon.value("fsprobe_health_status", path=path) == 2.0
         assert daemon.value("fsprobe_probe_success", path=path, probe="statvfs") == 0.0
 
@@ -103,8 +103,8 @@ def test_a_hung_mount_blocks_one_worker_never_the_daemon_and_recovers(tmp_path, 
         assert code == 2 and "unhealthy" in out and "mount_stuck" in out
 
         faultfs.ctl.remove(rule)
-        daemon.wait_for_value("fsprobe_mount_stuck", 0.0, timeout=5.0, path=path)
-        daemon.wait_for_value("fsprobe_health_status", 0.0, timeout=5.0, path=path)
+        daemon.wait_for_value("fsprobe_mount_stuck", 0.0, path=path)
+        daemon.wait_for_value("fsprobe_health_status", 0.0, path=path)
         assert daemon.value("fsprobe_filesystem_inodes_free", path=path) is not None
         assert daemon.value("fsprobe_headroom_inodes", path=path) is not None
         log = daemon.log()
@@ -128,7 +128,7 @@ def test_sigterm_while_a_probe_hangs_still_stops_within_a_second(tmp_path, fault
     rule = faultfs.ctl.block("statfs")
     try:
         faultfs.ctl.wait_blocked(rule, timeout=5.0)
-        daemon.wait_for_value("fsprobe_mount_stuck", 1.0, timeout=5.0, path=str(target))
+        daemon.wait_for_value("fsprobe_mount_stuck", 1.0, path=str(target))
         (worker,) = daemon.workers()
         start = time.monotonic()
         daemon.send(signal.SIGTERM)
