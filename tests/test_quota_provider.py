@@ -226,7 +226,13 @@ class Clock:
 
 
 def test_single_flight_computes_once_for_concurrent_callers():
-    flights: SingleFlight[int] = SingleFlight()
+    joined = threading.Semaphore(0)
+
+    def clock() -> float:  # read once by every caller as it joins (or starts) the flight
+        joined.release()
+        return time.monotonic()
+
+    flights: SingleFlight[int] = SingleFlight(clock)
     calls: list[int] = []
     gate = threading.Event()
 
@@ -242,7 +248,8 @@ def test_single_flight_computes_once_for_concurrent_callers():
     ]
     for thread in threads:
         thread.start()
-    time.sleep(0.2)
+    for _ in threads:  # all five are in before the computation ends (a sleep was not enough
+        assert joined.acquire(timeout=60)  # on a loaded machine: a late one computed anew)
     gate.set()
     for thread in threads:
         thread.join(10)
@@ -266,11 +273,15 @@ def test_single_flight_reuses_a_result_for_its_ttl_only():
 
 def test_single_flight_waiter_gives_up_at_its_own_deadline():
     flights: SingleFlight[int] = SingleFlight()
-    gate = threading.Event()
-    owner = threading.Thread(target=lambda: flights.get("k", lambda: gate.wait(10) and 1,
-                                                        ttl=0, wait=10))  # fmt: skip
+    started, gate = threading.Event(), threading.Event()
+
+    def compute() -> int:
+        started.set()
+        return int(gate.wait(60))
+
+    owner = threading.Thread(target=lambda: flights.get("k", compute, ttl=0, wait=60))
     owner.start()
-    time.sleep(0.1)
+    assert started.wait(60)  # the owner's query runs (after a fixed sleep it might not yet)
     with pytest.raises(TimeoutError):
         flights.get("k", lambda: 2, ttl=0, wait=0.2)
     gate.set()
