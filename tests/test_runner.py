@@ -7,6 +7,7 @@ import functools
 import os
 import threading
 import time
+from pathlib import Path
 
 import psutil
 
@@ -127,18 +128,24 @@ def test_an_idle_worker_and_its_reader_end_and_the_next_probe_starts_them_again(
     assert not reader.is_alive() and not psutil.pid_exists(again.value)
 
 
-def test_a_worker_that_still_owes_an_answer_is_not_let_go():
+def test_a_worker_that_still_owes_an_answer_is_not_let_go(tmp_path):
     before = readers()
     executor = ProcessExecutor(idle_seconds=0.2)
     runner = ProbeRunner(executor)
-    stuck = runner.submit("/hung", "statvfs", functools.partial(time.sleep, 2.0), 0.1)
+    # The call hangs until the test lets it go (it opens a FIFO nobody writes yet): a sleep
+    # of 2 s could end during the test's own sleep on a loaded machine.
+    hang = tmp_path / "hang"
+    os.mkfifo(hang)
+    stuck = runner.submit("/hung", "statvfs", functools.partial(Path.read_bytes, hang), 0.1)
     assert stuck.result().stuck
     (reader,) = readers() - before
-    time.sleep(1.0)  # five idle periods, with the sleep still running in the worker
+    time.sleep(1.0)  # five idle periods, with the call still running in the worker
     assert reader.is_alive() and executor.pid is not None
     pid = executor.pid
     assert runner.submit("/b", "statvfs", os.getpid, 5).result().value == pid
-    reader.join(timeout=15)  # answered at last, then idle: let go
+    release = os.open(hang, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO if the worker is not in it
+    os.close(release)  # the worker reads to the end: b""
+    reader.join(timeout=60)  # answered at last, then idle: let go
     assert not reader.is_alive() and not psutil.pid_exists(pid)
 
 
