@@ -53,9 +53,13 @@ def test_a_target_that_cannot_be_judged_is_unknown_and_the_others_go_on(tmp_path
         daemon.wait_for_value("fsprobe_health_status", 3.0, path=str(bad))
         daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(good))
         before = daemon.value(STAMP, path=str(good), probe="statvfs")
-        time.sleep(1.0)  # five statvfs rounds of both targets
-        assert daemon.value(STAMP, path=str(good), probe="statvfs") > before  # still probed
-        assert daemon.value(BUGS, path=str(bad), stage="judge") >= 5  # each round counted
+        deadline = time.monotonic() + 60  # five statvfs rounds of both targets, however slow
+        while not (
+            daemon.value(STAMP, path=str(good), probe="statvfs") > before  # still probed
+            and daemon.value(BUGS, path=str(bad), stage="judge") >= 5  # each round counted
+        ):
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.05)
         assert daemon.value(BUGS, path=str(good), stage="judge") == 0
         assert daemon.value(BUGS, path=str(bad), stage="probe") == 0
 
