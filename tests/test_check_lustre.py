@@ -135,7 +135,7 @@ def test_a_hung_lfs_is_killed_at_the_timeout_with_its_children(faultfs, fake_lfs
     }
     assert code == 1
     assert pids, "the fake lfs never started"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while any(is_fake_process(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(is_fake_process(pid) for pid in pids), "lfs or its child survived"

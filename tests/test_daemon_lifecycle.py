@@ -56,7 +56,7 @@ def test_state_file_is_rewritten_after_probes_with_the_documented_shape(tmp_path
         daemon.wait_for_value("fsprobe_probe_success", 1.0, path=str(ckpt), probe="write")
         reader = StateReader(str(daemon.state_dir))
         first = reader.read()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while reader.read().generated_at == first.generated_at:
             assert time.monotonic() < deadline, "the state file is not rewritten"
             time.sleep(0.05)
@@ -100,7 +100,7 @@ def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
         assert f"{config}:" in line and "targets[0].write_intervall: unknown key" in line
         # Still serving, still probing the old target.
         before = daemon.value("fsprobe_probe_last_success_timestamp_seconds", probe="statvfs")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while daemon.value("fsprobe_probe_last_success_timestamp_seconds", probe="statvfs") == (
             before
         ):

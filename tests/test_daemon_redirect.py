@@ -208,7 +208,7 @@ def test_a_hung_fallback_delays_the_count_never_the_target_or_the_daemon(tmp_pat
     daemon = DaemonProcess(tmp_path, "--config", str(config), env=env).start()
     rule = faultfs.ctl.block("*", path="/fallback*")
     try:
-        line = daemon.wait_for_log("event=task_overdue", timeout=10)
+        line = daemon.wait_for_log("event=task_overdue")
         assert f"target={target} task=count errno=TIMEOUT" in line
         assert faultfs.ctl.rule(rule)["waiting"] >= 1
         before = psutil.Process(daemon.pid).cpu_times()

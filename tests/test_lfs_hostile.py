@@ -40,7 +40,7 @@ def worker():
     executor.close()
 
 
-def wait_gone(pid: int, seconds: float = 10.0) -> bool:
+def wait_gone(pid: int, seconds: float = 60.0) -> bool:
     deadline = time.monotonic() + seconds
     while is_fake_process(pid) and time.monotonic() < deadline:
         time.sleep(0.05)

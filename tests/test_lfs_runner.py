@@ -23,7 +23,7 @@ def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     yield from fake_lfs_for(monkeypatch, tmp_path)
 
 
-def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
+def wait_gone(pids: list[int], seconds: float = 60.0) -> list[int]:
     """The pids still running (not dead, not zombie) after waiting up to `seconds`."""
     deadline = time.monotonic() + seconds
     alive = pids

@@ -106,7 +106,7 @@ def test_hung_lfs_is_killed_and_the_probe_returns_by_its_deadline(
     assert elapsed < settings.timeout + SLACK, "three IDs share one deadline"
     pids = fake_lfs.pids()
     assert len(pids) == 2
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while any(is_fake_process(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(is_fake_process(pid) for pid in pids), "the fake and its child are gone"
