@@ -27,10 +27,15 @@ def prometheus_problem() -> str | None:
     return None
 
 
+#: Times a Prometheus is started on another port when the one that was free a moment ago
+#: has been taken since (an outgoing connection's ephemeral port, say) before it could bind.
+PORT_ATTEMPTS = 5
+
+
 class Prometheus:
     def __init__(self, home: Path, scrape_target: str, rule_files: Sequence[Path] = ()) -> None:
         require(prometheus_problem())
-        self.port = free_port()
+        self.home = home
         config = home / "prometheus.yml"
         rules = "".join(f"  - {path}\n" for path in rule_files)
         config.write_text(
@@ -44,13 +49,18 @@ class Prometheus:
             "    static_configs:\n"
             f"      - targets: ['{scrape_target}']\n"
         )
+        self.config = config
         self.log = home / "prometheus.log"
+        self._start()
+
+    def _start(self) -> None:
+        self.port = free_port()
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [
                     PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={home / 'tsdb'}",
+                    f"--config.file={self.config}",
+                    f"--storage.tsdb.path={self.home / 'tsdb'}",
                     f"--web.listen-address=127.0.0.1:{self.port}",
                     "--log.level=warn",
                 ],
@@ -61,11 +71,12 @@ class Prometheus:
 
     def api(self, path: str) -> dict:
         url = f"http://127.0.0.1:{self.port}{path}"
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=60) as response:
             return json.loads(response.read())
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
+        attempts = 1
         while True:
             try:
                 with urllib.request.urlopen(
@@ -75,7 +86,16 @@ class Prometheus:
                         return
             except OSError:
                 pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            exited = self.proc.poll() is not None
+            if (
+                exited
+                and "address already in use" in self.log.read_text()
+                and attempts < PORT_ATTEMPTS
+            ):
+                attempts += 1
+                self._start()
+                continue
+            if exited or time.monotonic() > deadline:
                 raise AssertionError(f"prometheus did not start:\n{self.log.read_text()}")
             time.sleep(0.1)
 
@@ -89,7 +109,7 @@ class Prometheus:
         assert len(result) <= 1, result
         return float(result[0]["value"][1]) if result else None
 
-    def wait_for(self, expression: str, expected: float, timeout: float = 20.0) -> None:
+    def wait_for(self, expression: str, expected: float, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while (value := self.value(expression)) != expected:
             if time.monotonic() > deadline:
