@@ -212,23 +212,53 @@ def remove_tree(parent_fd: int, name: str) -> bool:
 
     What another user owns is left where it is (with its directories, which cannot be empty
     then): fsprobe never acts as root on a file someone else wrote. A symlink is removed as
-    a link, never followed. Returns whether `name` is gone.
+    a link, never followed. Bounded like every walk here: entries are streamed, never listed
+    whole (a copy grown to millions of files costs no memory), and a branch deeper than
+    `MAX_DEPTH` is refused (ELOOP, its deepest part left) instead of running out of Python's
+    stack or of descriptors. Returns whether `name` is gone.
     """
-    euid = os.geteuid()
     try:
         info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     except FileNotFoundError:
         return True
-    if info.st_uid != euid:
+    return _remove(parent_fd, name, info, 0)
+
+
+#: Listings of one directory while removing its entries: a filesystem may skip an entry of a
+#: directory whose other entries are removed during its listing (NFS cookies), and the user
+#: whose tree it is may add more; the directory's removal then fails, as it should, and the
+#: next cleanup tries again.
+_REMOVAL_PASSES = 3
+
+
+def _remove(parent_fd: int, name: str, info: os.stat_result, depth: int) -> bool:
+    if info.st_uid != os.geteuid():
         log.warning("not removing %s: it belongs to uid %d, not to this user", name, info.st_uid)
         return False
     if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=parent_fd)
         return True
+    if depth >= MAX_DEPTH:
+        raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories", name)
     with opened(open_directory(name, parent_fd)) as fd:
         if not os.path.samestat(os.fstat(fd), info):  # swapped since the lstat
             return False
-        emptied = all([remove_tree(fd, entry) for entry in sorted(os.listdir(fd))])
-    if emptied:
+        if not _empty(fd, depth + 1):
+            return False
+    with contextlib.suppress(FileNotFoundError):
         os.rmdir(name, dir_fd=parent_fd)
-    return emptied
+    return True
+
+
+def _empty(dir_fd: int, depth: int) -> bool:
+    """Remove what is this user's in the open directory; whether it is empty now."""
+    for _ in range(_REMOVAL_PASSES):
+        removed = kept = 0
+        for name, info in entries(dir_fd):
+            if _remove(dir_fd, name, info, depth):
+                removed += 1
+            else:
+                kept += 1
+        if kept or not removed:
+            return not kept
+    return False
