@@ -448,6 +448,7 @@ def test_redirect_problems_are_counted_from_zero_beside_the_pending_bytes():
     assert samples(families, "fsprobe_redirect_problems_total") == {
         frozenset({("path", "/other"), ("problem", "sync_as_user_failed")}): 2,
         frozenset({("path", "/other"), ("problem", "area_squatted")}): 0,
+        frozenset({("path", "/other"), ("problem", "fallback_crowded")}): 0,
     }
 
 

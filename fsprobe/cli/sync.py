@@ -40,9 +40,9 @@ def _line(outcome: SyncOutcome) -> str:
 
 def exit_status(report: SyncReport) -> int:
     """0: nothing left; 1: entries still pending (target not ready, newer original); 2: trouble,
-    or a user root could not act for."""
+    a user root could not act for, or a fallback whose areas root could not all list."""
     outcomes = report.outcomes
-    if report.failures or any(o.action in _TROUBLE for o in outcomes):
+    if report.failures or report.crowded or any(o.action in _TROUBLE for o in outcomes):
         return 2
     if any(o.action in _LEFT for o in outcomes):
         return 1
@@ -137,12 +137,15 @@ def sync(
             "dry_run": dry_run,
             "entries": [outcome.to_dict() for outcome in report],
             "failures": [failure.to_dict() for failure in report.failures],
+            "crowded": report.crowded,
         }
         click.echo(json.dumps(document, indent=2))
     elif report.outcomes:
         click.echo("\n".join(_line(outcome) for outcome in report))
-    elif not report.failures:
+    elif not report.failures and not report.crowded:
         click.echo(f"nothing to sync in {', '.join(map(escaped, directories))}")
+    for crowded in report.crowded:
+        click.echo(f"fsprobe sync: not every area was synced: {escaped(crowded)}", err=True)
     for failure in report.failures:  # one line per user, also under --json
         click.echo(
             f"fsprobe sync: cannot sync uid {failure.uid}'s checkpoints in "

@@ -141,6 +141,10 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
     for squat in found:
         event(logging.WARNING, "area_squatted", target=path, area=squat)
     _log_too_many_entries(store, path, count.too_many_entries if count else ())
+    crowded = store.first_seen(path, "crowded", count.crowded if count else ())
+    for message in crowded:
+        event(logging.ERROR, "fallback_crowded", target=path, message=message)
+    changed = store.count_redirect_problems(path, "fallback_crowded", len(crowded)) or changed
     return store.count_redirect_problems(path, "area_squatted", len(found)) or changed
 
 

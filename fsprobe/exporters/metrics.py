@@ -67,7 +67,7 @@ _FILESYSTEM = ("path", "mountpoint", "fstype", "device")
 _QUOTA = ("path", "type", "id")
 
 #: What `fsprobe_redirect_problems_total` counts, by its `problem` label.
-REDIRECT_PROBLEMS = ("sync_as_user_failed", "area_squatted")
+REDIRECT_PROBLEMS = ("sync_as_user_failed", "area_squatted", "fallback_crowded")
 
 #: Every per-target family, in exposition order.
 FAMILIES: tuple[Family, ...] = (

@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from fsprobe.posix.owned import NotTrusted, components, walk
@@ -44,6 +44,30 @@ AREA_NAME = re.compile(r"^uid-(?P<uid>\d+)(?:\.[0-9a-f]{16})?$")
 #: only its user may enter must not become readable by everyone who shares the fallback.
 AREA_MODE = 0o700
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+#: Names of one fallback directory looked at, at most, by one listing of its areas: anyone who
+#: may write a shared fallback can fill it with millions of names, and root's daemon lists it
+#: every round (100,000 names take that listing about a tenth of a second).
+MAX_AREA_NAMES = 100_000
+
+
+class CrowdedFallback(OSError):
+    """A fallback directory holds more names than one listing of its areas looks at."""
+
+
+def fallback_entries(fallback: str, max_names: int = MAX_AREA_NAMES) -> Iterator[os.DirEntry]:
+    """The entries of `fallback`, streamed (a batch of names at a time, never a list of all);
+    `CrowdedFallback` (E2BIG) instead of the entry after the first `max_names`."""
+    with os.scandir(fallback) as listing:
+        for seen, item in enumerate(listing):
+            if seen >= max_names:
+                raise CrowdedFallback(
+                    errno.E2BIG,
+                    f"it holds more than {max_names} names, and those past them were not "
+                    "looked at: someone filled it (its areas there are neither counted nor "
+                    "synced by root, but kept; their users' own syncs find their own)",
+                    fallback,
+                )
+            yield item
 
 
 def fallback_dirs_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
@@ -200,11 +224,12 @@ def _squatter(area: Area) -> int | None:
 def _private_area(fallback: str, uid: int) -> Area | None:
     """The private area `claim_area` made for `uid` in `fallback`, if any (the first by name)."""
     prefix = f"{area_name(uid)}."
-    try:
-        names = sorted(name for name in os.listdir(fallback) if name.startswith(prefix))
-    except OSError:
-        return None
-    for name in names:
+    names: list[str] = []
+    with contextlib.suppress(OSError):  # crowded: the private areas among the names looked at
+        for item in fallback_entries(fallback):
+            if item.name.startswith(prefix):
+                names.append(item.name)
+    for name in sorted(names):
         area = Area(fallback, os.path.join(fallback, name), uid)
         if AREA_NAME.match(name) and _squatter(area) is None:
             return area

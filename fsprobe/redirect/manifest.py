@@ -16,6 +16,7 @@ regular file and its sha256 is still the one recorded.
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import contextlib
 import errno
@@ -43,8 +44,11 @@ from fsprobe.posix.tree import (
 )
 from fsprobe.redirect.fallback import (
     AREA_NAME,
+    MAX_AREA_NAMES,
     Area,
+    CrowdedFallback,
     area_name,
+    fallback_entries,
     mirrored,
     own_area,
     remove_area_if_empty,
@@ -193,30 +197,67 @@ def new_entry(fallback: str, requested: str, actual: str, nbytes: int, sha256: s
     )
 
 
-def areas(fallback: str) -> list[Area]:
+#: Areas of one user in one fallback directory, at most: ``uid-<uid>`` and a private area for
+#: each squat found there. More are that user's own making (any user may make directories
+#: ``uid-<own uid>.<16 hex digits>``), and each would cost root a manifest read every round.
+MAX_AREAS_PER_USER = 8
+
+
+@dataclass(frozen=True)
+class Areas:
+    """The users' areas found in one fallback directory (iterating gives them), and
+    `crowded`: why some were left out ("" when none was)."""
+
+    found: tuple[Area, ...]
+    crowded: str = ""
+
+    def __iter__(self) -> Iterator[Area]:
+        return iter(self.found)
+
+
+def areas(fallback: str, max_names: int = MAX_AREA_NAMES) -> Areas:
     """Every user's area in `fallback`: a directory ``uid-<uid>`` that this uid owns.
 
     Opening an area still proves whose it is; this only keeps root from acting for an
     account because of a name: anyone who may write a shared fallback can make a directory
     called ``uid-<any uid>``, and root runs a sync as the user of every area it finds. A
     manifest directly in the fallback directory, as fsprobe wrote them before areas existed,
-    counts as an area of the manifest's owner.
+    counts as an area of the manifest's owner. Bounded: at most `max_names` names looked at
+    (streamed), and `MAX_AREAS_PER_USER` areas of one user (``uid-<uid>`` first, then by
+    name: the private area a squatted user's saves use); what is left out is `crowded`.
     """
     fallback = os.path.abspath(fallback)
-    found = []
-    with os.scandir(fallback) as listing:
-        for item in listing:
+    found: dict[int, list[str]] = {}  # uid -> names of their areas, sorted, capped
+    legacy: list[Area] = []
+    crowded: list[str] = []
+    try:
+        for item in fallback_entries(fallback, max_names):
             match = AREA_NAME.match(item.name)
             if match is not None:
                 uid = int(match["uid"])
                 canonical = item.name.split(".")[0] == area_name(uid)  # no uid-007
                 if canonical and _directory_of(item, uid):
-                    found.append(Area(fallback, item.path, uid))
+                    names = found.setdefault(uid, [])
+                    bisect.insort(names, item.name)
+                    if len(names) > MAX_AREAS_PER_USER:
+                        names.pop()
+                        crowded.append(
+                            f"{fallback}: uid {uid} has more than {MAX_AREAS_PER_USER} areas "
+                            "there (the rest are neither counted nor synced by root)"
+                        )
             elif item.name == MANIFEST:
                 with contextlib.suppress(OSError):
                     owner = item.stat(follow_symlinks=False).st_uid
-                    found.append(Area(fallback, fallback, owner))
-    return sorted(found, key=lambda area: (area.owner, area.legacy))
+                    legacy.append(Area(fallback, fallback, owner))
+    except CrowdedFallback as error:
+        crowded.append(f"{fallback}: {error.strerror}")
+    listed = [
+        Area(fallback, os.path.join(fallback, name), uid)
+        for uid, names in found.items()
+        for name in names
+    ]
+    ordered = sorted(listed + legacy, key=lambda area: (area.owner, area.legacy))
+    return Areas(tuple(ordered), "; ".join(dict.fromkeys(crowded)))
 
 
 @dataclass(frozen=True)
@@ -226,18 +267,16 @@ class FallbackCount:
     pending_bytes: int
     squatted: tuple[str, ...]  # `squatted_areas`
     too_many_entries: tuple[str, ...] = ()  # areas past their `MAX_AREA_ENTRIES`
+    crowded: tuple[str, ...] = ()  # why areas were left out of a listing (`Areas.crowded`)
 
 
 def count_fallbacks(fallback_dirs: Iterable[str], under: str, max_entries: int) -> FallbackCount:
     """The pending bytes of the copies meant for `under`, the squatted areas, and the areas
     whose copies hold more than `max_entries` entries (`MAX_AREA_ENTRIES`; not counted)."""
     fallback_dirs = tuple(fallback_dirs)
-    total, too_many = measure_pending(fallback_dirs, under, max_entries)
-    return FallbackCount(total, tuple(squatted_areas(fallback_dirs)), too_many)
-
-
-#: Names looked at in one fallback directory, at most, for `squatted_areas`.
-MAX_AREA_NAMES = 100_000
+    crowded: list[str] = []
+    total, too_many = measure_pending(fallback_dirs, under, max_entries, crowded)
+    return FallbackCount(total, tuple(squatted_areas(fallback_dirs)), too_many, tuple(crowded))
 
 
 def squatted_areas(fallback_dirs: Iterable[str]) -> list[str]:
@@ -245,8 +284,8 @@ def squatted_areas(fallback_dirs: Iterable[str]) -> list[str]:
     else made them (a squat: that user's saves go to a private area, `claim_area`)."""
     found = []
     for fallback in fallback_dirs:
-        with contextlib.suppress(OSError), os.scandir(fallback) as listing:
-            for _, item in zip(range(MAX_AREA_NAMES), listing):
+        with contextlib.suppress(OSError):  # crowded: the squats among the names looked at
+            for item in fallback_entries(fallback):
                 match = AREA_NAME.match(item.name)
                 if match is None or item.name != area_name(int(match["uid"])):
                     continue
@@ -524,17 +563,26 @@ class OpenCopy:
         self.close()
 
 
-def pending(fallback_dirs: Iterable[str], mine: bool = False) -> list[Entry]:
+def pending(
+    fallback_dirs: Iterable[str], mine: bool = False, crowded: list[str] | None = None
+) -> list[Entry]:
     """The redirected checkpoints not yet copied back, newest first (only this user's if `mine`).
 
     Untrusted manifests are skipped with a warning (other users' manifests that this user may
     not read, quietly). An entry replaced by a later save to the same fallback file is not
-    pending (its bytes are gone).
+    pending (its bytes are gone). Why a listing of areas left some out goes to `crowded`.
     """
     entries: list[Entry] = []
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
         try:
-            found = own_areas(fallback) if mine else areas(fallback)
+            found: Iterable[Area]
+            if mine:
+                found = own_areas(fallback)
+            else:
+                listing = areas(fallback)
+                found = listing
+                if listing.crowded and crowded is not None:
+                    crowded.append(listing.crowded)
         except OSError as error:
             log.warning("cannot list the fallback directory %s: %s", fallback, error)
             continue
@@ -567,7 +615,10 @@ def _superseded_now(entry: Entry) -> bool:
 
 
 def measure_pending(
-    fallback_dirs: Iterable[str], under: str, max_entries: int = MAX_AREA_ENTRIES
+    fallback_dirs: Iterable[str],
+    under: str,
+    max_entries: int = MAX_AREA_ENTRIES,
+    crowded: list[str] | None = None,
 ) -> tuple[int, tuple[str, ...]]:
     """Bytes of redirected checkpoints waiting to go back to `under` (a target directory),
     and the areas whose directory copies hold more than `max_entries` entries in all.
@@ -576,12 +627,13 @@ def measure_pending(
     not what a manifest line claims, and only what a sync will bring home: a copy superseded
     by a newer checkpoint at its requested path is kept, but not pending (it kept
     FsprobeRedirectedCheckpointsPending firing for good). Directory copies are walked
-    streaming, at most `max_entries` entries per area: a copy past that is not counted.
+    streaming, at most `max_entries` entries per area: a copy past that is not counted. Why
+    areas were left out of a listing goes to `crowded` (`Areas.crowded`).
     """
     total = 0
     budgets: dict[str, EntryBudget] = {}
     too_many: dict[str, None] = {}
-    for entry in pending(fallback_dirs):
+    for entry in pending(fallback_dirs, crowded=crowded):
         if not is_under(entry.requested, under) or _superseded_now(entry):
             continue  # a superseded copy is kept, but no sync will bring it home
         budget = budgets.setdefault(entry.area.path, EntryBudget(max_entries))

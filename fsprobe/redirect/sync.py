@@ -33,6 +33,7 @@ from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.fallback import AREA_NAME, Area, area_name
 from fsprobe.redirect.manifest import (
     MAX_AREA_ENTRIES,
+    Areas,
     Entry,
     OpenCopy,
     areas,
@@ -136,6 +137,7 @@ class SyncReport:
 
     outcomes: list[SyncOutcome] = field(default_factory=list)
     failures: list[UnsyncedUser] = field(default_factory=list)
+    crowded: list[str] = field(default_factory=list)  # root's listings that left areas out
 
     def __iter__(self) -> Iterator[SyncOutcome]:
         return iter(self.outcomes)
@@ -416,7 +418,11 @@ def sync(
         for area in own_areas(fallback):
             report.outcomes += _sync_area(area, under, clean, max_entries, ready=ready, **options)
         if os.geteuid() == 0:
-            others = {area.owner for area in _areas_or_none(fallback)} - {0}
+            listing = _areas_or_none(fallback)
+            if listing.crowded:
+                log.error("not every area of %s is synced: %s", fallback, listing.crowded)
+                report.crowded.append(listing.crowded)
+            others = {area.owner for area in listing} - {0}
             runs += [(fallback, owner) for owner in sorted(others)]
     share = round_seconds / max(1, len(runs))
     for fallback, owner in fair_order(runs, rotation):
@@ -430,9 +436,9 @@ def sync(
     return report
 
 
-def _areas_or_none(fallback: str) -> list[Area]:
+def _areas_or_none(fallback: str) -> Areas:
     try:
         return areas(fallback)
     except OSError as error:
         log.warning("cannot list the fallback directory %s: %s", fallback, error)
-        return []
+        return Areas(())
