@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fsprobe.redirect import limits
+from fsprobe.posix import limits
 from tests.daemon_process import DaemonProcess, clean_environment
 from tests.support.capability import need_command
 from tests.support.users import REPO, share

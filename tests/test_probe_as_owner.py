@@ -319,6 +319,28 @@ def _wait_for_pid(pidfile: Path) -> int:
     raise TimeoutError("the fake lfs never started")
 
 
+LFS_LIMITS = """
+import resource, sys
+from fsprobe.lustre.runner import run_lfs
+from fsprobe.posix.identity import Identity
+resource.setrlimit(resource.RLIMIT_NOFILE, (4321, 4321))  # a service's LimitNOFILE
+run = run_lfs(["-c", "ulimit -Sn; ulimit -Hn; id -u"], binary="/bin/sh", timeout=30,
+              identity=Identity.of_account(int(sys.argv[1])))
+print(run.stdout, end="")
+"""
+
+
+def test_the_lfs_root_runs_as_her_has_her_login_limits_not_roots(local_users):
+    """On main it had root's raised limits (4321 open files): hers to use through it."""
+    alice = local_users.user()
+    done = subprocess.run(
+        [sys.executable, "-c", LFS_LIMITS, str(alice.uid)],
+        capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1024", "4321", str(alice.uid)]  # a login's soft, root's hard
+
+
 def test_probe_as_names_an_account_or_is_refused(tmp_path):
     config = tmp_path / "fsprobe.toml"
     config.write_text(f'[[targets]]\npath = "{tmp_path}"\nprobe_as = "no-such-user-here"\n')

@@ -15,6 +15,8 @@ import pwd
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fsprobe.posix.limits import login_limits, lower_to
+
 #: Where the kernel says which gid stands for "nobody's" (used as a real gid below).
 _OVERFLOW_GID = "/proc/sys/kernel/overflowgid"
 
@@ -63,11 +65,14 @@ def exec_as(identity: Identity) -> Callable[[], None]:
     root's service: ``exec`` leaves a process dumpable only when its real and effective IDs
     agree, so its real gid is made "nobody's" (the overflow gid), its effective gid stays the
     identity's (Lustre checks the effective uid and the groups; the real gid opens nothing).
+    The program gets the limits a login of the user would (`fsprobe.posix.limits`), read here,
+    before the fork, and only ever lowered from root's: not a service's raised ones.
     The returned function runs between fork and exec in a single-threaded child, so glibc's
     broadcast of ``setgroups`` to every thread reaches only that child. PermissionError here
     for a gid that is the overflow gid itself (nothing left to tell real from effective).
     """
     groups = list(identity.groups)
+    limits = login_limits(_account_name(identity.uid), groups)
     real_gid = _overflow_gid()
     if real_gid == identity.gid:
         raise PermissionError(
@@ -76,11 +81,20 @@ def exec_as(identity: Identity) -> Callable[[], None]:
         )
 
     def become() -> None:
+        lower_to(limits)
         os.setgroups(groups)
         os.setresgid(real_gid, identity.gid, identity.gid)
         os.setresuid(identity.uid, identity.uid, identity.uid)
 
     return become
+
+
+def _account_name(uid: int) -> str:
+    """The account name of `uid`; "" for a uid without one (only ``*`` lines are its)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return ""
 
 
 def _overflow_gid() -> int:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fsprobe.posix import children
-from fsprobe.redirect.limits import login_limits, lower_to
+from fsprobe.posix.limits import login_limits, lower_to
 
 #: More than any report of a real run; a run that says more is killed and disbelieved.
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
