@@ -219,10 +219,9 @@ def test_a_hung_fallback_delays_the_count_never_the_target_or_the_daemon(tmp_pat
         assert daemon.log().count("event=task_overdue") == 1, daemon.log()
         assert faultfs.ctl.rule(rule)["waiting"] == 1
         assert daemon.value("fsprobe_health_status", path=str(target)) == 0.0
-        start = time.monotonic()
         daemon.send(signal.SIGTERM)
-        assert daemon.wait(timeout=5) == 0, daemon.log()
-        assert time.monotonic() - start < 1.0
+        assert daemon.wait(timeout=60) == 0, daemon.log()
+        assert faultfs.ctl.rule(rule)["waiting"] == 1  # exited while the count still hangs
     finally:
         faultfs.ctl.remove(rule)
         daemon.stop()
