@@ -23,11 +23,10 @@ import psutil
 import pytest
 
 from fsprobe.posix import limits
-from tests.daemon_process import DaemonProcess, clean_environment
 from tests.support.capability import need_command
 from tests.support.users import REPO, share
 from tests.test_deploy_systemd import UNIT, _directives
-from tests.test_trust_fallback import make_dir, save_as
+from tests.test_trust_fallback import make_dir, save_as, syncing_daemon
 
 
 @pytest.fixture
@@ -53,16 +52,11 @@ def test_a_users_sync_back_is_not_killed_by_the_lfs_runs_beside_it(local_users, 
     lfs = place / "lfs"
     lfs.write_text(f"#!/bin/sh\necho run >> {lfs_runs}\n")
     lfs.chmod(0o755)
-    config = place / "fsprobe.toml"
-    config.write_text(
-        "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.5\nwrite_probe = false\n"
-        f'quota_probe = "always"\nquota_provider = "lfs"\nlfs = "{lfs}"\nquota_interval = 0.1\n'
-        f'[[targets]]\npath = "{target}"\nfallback_dirs = ["{fallback}"]\nuser = {alice.uid}\n'
-    )
-    home = make_dir(place / "daemon", 0o700)
-    daemon = DaemonProcess(
-        home, "--config", str(config), "--sync-redirected", env=clean_environment(),
-        python=local_users.python,
+    daemon = syncing_daemon(
+        place, target, fallback, local_users.python,
+        defaults=f'quota_probe = "always"\nquota_provider = "lfs"\nlfs = "{lfs}"\n'
+        "quota_interval = 0.1\n",
+        more=f"user = {alice.uid}\n",
     )  # fmt: skip
     with daemon:
         deadline = time.monotonic() + 60
@@ -376,16 +370,7 @@ def test_the_root_daemon_that_cannot_act_as_a_user_logs_an_error_and_counts_it(l
     target = make_dir(place / "ckpt", 0o755)
     assert save_as(alice, target / "model.pt", "alice's weights", fallback)["redirected"]
     os.chown(target, alice.uid, -1)
-    config = place / "fsprobe.toml"
-    config.write_text(
-        "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.5\nwrite_probe = false\n"
-        f'[[targets]]\npath = "{target}"\nfallback_dirs = ["{fallback}"]\n'
-    )
-    home = make_dir(place / "daemon", 0o700)
-    daemon = DaemonProcess(
-        home, "--config", str(config), "--sync-redirected", env=clean_environment(),
-        python=private_python(local_users, place),
-    )  # fmt: skip
+    daemon = syncing_daemon(place, target, fallback, private_python(local_users, place))
     with daemon:
         line = daemon.wait_for_log("event=sync_as_user_failed", timeout=60)
         labels = {"path": str(target), "problem": "sync_as_user_failed"}

@@ -19,9 +19,8 @@ import pytest
 from fsprobe.redirect import manifest
 from fsprobe.redirect.fallback import own_area, prepare_directory, redirect_path
 from fsprobe.redirect.manifest import MAX_AREA_ENTRIES
-from tests.daemon_process import DaemonProcess, clean_environment
 from tests.support.users import REPO, share
-from tests.test_trust_fallback import make_dir, save_as
+from tests.test_trust_fallback import make_dir, save_as, syncing_daemon
 
 
 @pytest.fixture
@@ -237,17 +236,9 @@ def test_the_daemon_names_an_area_past_the_entry_cap_once(local_users, place):
         _plant_directory_copy, str(scratch), str(target / "run"), MAX_AREA_ENTRIES + 1,
         timeout=300,
     )  # fmt: skip
-    config = place / "fsprobe.toml"
-    config.write_text(
-        "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.5\nwrite_probe = false\n"
-        f'quota_probe = "never"\n[[targets]]\npath = "{target}"\n'
-        f'fallback_dirs = ["{scratch}"]\n'
+    daemon = syncing_daemon(
+        place, target, scratch, local_users.python, defaults='quota_probe = "never"\n'
     )
-    home = make_dir(place / "daemon", 0o700)
-    daemon = DaemonProcess(
-        home, "--config", str(config), "--sync-redirected", env=clean_environment(),
-        python=local_users.python,
-    )  # fmt: skip
     with daemon:
         line = daemon.wait_for_log("event=area_too_many_entries", timeout=120)
         os.chown(target, bob.uid, -1)  # a later round brings Bob's back, and meets hers again

@@ -64,6 +64,23 @@ def make_dir(path: Path, mode: int, owner: LocalUser | None = None, group: int =
     return path
 
 
+def syncing_daemon(
+    place: Path, target: Path, fallback: Path, python: str, defaults: str = "", more: str = ""
+) -> DaemonProcess:
+    """Root's `fsprobe run --sync-redirected` of `target` with `fallback`, no write probe, its
+    fallback counted and synced every 0.5 s, its home `place/daemon`; `defaults` and `more`
+    add lines to the config's [defaults] and to the target."""
+    config = place / "fsprobe.toml"
+    config.write_text(
+        "[defaults]\nstatvfs_interval = 0.5\nredirect_interval = 0.5\nwrite_probe = false\n"
+        f'{defaults}[[targets]]\npath = "{target}"\nfallback_dirs = ["{fallback}"]\n{more}'
+    )
+    home = make_dir(place / "daemon", 0o700)
+    return DaemonProcess(
+        home, "--config", str(config), "--sync-redirected", env=clean_environment(), python=python
+    )
+
+
 def area_of(fallback: Path, user: LocalUser) -> Path:
     return fallback / f"uid-{user.uid}"
 
