@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fsprobe.redirect.fallback import MAX_AREA_NAMES, claim_area, own_area
 from fsprobe.redirect.manifest import MAX_AREAS_PER_USER, areas
 from tests.daemon_process import DaemonProcess, clean_environment
 from tests.support.users import share
@@ -97,3 +98,26 @@ def test_the_daemon_names_a_crowded_fallback_once(local_users, place):
         log = daemon.log()
     assert f"uid {mallory.uid} has more than" in line and "level=error" in line
     assert log.count("event=fallback_crowded") == 1
+
+
+def _flood_of_names(fallback: Path, count: int) -> None:
+    for number in range(count):
+        os.close(os.open(fallback / f"n{number}", os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def test_a_squat_and_a_flood_of_names_do_not_hide_a_users_area_from_herself(
+    local_users, tmpfs
+):
+    """Mallory squats ``uid-<alice>``, Alice's saves use the private area they make instead,
+    then Mallory fills the fallback with more than `MAX_AREA_NAMES` names. On tmpfs (newest
+    name listed first) Alice's area came after the cap: her own `own_area` fell back to the
+    squat, and her resume would load an older checkpoint. Root's listing stops at the cap;
+    hers looks at every name."""
+    alice, mallory = local_users.user(), local_users.user()
+    fs = tmpfs(size="64M", nr_inodes=MAX_AREA_NAMES + 10_000, mode=0o1777)
+    fallback = fs.path
+    mallory.run(os.mkdir, fallback / f"uid-{alice.uid}", 0o700)
+    claimed = alice.run(lambda: claim_area(str(fallback)).path)
+    assert claimed != str(fallback / f"uid-{alice.uid}")
+    mallory.run(_flood_of_names, fallback, MAX_AREA_NAMES + 1, timeout=300)
+    assert alice.run(lambda: own_area(str(fallback)).path) == claimed

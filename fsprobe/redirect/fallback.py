@@ -221,13 +221,28 @@ def _squatter(area: Area) -> int | None:
     return info.st_uid
 
 
+def _own_directory(item: os.DirEntry, uid: int) -> bool:
+    try:
+        info = item.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == uid
+
+
 def _private_area(fallback: str, uid: int) -> Area | None:
-    """The private area `claim_area` made for `uid` in `fallback`, if any (the first by name)."""
+    """The private area `claim_area` made for `uid` in `fallback`, if any (the first by name).
+
+    The user's own lookup, not root's: it streams every name, past `MAX_AREA_NAMES` too. A
+    neighbour who squatted ``uid-<uid>`` and then filled the fallback with names would
+    otherwise hide the user's area from her own saves and `locate` (a resume from an older
+    checkpoint, silently). Only her own directories are kept, so what others make costs her
+    time, never memory.
+    """
     prefix = f"{area_name(uid)}."
     names: list[str] = []
-    with contextlib.suppress(OSError):  # crowded: the private areas among the names looked at
-        for item in fallback_entries(fallback):
-            if item.name.startswith(prefix):
+    with contextlib.suppress(OSError), os.scandir(fallback) as listing:
+        for item in listing:
+            if item.name.startswith(prefix) and _own_directory(item, uid):
                 names.append(item.name)
     for name in sorted(names):
         area = Area(fallback, os.path.join(fallback, name), uid)
