@@ -16,7 +16,7 @@ of them binds, because 5 GiB left is plenty on a 10 GiB quota and nothing on a 1
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fsprobe.errors import NOT_AS_ROOT, UNTRUSTED, ErrorClass, classify
@@ -428,37 +428,8 @@ _QUOTA_STATE_REASONS = {
 def _quota_reasons(quota: QuotaReport, policy: Policy, now: float) -> list[Reason]:
     reasons = []
     for entry in quota.entries:
-        for resource, fmt in (("bytes", format_bytes), ("inodes", format_count)):
-            usage: QuotaUsage = getattr(entry, resource)
-            state = usage.state_at(now)
-            if state is QuotaState.OK:
-                continue
-            code, severity, errno = _QUOTA_STATE_REASONS[state]
-            who = f"{entry.type} quota of {entry.name or entry.id}"
-            if entry.pool:
-                who += f" in pool {entry.pool}"
-            limit = usage.hard if state is QuotaState.HARD_REACHED else usage.soft
-            limit_words = f"{'hard' if state is QuotaState.HARD_REACHED else 'soft'} limit"
-            message = f"{who}: {fmt(usage.used)} {resource} used"
-            if limit is not None:
-                message += f", {limit_words} {fmt(limit)}"
-            if state is QuotaState.GRACE_EXPIRED:
-                message += "; grace period expired, writes are refused"
-            elif state is QuotaState.HARD_REACHED:
-                message += "; writes are refused"
-            elif usage.grace_expires_at is not None:
-                left = usage.grace_expires_at - now
-                message += f"; grace period ends in {format_duration(left)}"
-                if left < policy.grace_expiring_seconds:
-                    reasons.append(
-                        Reason(
-                            "quota_grace_expiring",
-                            Severity.DEGRADED,
-                            f"{who}: grace period for {resource} ends in "
-                            f"{format_duration(left)}; after that writes are refused",
-                        )
-                    )
-            reasons.append(Reason(code, severity, message, errno=errno))
+        reasons += _quota_usage_reasons(entry, "bytes", format_bytes, policy, now)
+        reasons += _quota_usage_reasons(entry, "inodes", format_count, policy, now)
     if quota.inaccurate or quota.errors:
         detail = "; ".join(quota.errors) or "some storage targets did not answer"
         reasons.append(
@@ -466,6 +437,43 @@ def _quota_reasons(quota: QuotaReport, policy: Policy, now: float) -> list[Reaso
         )
     reasons += [Reason("quota_note", Severity.NOTICE, note) for note in quota.notes]
     return reasons
+
+
+def _quota_usage_reasons(
+    entry: QuotaEntry, resource: str, fmt: Callable[[int], str], policy: Policy, now: float
+) -> list[Reason]:
+    """Where one quota's `resource` (bytes or inodes) stands against its limits."""
+    usage: QuotaUsage = getattr(entry, resource)
+    state = usage.state_at(now)
+    if state is QuotaState.OK:
+        return []
+    code, severity, errno = _QUOTA_STATE_REASONS[state]
+    who = f"{entry.type} quota of {entry.name or entry.id}"
+    if entry.pool:
+        who += f" in pool {entry.pool}"
+    hard = state is QuotaState.HARD_REACHED
+    limit = usage.hard if hard else usage.soft
+    message = f"{who}: {fmt(usage.used)} {resource} used"
+    if limit is not None:
+        message += f", {'hard' if hard else 'soft'} limit {fmt(limit)}"
+    reasons = []
+    if state is QuotaState.GRACE_EXPIRED:
+        message += "; grace period expired, writes are refused"
+    elif hard:
+        message += "; writes are refused"
+    elif usage.grace_expires_at is not None:
+        left = usage.grace_expires_at - now
+        message += f"; grace period ends in {format_duration(left)}"
+        if left < policy.grace_expiring_seconds:
+            reasons.append(
+                Reason(
+                    "quota_grace_expiring",
+                    Severity.DEGRADED,
+                    f"{who}: grace period for {resource} ends in "
+                    f"{format_duration(left)}; after that writes are refused",
+                )
+            )
+    return [*reasons, Reason(code, severity, message, errno=errno)]
 
 
 def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Reason]:
@@ -585,9 +593,48 @@ def evaluate(
     need_bytes: int | None = None,
     need_inodes: int | None = None,
 ) -> Verdict:
-    """Judge a snapshot. `need_*` asks whether a checkpoint of that size fits (a preflight)."""
-    reasons: list[Reason] = []
+    """Judge a snapshot. `need_*` asks whether a checkpoint of that size fits (a preflight).
+
+    Each resource is judged by a function of its own below, in the order of the data path;
+    the reasons are then ordered worst first.
+    """
+    judged, reasons = _fresh_results(snapshot, policy, now)
+    bugs = {probe: result for probe, result in judged.items() if result.error == INTERNAL}
+    reasons += [
+        internal_error("probe", f"the {probe} probe raised {result.message}")
+        for probe, result in bugs.items()
+    ]
+    fresh = {probe: result for probe, result in judged.items() if probe not in bugs}
+    untrusted = sorted(probe for probe, result in fresh.items() if result.error == UNTRUSTED)
+    reasons += _stuck_reasons(fresh)
+    reasons += _untrusted_reasons(fresh, untrusted)
+    reasons += _failed_probe_reasons(fresh, untrusted)
+
+    fs: FilesystemInfo | None = _value(fresh, "statvfs")
+    quota: QuotaReport | None = _value(fresh, "quota")
+    reasons += _filesystem_reasons(fs)
+    headroom = compute_headroom(fs, quota, now)
+    reasons += _headroom_reasons(headroom, policy)
+    fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
+    reasons += fit_reasons
+    reasons += _quota_probe_reasons(fresh.get("quota"), quota, untrusted, policy, now)
+    reasons += _lustre_reasons(_value(fresh, "lfs_df") or (), policy)
+    reasons += _write_probe_reasons(
+        fresh.get("write"), untrusted, snapshot.recent_write_errors, policy
+    )
+    reasons += _tmpdir_reasons(_value(fresh, "tmpdir"), policy)
+
+    status = Status.UNKNOWN if bugs else _status(reasons, fresh)
+    return Verdict(status, _ordered(reasons), headroom, fits, _fresh_until(judged, policy))
+
+
+def _fresh_results(
+    snapshot: Snapshot, policy: Policy, now: float
+) -> tuple[dict[str, ProbeResult], list[Reason]]:
+    """The results still young enough to judge (a stuck mark always is), and a transient
+    reason for each that is not."""
     fresh: dict[str, ProbeResult] = {}
+    reasons = []
     for probe, result in snapshot.results.items():
         age = now - result.finished_at
         if result.stuck or age <= policy.stale_after(probe):
@@ -602,56 +649,63 @@ def evaluate(
                     transient=True,
                 )
             )
+    return fresh, reasons
 
-    bugs = {probe: result for probe, result in fresh.items() if result.error == INTERNAL}
-    for probe, result in bugs.items():
-        reasons.append(internal_error("probe", f"the {probe} probe raised {result.message}"))
-    judged = fresh
-    fresh = {probe: result for probe, result in fresh.items() if probe not in bugs}
 
+def _value(fresh: Mapping[str, ProbeResult], probe: str):
+    """The value of `probe`'s fresh result, None when it failed or did not run."""
+    result = fresh.get(probe)
+    return result.value if result is not None and result.ok else None
+
+
+def _stuck_reasons(fresh: Mapping[str, ProbeResult]) -> list[Reason]:
     stuck = sorted(probe for probe, result in fresh.items() if result.stuck)
-    if stuck:
-        blocked = snapshot.results[stuck[0]]
-        reasons.append(
-            Reason(
-                "mount_stuck",
-                Severity.UNHEALTHY,
-                f"{' and '.join(stuck)} did not return within the deadline: {blocked.message}",
-                transient=True,
-                errno="ETIMEDOUT",
-            )
+    if not stuck:
+        return []
+    return [
+        Reason(
+            "mount_stuck",
+            Severity.UNHEALTHY,
+            f"{' and '.join(stuck)} did not return within the deadline: {fresh[stuck[0]].message}",
+            transient=True,
+            errno="ETIMEDOUT",
         )
+    ]
 
-    untrusted = sorted(probe for probe, result in fresh.items() if result.error == UNTRUSTED)
-    if untrusted:
-        reasons.append(
-            Reason(
-                "target_untrusted",
-                Severity.UNHEALTHY,
-                fresh[untrusted[0]].message or "the target path is not to be followed",
-                errno="EACCES",  # as a save there is treated: go elsewhere, never retry
-            )
+
+def _untrusted_reasons(fresh: Mapping[str, ProbeResult], untrusted: list[str]) -> list[Reason]:
+    if not untrusted:
+        return []
+    return [
+        Reason(
+            "target_untrusted",
+            Severity.UNHEALTHY,
+            fresh[untrusted[0]].message or "the target path is not to be followed",
+            errno="EACCES",  # as a save there is treated: go elsewhere, never retry
         )
+    ]
 
-    for probe, result in fresh.items():
-        if result.ok or result.stuck or probe in ("write", "quota", *untrusted):
-            continue  # write and quota failures have reasons of their own below
-        reasons.append(
-            Reason(
-                "probe_failed",
-                Severity.DEGRADED,
-                f"the {probe} probe failed: {result.message or result.error} ({result.error})",
-                transient=True,
-            )
+
+def _failed_probe_reasons(fresh: Mapping[str, ProbeResult], untrusted: list[str]) -> list[Reason]:
+    """A transient reason for each probe that failed, but for those judged on their own."""
+    return [
+        Reason(
+            "probe_failed",
+            Severity.DEGRADED,
+            f"the {probe} probe failed: {result.message or result.error} ({result.error})",
+            transient=True,
         )
+        for probe, result in fresh.items()
+        # write and quota failures have reasons of their own
+        if not (result.ok or result.stuck or probe in ("write", "quota", *untrusted))
+    ]
 
-    def value(probe: str):
-        result = fresh.get(probe)
-        return result.value if result is not None and result.ok else None
 
-    fs: FilesystemInfo | None = value("statvfs")
-    quota: QuotaReport | None = value("quota")
-    if fs is not None and fs.readonly:
+def _filesystem_reasons(fs: FilesystemInfo | None) -> list[Reason]:
+    if fs is None:
+        return []
+    reasons = []
+    if fs.readonly:
         reasons.append(
             Reason(
                 "readonly",
@@ -660,51 +714,52 @@ def evaluate(
                 errno="EROFS",
             )
         )
+    return reasons + capacity_reasons(fs)
 
-    if fs is not None:
-        reasons += capacity_reasons(fs)
-    headroom = compute_headroom(fs, quota, now)
-    reasons += _headroom_reasons(headroom, policy)
-    fits, fit_reasons = fit(headroom, need_bytes, need_inodes)
-    reasons += fit_reasons
 
-    if quota is not None:
-        reasons += _quota_reasons(quota, policy, now)
-    quota_result = fresh.get("quota")
-    if (
-        quota_result is not None
-        and not quota_result.ok
-        and not quota_result.stuck
-        and "quota" not in untrusted
-    ):
+def _quota_probe_reasons(
+    result: ProbeResult | None,
+    quota: QuotaReport | None,
+    untrusted: list[str],
+    policy: Policy,
+    now: float,
+) -> list[Reason]:
+    """The quota's own reasons when it was read, or why it could not be."""
+    reasons = _quota_reasons(quota, policy, now) if quota is not None else []
+    if result is not None and not result.ok and not result.stuck and "quota" not in untrusted:
         reasons.append(
             Reason(
                 "quota_unavailable",
                 Severity.DEGRADED,
-                f"quota could not be read: {quota_result.message} ({quota_result.error})",
+                f"quota could not be read: {result.message} ({result.error})",
             )
         )
+    return reasons
 
-    reasons += _lustre_reasons(value("lfs_df") or (), policy)
 
-    write_result = fresh.get("write")
-    if write_result is not None and not write_result.stuck and "write" not in untrusted:
-        reasons += _write_reasons(write_result, snapshot.recent_write_errors, policy)
+def _write_probe_reasons(
+    result: ProbeResult | None,
+    untrusted: list[str],
+    recent_errors: tuple[str | None, ...],
+    policy: Policy,
+) -> list[Reason]:
+    if result is None or result.stuck or "write" in untrusted:
+        return []
+    return _write_reasons(result, recent_errors, policy)
 
-    tmpdir: TmpdirInfo | None = value("tmpdir")
-    if policy.check_tmpdir and tmpdir is not None and not tmpdir.same_device:
-        reasons.append(
-            Reason(
-                "tmpdir_cross_device",
-                Severity.NOTICE,
-                f"$TMPDIR ({tmpdir.path}) is on another filesystem: a checkpoint that a "
-                "framework stages there is copied, not renamed, into place "
-                "(fsprobe's own saves never stage there)",
-            )
+
+def _tmpdir_reasons(tmpdir: TmpdirInfo | None, policy: Policy) -> list[Reason]:
+    if not policy.check_tmpdir or tmpdir is None or tmpdir.same_device:
+        return []
+    return [
+        Reason(
+            "tmpdir_cross_device",
+            Severity.NOTICE,
+            f"$TMPDIR ({tmpdir.path}) is on another filesystem: a checkpoint that a "
+            "framework stages there is copied, not renamed, into place "
+            "(fsprobe's own saves never stage there)",
         )
-
-    status = Status.UNKNOWN if bugs else _status(reasons, fresh)
-    return Verdict(status, _ordered(reasons), headroom, fits, _fresh_until(judged, policy))
+    ]
 
 
 #: The probes whose success says something about the target's health on its own; the $TMPDIR
