@@ -79,11 +79,28 @@ SAVE_BUCKETS: tuple[float, ...] = (
 
 
 @dataclass(frozen=True)
+class SaveProblem:
+    """The latest save of one outcome other than ok, for an alert to name: when the daemon
+    heard of it, the file asked for, the user, the errno (and step) that kept it from the
+    target, where it landed instead, and whether a fallback was tried (``none``, ``tried``:
+    it failed there too, ``landed``)."""
+
+    at: float
+    file: str
+    uid: int
+    errno: str
+    step: str
+    fallback: str
+    landed: str | None = None
+
+
+@dataclass(frozen=True)
 class SaveStats:
     """What the daemon heard of real saves into one target (`fsprobe.events`), since its start.
 
     `interval` is the target's regular save interval as seen (the median gap between its
-    last successful saves), None until three were seen: what "overdue" is measured against.
+    last successful saves), None until three were seen: what "overdue" is measured against;
+    None again once no process that saved is left (`savers`).
     """
 
     outcomes: Mapping[str, int] = field(default_factory=dict)
@@ -95,6 +112,8 @@ class SaveStats:
     last: LastSave | None = None
     last_success_at: float | None = None
     interval: float | None = None
+    savers: int = 0  # processes that saved and are expected to save again (still alive)
+    problems: Mapping[str, SaveProblem] = field(default_factory=dict)  # outcome -> the latest
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,10 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_last_save_timestamp_seconds",
         "fsprobe_last_successful_save_timestamp_seconds",
         "fsprobe_save_interval_seconds",
+        "fsprobe_savers",
+        "fsprobe_last_save_problem_timestamp_seconds",
+        "fsprobe_config_last_reload_successful",
+        "fsprobe_config_last_reload_success_timestamp_seconds",
         "fsprobe_save_events_dropped_total",
         "fsprobe_probe_skipped_total",
     }

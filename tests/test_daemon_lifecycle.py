@@ -93,9 +93,14 @@ def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
     config = fast_config(tmp_path / "fsprobe.toml", ckpt)
     with DaemonProcess(tmp_path, "--config", str(config), env=env_with_tmpdir(tmp_path)) as daemon:
         daemon.wait_for_value("fsprobe_health_status", 0.0, path=str(ckpt))
+        assert daemon.value("fsprobe_config_last_reload_successful") == 1.0
+        loaded = daemon.value("fsprobe_config_last_reload_success_timestamp_seconds")
+        assert loaded is not None and loaded <= time.time()
         config.write_text(config.read_text() + "write_intervall = 3\n")
         daemon.send(signal.SIGHUP)
         line = daemon.wait_for_log("event=reload_failed")
+        daemon.wait_for_value("fsprobe_config_last_reload_successful", 0.0)  # for the alert
+        assert daemon.value("fsprobe_config_last_reload_success_timestamp_seconds") == loaded
         assert "level=error" in line
         assert f"{config}:" in line and "targets[0].write_intervall: unknown key" in line
         # Still serving, still probing the old target.
@@ -111,6 +116,8 @@ def test_sighup_with_a_bad_config_logs_it_and_keeps_the_running_one(tmp_path):
         fast_config(tmp_path / "fsprobe.toml", ckpt)
         daemon.send(signal.SIGHUP)
         daemon.wait_for_log("event=reloaded")
+        daemon.wait_for_value("fsprobe_config_last_reload_successful", 1.0)
+        assert daemon.value("fsprobe_config_last_reload_success_timestamp_seconds") > loaded
 
 
 def test_once_runs_every_probe_writes_the_outputs_and_prints_one_line_per_target(tmp_path):

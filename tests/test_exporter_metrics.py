@@ -86,6 +86,16 @@ CONTRACT = {
     "fsprobe_last_save_timestamp_seconds": {"path"},
     "fsprobe_last_successful_save_timestamp_seconds": {"path"},
     "fsprobe_save_interval_seconds": {"path"},
+    "fsprobe_savers": {"path"},
+    "fsprobe_last_save_problem_timestamp_seconds": {
+        "path",
+        "outcome",
+        "file",
+        "uid",
+        "errno",
+        "step",
+        "fallback",
+    },
     "fsprobe_internal_errors": {"path", "stage"},
 }
 

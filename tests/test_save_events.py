@@ -9,6 +9,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +21,7 @@ import fsprobe
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.emit import SOCKET_NAME, own_socket_name, report
-from fsprobe.events.event import OUTCOMES, Failure, MalformedEvent, SaveEvent, decode
+from fsprobe.events.event import OUTCOMES, Failure, Goodbye, MalformedEvent, SaveEvent, decode
 from fsprobe.model import DirectoryOwner
 from fsprobe.policy import Policy
 from fsprobe.saving.options import Backoff
@@ -354,6 +356,8 @@ def test_a_flood_from_one_user_is_rate_limited(tmp_path, local_users):
             "for path in (sys.argv[1], sys.argv[1] + '/events.sock') if not sent else ():\n"
             "    info = os.stat(path)\n"  # why none was sent, for the message below
             "    print(path, oct(info.st_mode), info.st_uid, os.getuid())\n"
+            "sys.stdout.flush()\n"
+            "os._exit(0)\n"  # no goodbye at exit: exactly the 400 events are counted below
         )
         done = mallory.python(flood, str(daemon.state_dir), str(target / "x.pt"))
         assert done.returncode == 0, done.stderr
@@ -612,3 +616,120 @@ def test_a_sender_cannot_make_up_errno_labels():
     document["failures"] *= 2  # 32: more than a sender would send
     with pytest.raises(MalformedEvent):
         decode(json.dumps(document).encode())
+
+
+def _saved(store: Store, pid: int, uid: int = 0, at: float = 0.0) -> None:
+    """One save into /ckpt by process `pid` (the kernel's pid, as the receiver passes it)."""
+    landed = "/ckpt/step.pt"
+    save = SaveEvent(landed, landed, 1, 0.1, 1, (), at, "node1", pid)
+    refused, _view = store.record_save(Sender(uid, uid, pid), save)
+    assert refused is None
+
+
+def test_a_saver_is_expected_until_its_goodbye_and_only_its_own_uid_may_say_it():
+    starts = {4242: 100}
+    store = Store(started=starts.get)
+    store.configure([TargetSpec("/ckpt")])
+    for at in range(4):
+        _saved(store, 4242, at=at)  # as root, who may report anywhere
+    view = store.view("/ckpt")
+    assert view is not None and view.saves.savers == 1
+    assert view.saves.interval is not None
+    assert store.goodbye(Sender(1001, 1001, 4242), Goodbye("node1", 4242)) == []  # not hers
+    assert store.goodbye(Sender(0, 0, 999), Goodbye("node1", 999)) == []  # not a saver
+    (after,) = store.goodbye(Sender(0, 0, 4242), Goodbye("node1", 4242))
+    assert after.saves.savers == 0
+    assert after.saves.interval is None  # the job ended: nothing is overdue
+
+
+def test_a_saver_is_forgotten_when_its_pid_is_gone_or_reused_and_kept_while_it_lives():
+    starts = {1: 100, 2: 200, 3: 300}
+    store = Store(started=starts.get)
+    store.configure([TargetSpec("/ckpt")])
+    for pid in (1, 2, 3):
+        _saved(store, pid)
+    assert store.forget_gone_savers() == []  # all alive (a stopped process lives too)
+    del starts[1]  # exited without a goodbye (killed)
+    starts[2] = 201  # its pid now holds another process
+    (view,) = store.forget_gone_savers()
+    assert view.saves.savers == 1
+    _saved(store, 5)  # gone before its event was read: never expected
+    assert store.view("/ckpt").saves.savers == 1
+
+
+def test_a_saver_outside_our_pid_namespace_is_expected_until_its_goodbye():
+    store = Store(started=lambda pid: None)
+    store.configure([TargetSpec("/ckpt")])
+    save = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 0.1, 1, (), 0.0, "pod", 7)
+    store.record_save(Sender(0, 0, 0), save)  # the kernel gave no pid: its claim stays
+    assert store.forget_gone_savers() == []
+    assert store.view("/ckpt").saves.savers == 1
+    (view,) = store.goodbye(Sender(0, 0, 0), Goodbye("pod", 7))
+    assert view.saves.savers == 0
+
+
+def test_a_goodbye_is_a_datagram_of_its_own():
+    assert decode(Goodbye("node1", 42).encode()) == Goodbye("node1", 42)
+
+
+TRAINER = """
+import os, signal, sys, time
+import fsprobe
+target, count, ending = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for step in range(count):
+    fsprobe.atomic_write(os.path.join(target, f"step-{step}.pt"), lambda f: f.write(b"x" * 4096))
+    time.sleep(0.2)
+print("saved", flush=True)
+if ending == "stop":
+    os.kill(os.getpid(), signal.SIGSTOP)
+elif ending == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def run_trainer(target: Path, state_dir: Path, ending: str, count: int = 4):
+    """A trainer process saving `count` checkpoints into `target`, then ending as told: exit
+    (cleanly: it says goodbye), kill (SIGKILL: no goodbye) or stop (SIGSTOP: alive, silent)."""
+    env = clean_environment(FSPROBE_STATE_DIR=str(state_dir))
+    return subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(target), str(count), ending],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("ending", ["exit", "kill"])
+def test_a_trainer_that_ended_is_no_longer_expected_to_save(tmp_path, ending):
+    """A clean exit says goodbye; a killed trainer says nothing, and its pid is gone: either
+    way the daemon expects no more saves (fsprobe_savers 0, no save interval to be late by)."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    with start_daemon(tmp_path, target) as daemon:
+        trainer = run_trainer(target, daemon.state_dir, ending)
+        assert trainer.wait(60) == (0 if ending == "exit" else -9)
+        daemon.wait_for_value("fsprobe_saves_total", 4.0, path=str(target), outcome="ok")
+        daemon.wait_for_value("fsprobe_savers", 0.0, timeout=60, path=str(target))
+        assert daemon.value("fsprobe_save_interval_seconds", path=str(target)) is None
+        assert ("saver_left" in daemon.log()) == (ending == "exit")
+
+
+def test_a_stopped_trainer_is_still_expected_to_save(tmp_path):
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    with start_daemon(tmp_path, target) as daemon:
+        trainer = run_trainer(target, daemon.state_dir, "stop")
+        try:
+            assert trainer.stdout.readline() == "saved\n"
+            daemon.wait_for_value("fsprobe_saves_total", 4.0, path=str(target), outcome="ok")
+            daemon.wait_for_value("fsprobe_savers", 1.0, path=str(target))
+            # A second trainer saves and is killed: the look that finds it gone (savers back
+            # to 1) looked at the stopped one too, and found it alive.
+            killed = run_trainer(target, daemon.state_dir, "kill")
+            assert killed.wait(60) == -9
+            daemon.wait_for_value("fsprobe_saves_total", 8.0, path=str(target), outcome="ok")
+            daemon.wait_for_value("fsprobe_savers", 1.0, timeout=60, path=str(target))
+            assert daemon.value("fsprobe_save_interval_seconds", path=str(target)) is not None
+        finally:
+            trainer.kill()
+            trainer.wait()

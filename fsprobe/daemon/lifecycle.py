@@ -29,6 +29,7 @@ import logging
 import os
 import select
 import signal
+import time
 from collections.abc import Callable
 
 from fsprobe import __version__
@@ -40,7 +41,7 @@ from fsprobe.daemon.scheduler import Scheduler, log_result, planned_probes, targ
 from fsprobe.daemon.store import Store
 from fsprobe.daemon.tasks import run_tasks_once
 from fsprobe.events.receive import Receiver
-from fsprobe.exporters.exposition import Exposition
+from fsprobe.exporters.exposition import Exposition, ReloadStatus
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.textfile import open_textfile_dir
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
@@ -102,6 +103,7 @@ class Daemon:
             dropped_events=self._dropped_events,
             internal_errors=self.store.internal_errors,
         )
+        self.exposition.reload_status = ReloadStatus(True, time.time())
         self.publisher = Publisher(
             self.store.views, self.exposition, config.state_dir, config.textfile_dir
         )
@@ -147,7 +149,18 @@ class Daemon:
         )
 
     def reload(self) -> bool:
-        """Re-read the configuration; keep the running one if the new one is bad."""
+        """Re-read the configuration; keep the running one if the new one is bad (and say so
+        in ``fsprobe_config_last_reload_successful``)."""
+        loaded = self._reloaded()
+        status = self.exposition.reload_status
+        if loaded:
+            self.exposition.reload_status = ReloadStatus(True, time.time())
+        elif status is not None:
+            self.exposition.reload_status = ReloadStatus(False, status.success_at)
+        self.publisher.publish()  # the textfile says so too
+        return loaded
+
+    def _reloaded(self) -> bool:
         try:
             config = self._reload()
             web = load_web_config(config.web_config)

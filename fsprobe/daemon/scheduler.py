@@ -36,11 +36,12 @@ from dataclasses import dataclass
 
 from fsprobe.daemon.config import QUOTA_KINDS, TargetConfig
 from fsprobe.daemon.logs import event
+from fsprobe.daemon.savers import CHECK_EVERY
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.daemon.tasks import Tasks
 from fsprobe.events.admission import Sender
-from fsprobe.events.event import SaveEvent
+from fsprobe.events.event import Goodbye, SaveEvent
 from fsprobe.model import FilesystemInfo, ProbeResult, Status
 from fsprobe.probing.plan import PlannedProbe, plan
 from fsprobe.probing.runner import ProbeRunner, Run
@@ -124,6 +125,7 @@ class Scheduler:
         self._last_turn = time.monotonic()
         self._shortest_interval = _MAX_SLEEP
         self._died: str | None = None
+        self._savers_checked = 0.0
 
     # -- called from other threads -------------------------------------------------------------
 
@@ -161,9 +163,14 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def saved(self, sender: Sender, save: SaveEvent) -> str | None:
-        """Take a save event (from the receiver's thread): None, or why it was refused. The
-        new view is published by the scheduler's thread, with the probes' results."""
+    def saved(self, sender: Sender, save: SaveEvent | Goodbye) -> str | None:
+        """Take a save event or a goodbye (from the receiver's thread): None, or why it was
+        refused. The new view is published by the scheduler's thread, with the probes' results."""
+        if isinstance(save, Goodbye):
+            for changed in self.store.goodbye(sender, save):
+                self._inbox.put(_Saved(changed))
+                event(logging.INFO, "saver_left", target=changed.path, pid=save.pid, host=save.host)
+            return None
         refused, view = self.store.record_save(sender, save)
         if view is None:
             event(logging.DEBUG, "save_refused", path=save.requested, uid=sender.uid, why=refused)
@@ -226,6 +233,9 @@ class Scheduler:
                 except queue.Empty:
                     message = None
             now = time.monotonic()
+            if now - self._savers_checked >= CHECK_EVERY:
+                self._savers_checked = now
+                changed.update((view.path, view) for view in self.store.forget_gone_savers())
             self._watchdog(changed)
             self.tasks.watchdog(now)
             self._dispatch(now, changed)

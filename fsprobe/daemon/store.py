@@ -6,7 +6,8 @@ succeeded), judges the target with the health policy, and publishes an immutable
 The count of the redirected-checkpoints task (`daemon.tasks`) is kept beside the snapshot,
 never in it: no task ever changes a verdict. Save events (`fsprobe.events`) are taken for the
 watched target that holds the requested path, from a sender the admission rule lets report
-there; their counters are kept per target too.
+there; their counters are kept per target too, and so are the processes that sent them
+(`fsprobe.daemon.savers`): a checkpoint is overdue only while one of them still lives.
 Readers (a scrape, the state file, the textfile) only ever take the published views; nothing
 here knows about Prometheus or files.
 """
@@ -23,9 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fsprobe.daemon.logs import log_bug
+from fsprobe.daemon.savers import Saver, Savers, StartTime, process_start
 from fsprobe.errors import NOT_AS_ROOT
 from fsprobe.events.admission import Sender, may_report
-from fsprobe.events.event import SaveEvent
+from fsprobe.events.event import Goodbye, SaveEvent
 from fsprobe.events.evidence import write_evidence
 from fsprobe.exporters.contained import InternalErrors, summary
 from fsprobe.model import (
@@ -38,7 +40,7 @@ from fsprobe.model import (
 )
 from fsprobe.policy import Policy, Verdict, evaluate, unjudged
 from fsprobe.posix.paths import is_under
-from fsprobe.view import Histogram, LastSave, SaveStats, TargetView
+from fsprobe.view import Histogram, LastSave, SaveProblem, SaveStats, TargetView
 
 #: Things a target remembers having reported once (squatted areas, superseded copies).
 MAX_SEEN_KEPT = 10_000
@@ -79,6 +81,7 @@ class _Target:
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
     written_at: float | None = None  # the last real save that landed in the target
     skipped: Counter = field(default_factory=Counter)  # probe -> runs left out (`take`)
+    savers: Savers = field(default_factory=Savers)  # the processes expected to save again
     bug: tuple[str, str] | None = None  # (stage, summary) of a bug caught handling a result
 
     def take(self, result: ProbeResult, probed: bool = True) -> None:
@@ -157,7 +160,40 @@ class _Target:
             ),
             last_success_at=last_success_at,
             interval=statistics.median(gaps) if len(gaps) >= 2 else None,
+            savers=len(self.savers),
+            problems=before.problems
+            if outcome == "ok"
+            else {**before.problems, outcome: _problem(sender, save, now)},
         )
+
+    def savers_changed(self) -> None:
+        """After a saver left: with none left the job ended, and its save interval with it
+        (the next job's saves measure their own)."""
+        interval = self.saves.interval
+        if not self.savers:
+            self.save_times.clear()
+            interval = None
+        self.saves = dataclasses.replace(self.saves, savers=len(self.savers), interval=interval)
+
+
+def _problem(sender: Sender, save: SaveEvent, now: float) -> SaveProblem:
+    """What an alert says of a save that did not simply land: the errno that kept it from
+    the target (the last failure there), and what became of the fallback."""
+    in_target = [f for f in save.failures if not f.in_fallback]
+    cause = (in_target or list(save.failures))[-1:] or None
+    if save.outcome == "redirected":
+        fallback = "landed"
+    else:
+        fallback = "tried" if any(f.in_fallback for f in save.failures) else "none"
+    return SaveProblem(
+        at=now,
+        file=save.requested,
+        uid=sender.uid,
+        errno=cause[0].errno if cause else "EUNKNOWN",
+        step=cause[0].step if cause else "unknown",
+        fallback=fallback,
+        landed=save.landed if save.outcome == "redirected" else None,
+    )
 
 
 class Store:
@@ -169,9 +205,13 @@ class Store:
     """
 
     def __init__(
-        self, clock: Callable[[], float] = time.time, internal: InternalErrors | None = None
+        self,
+        clock: Callable[[], float] = time.time,
+        internal: InternalErrors | None = None,
+        started: StartTime = process_start,
     ) -> None:
         self._clock = clock
+        self._started = started
         self.internal_errors = internal if internal is not None else InternalErrors(log_bug)
         self._lock = threading.Lock()
         self._targets: dict[str, _Target] = {}
@@ -260,12 +300,36 @@ class Store:
             if not may_report(sender, target.owner):
                 return "not_permitted", None
             now = self._clock()
+            if sender.pid == 0:  # outside our pid namespace: expected until its goodbye
+                target.savers.heard(save.host, save.pid, Saver(sender.uid, None))
+            elif (started := self._started(save.pid)) is not None:  # else gone already
+                target.savers.heard(save.host, save.pid, Saver(sender.uid, started))
             target.add_save(sender, save, now)
             for evidence in write_evidence(save, now):
                 target.take(evidence, probed=False)
             if save.outcome in ("ok", "retried"):
                 target.written_at = now
             return None, self._publish(target)
+
+    def goodbye(self, sender: Sender, goodbye: Goodbye) -> list[TargetView]:
+        """A saving process exits cleanly: expect no more saves from it; the changed views."""
+        with self._lock:
+            changed = []
+            for target in self._targets.values():
+                if target.savers.goodbye(goodbye.host, goodbye.pid, sender.uid):
+                    target.savers_changed()
+                    changed.append(self._publish(target))
+            return changed
+
+    def forget_gone_savers(self) -> list[TargetView]:
+        """Stop expecting saves from the saving processes that are gone; the changed views."""
+        with self._lock:
+            changed = []
+            for target in self._targets.values():
+                if target.savers.forget_gone(self._started):
+                    target.savers_changed()
+                    changed.append(self._publish(target))
+            return changed
 
     def owner_uids(self) -> frozenset[int]:
         """The owners of the watched targets' directories, as statvfs last saw them (the

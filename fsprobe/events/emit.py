@@ -17,20 +17,28 @@ the socket must belong to us or root: an event names the paths of one's checkpoi
 not handed to a socket that someone else planted. The dir is opened once and the socket
 reached through ``/proc/self/fd`` (no path is resolved twice, and a long state dir does not
 run into the 108 bytes of a socket address).
+
+A process that reported a save says goodbye to the same daemons when it exits cleanly
+(`atexit`): the daemon then expects no more saves from it (a checkpoint is not overdue for a
+job that ended). A process killed outright says nothing; the daemon sees its pid gone.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import socket
 import stat
+import threading
 
-from fsprobe.events.event import MAX_EVENT_BYTES, SaveEvent
+from fsprobe.events.event import MAX_EVENT_BYTES, Goodbye, SaveEvent
 from fsprobe.state import default_state_dir
 
 SOCKET_NAME = "events.sock"
+#: State dirs a process says goodbye to at most (a trainer reports to one or two).
+MAX_GOODBYES = 16
 
 log = logging.getLogger("fsprobe.events")
 
@@ -39,10 +47,49 @@ def report(event: SaveEvent, state_dir: str | None = None) -> bool:
     """Send `event` to the daemon of `state_dir` (the default state dir if None); whether it
     was handed to the kernel. Never raises, never blocks."""
     try:
-        return _send(event.encode(), state_dir or default_state_dir())
+        directory = state_dir or default_state_dir()
+        sent = _send(event.encode(), directory)
+        if sent:
+            _GOODBYES.remember(directory)
+        return sent
     except Exception as error:  # a report must never fail a save
         log.debug("save event for %s not sent: %s", event.requested, error)
         return False
+
+
+class _Goodbyes:
+    """The state dirs this process reported saves to, told goodbye once at its clean exit.
+
+    Process-wide by nature (one `atexit` per process); a forked child starts its own list at
+    its first report and never says goodbye for its parent.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._dirs: dict[str, None] = {}
+
+    def remember(self, state_dir: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._dirs = os.getpid(), {}
+                atexit.register(self.say)
+            if len(self._dirs) < MAX_GOODBYES:
+                self._dirs[state_dir] = None
+
+    def say(self) -> None:
+        """Send the goodbye (at exit); never raises."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return  # inherited from the parent: not ours to say
+            dirs, self._dirs = list(self._dirs), {}
+        data = Goodbye(socket.gethostname(), os.getpid()).encode()
+        for directory in dirs:
+            with contextlib.suppress(Exception):
+                _send(data, directory)
+
+
+_GOODBYES = _Goodbyes()
 
 
 def own_socket_name(uid: int) -> str:
@@ -61,8 +108,7 @@ def _send(data: bytes, state_dir: str) -> bool:
         if not _trusted(os.fstat(directory), directory=True):
             return False
         return any(
-            _send_to(directory, name, data)
-            for name in (own_socket_name(os.geteuid()), SOCKET_NAME)
+            _send_to(directory, name, data) for name in (own_socket_name(os.geteuid()), SOCKET_NAME)
         )
     finally:
         os.close(directory)

@@ -26,6 +26,19 @@ SCHEMA = 1
 ERRNO_NAMES = frozenset(errno_module.errorcode.values()) | {"EUNKNOWN", "TIMEOUT"}
 
 
+@dataclass(frozen=True)
+class Goodbye:
+    """A saving process that exits cleanly: expect no more saves from it (its pid is the
+    kernel's, like a save's)."""
+
+    host: str
+    pid: int
+
+    def encode(self) -> builtins.bytes:
+        document = {"schema": SCHEMA, "goodbye": True, "host": self.host[:255], "pid": self.pid}
+        return json.dumps(document, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
 class MalformedEvent(ValueError):
     """A datagram that is not a save event of this schema."""
 
@@ -91,7 +104,7 @@ class SaveEvent:
         return json.dumps(document, separators=(",", ":")).encode("utf-8", "surrogateescape")
 
 
-def decode(data: bytes) -> SaveEvent:
+def decode(data: bytes) -> SaveEvent | Goodbye:
     """The event in a datagram; `MalformedEvent` for anything else."""
     if len(data) > MAX_EVENT_BYTES:
         raise MalformedEvent(f"{len(data)} bytes, more than {MAX_EVENT_BYTES}")
@@ -101,6 +114,8 @@ def decode(data: bytes) -> SaveEvent:
         raise MalformedEvent(f"not JSON: {error}") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise MalformedEvent("not a save event of schema 1")
+    if document.get("goodbye") is True:
+        return Goodbye(_field(document, "host", str)[:255], _count(document, "pid"))
     landed = document.get("landed")
     failures = _field(document, "failures", list)
     if len(failures) > MAX_FAILURES or not all(

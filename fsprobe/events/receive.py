@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from fsprobe.events.admission import Sender, groups_of
 from fsprobe.events.emit import SOCKET_NAME, own_socket_name
-from fsprobe.events.event import MAX_EVENT_BYTES, MalformedEvent, SaveEvent, decode
+from fsprobe.events.event import MAX_EVENT_BYTES, Goodbye, MalformedEvent, SaveEvent, decode
 
 RECEIVE_BUFFER = 256 * 1024
 RATE = 5.0  # events per second and uid, after
@@ -54,8 +54,9 @@ _UCRED = struct.Struct("iII")  # pid_t, uid_t, gid_t
 
 log = logging.getLogger("fsprobe.events")
 
-#: `deliver(sender, event)` takes an event and returns None, or the reason it was refused.
-Deliver = Callable[[Sender, SaveEvent], "str | None"]
+#: `deliver(sender, event)` takes an event (a save or a goodbye) and returns None, or the
+#: reason it was refused.
+Deliver = Callable[[Sender, "SaveEvent | Goodbye"], "str | None"]
 
 
 class _Buckets:

@@ -32,6 +32,8 @@ from fsprobe.exporters.contained import InternalErrors, summary
 from fsprobe.exporters.metrics import (
     BUILD_INFO,
     CACHED,
+    CONFIG_RELOAD_SUCCESSFUL,
+    CONFIG_RELOAD_TIMESTAMP,
     FAMILIES,
     INTERNAL_ERRORS,
     SAVE_EVENTS_DROPPED,
@@ -80,6 +82,22 @@ def _encode(version: int, by_family: dict[str, list[Sample]]) -> _Rendered:
     return _Rendered(version, lines)
 
 
+@dataclass(frozen=True)
+class ReloadStatus:
+    """Whether the last (re)load of the configuration succeeded, and when one last did."""
+
+    successful: bool
+    success_at: float
+
+    def encode(self) -> bytes:
+        return (
+            encode_header(CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_SUCCESSFUL.help)
+            + encode_sample(Sample(CONFIG_RELOAD_SUCCESSFUL.name, {}, float(self.successful)))
+            + encode_header(CONFIG_RELOAD_TIMESTAMP, CONFIG_RELOAD_TIMESTAMP.help)
+            + encode_sample(Sample(CONFIG_RELOAD_TIMESTAMP.name, {}, self.success_at))
+        ).encode()
+
+
 def _log_bug(path: str, stage: str, summary: str, trace: str) -> None:
     logging.getLogger(__name__).error(
         "event=internal_error target=%s stage=%s error=%s\n%s", path, stage, summary, trace
@@ -101,12 +119,13 @@ class Exposition:
         `internal_errors` counts the bugs contained per target (the daemon's store shares its
         own)."""
         self._views = views
+        self.reload_status: ReloadStatus | None = None  # a daemon's (not a --once run's)
         self._dropped_events = dropped_events
         self._dropped_header = encode_header(SAVE_EVENTS_DROPPED, SAVE_EVENTS_DROPPED.help)
         self.internal_errors = internal_errors or InternalErrors(_log_bug)
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
-        self._text: tuple[tuple[tuple[int, ...], int], bytes] = (((), -1), b"")
+        self._text: tuple[tuple[object, ...], bytes] = ((), b"")
         self._internal: tuple[tuple[tuple[str, ...], int], bytes] = (((), -1), b"")
         self._internal_header = encode_header(
             INTERNAL_ERRORS, f"{INTERNAL_ERRORS.help} {CACHED}"
@@ -161,17 +180,21 @@ class Exposition:
         views = self._views()
         # versions are unique across targets; the count of bugs changes without a view
         text_key, text = self._text
-        if text_key == (tuple(view.version for view in views), self.internal_errors.version):
+        reload_status = self.reload_status
+        versions = tuple(view.version for view in views)
+        if text_key == (versions, self.internal_errors.version, reload_status):
             return text  # every view's lines are in it already: nothing to look up per target
         per_target = [self._lines(view) for view in views]  # may count a bug: before the key
-        key = (tuple(view.version for view in views), self.internal_errors.version)
+        key = (versions, self.internal_errors.version, reload_status)
         parts = [self._build_info]
+        if reload_status is not None:
+            parts.append(reload_status.encode())
         # One column of lines per family, every target's in turn (transposed in C).
         columns = zip(*per_target) if per_target else [()] * len(FAMILIES)
         for header, column in zip(self._headers, columns):
             parts.append(header)
             parts.extend(column)
-        parts += [self._internal_header, self._internal_lines(views, key[1])]
+        parts += [self._internal_header, self._internal_lines(views, self.internal_errors.version)]
         text = b"".join(parts)
         self._text = (key, text)
         return text

@@ -300,8 +300,25 @@ FAMILIES: tuple[Family, ...] = (
         "fsprobe_save_interval_seconds",
         "gauge",
         "The target's regular save interval: the median gap between its last successful saves "
-        "(from the third on); a checkpoint is overdue after three of them.",
+        "(from the third on); a checkpoint is overdue after three of them. Absent again once "
+        "no process that saved is left (the job ended).",
         ("path",),
+    ),
+    Family(
+        "fsprobe_savers",
+        "gauge",
+        "Processes that reported saves into the target and are expected to save again: neither "
+        "gone nor said goodbye at a clean exit.",
+        ("path",),
+    ),
+    Family(
+        "fsprobe_last_save_problem_timestamp_seconds",
+        "gauge",
+        "Unix time the daemon heard of the latest save of each outcome other than ok (one "
+        "series per outcome): the file asked for, the uid, the errno and step that kept it "
+        "from the target, fallback none, tried (it failed there too) or landed (label landed: "
+        "where).",
+        ("path", "outcome", "file", "uid", "errno", "step", "fallback"),
     ),
 )
 
@@ -316,6 +333,21 @@ SAVE_EVENTS_DROPPED = Family(
 )
 
 BUILD_INFO = Family("fsprobe_build_info", "gauge", "fsprobe's version.", ("version",))
+
+#: The last reload of the configuration (SIGHUP), as Prometheus and Alertmanager export theirs.
+CONFIG_RELOAD_SUCCESSFUL = Family(
+    "fsprobe_config_last_reload_successful",
+    "gauge",
+    "1 if the last reload of the configuration succeeded (or none was asked for), 0 if it was "
+    "refused and the running configuration kept.",
+    (),
+)
+CONFIG_RELOAD_TIMESTAMP = Family(
+    "fsprobe_config_last_reload_success_timestamp_seconds",
+    "gauge",
+    "Unix time the configuration was last loaded successfully (at start, or a reload).",
+    (),
+)
 
 #: Counted beside the target families, not from a view: a bug may keep a view from rendering.
 INTERNAL_ERRORS = Family(
@@ -454,6 +486,19 @@ def _add_saves(samples: _Samples, saves: SaveStats) -> None:
         samples.add("fsprobe_last_successful_save_timestamp_seconds", saves.last_success_at)
     if saves.interval is not None:
         samples.add("fsprobe_save_interval_seconds", saves.interval)
+    samples.add("fsprobe_savers", saves.savers)
+    for outcome, problem in sorted(saves.problems.items()):
+        labels = {
+            "outcome": outcome,
+            "file": _label(problem.file),
+            "uid": str(problem.uid),
+            "errno": problem.errno,
+            "step": problem.step,
+            "fallback": problem.fallback,
+        }
+        if problem.landed is not None:
+            labels["landed"] = _label(problem.landed)
+        samples.add("fsprobe_last_save_problem_timestamp_seconds", problem.at, **labels)
 
 
 def dropped_samples(counts: Mapping[str, int]) -> list[Sample]:

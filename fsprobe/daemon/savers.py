@@ -1,0 +1,84 @@
+"""The processes that save into a target, as their save events name them, and which still live.
+
+A checkpoint is overdue only while someone is expected to save it: a process that saved and
+neither said goodbye (`fsprobe.events.event.Goodbye`) nor is gone. The kernel gives the
+receiver the sender's pid in our pid namespace; such a process is gone when ``/proc/<pid>`` is,
+or holds another process (its start time changed). A sender outside our pid namespace (pid 0
+from the kernel, its own claim kept) cannot be looked up: it is expected until its goodbye, or
+until this daemon stops with its job (a sidecar).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: Saving processes remembered per target; beyond, the one heard from longest ago is forgotten.
+MAX_SAVERS = 256
+#: How often (seconds) the daemon looks whether the saving processes still live.
+CHECK_EVERY = 1.0
+
+#: `started(pid)`: the start time of process `pid` (None: no such process).
+StartTime = Callable[[int], "int | None"]
+
+
+def process_start(pid: int, proc: str = "/proc") -> int | None:
+    """The start time of `pid` in clock ticks after boot (field 22 of ``/proc/<pid>/stat``),
+    None if there is no such process."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as stream:
+            text = stream.read(4096)
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2 :].split()  # after the command, which may hold spaces
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Saver:
+    """A process that reported a save: its uid (the kernel's) and, when it can be looked up
+    here, its start time."""
+
+    uid: int
+    started: int | None
+
+
+class Savers:
+    """The live saving processes of one target, by (host, pid)."""
+
+    def __init__(self) -> None:
+        self._savers: OrderedDict[tuple[str, int], Saver] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._savers)
+
+    def heard(self, host: str, pid: int, saver: Saver) -> None:
+        key = (host, pid)
+        self._savers.pop(key, None)
+        self._savers[key] = saver
+        if len(self._savers) > MAX_SAVERS:
+            self._savers.popitem(last=False)
+
+    def goodbye(self, host: str, pid: int, uid: int) -> bool:
+        """Forget the process that says goodbye (only its own uid, or root, may); whether it
+        was one of ours."""
+        saver = self._savers.get((host, pid))
+        if saver is None or uid not in (saver.uid, 0):
+            return False
+        del self._savers[(host, pid)]
+        return True
+
+    def forget_gone(self, started: StartTime) -> bool:
+        """Forget the processes that are gone; whether any was."""
+        gone = [
+            key
+            for key, saver in self._savers.items()
+            if saver.started is not None and started(key[1]) != saver.started
+        ]
+        for key in gone:
+            del self._savers[key]
+        return bool(gone)
