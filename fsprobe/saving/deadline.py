@@ -8,7 +8,12 @@ thread of its own and the save waits for it at most `timeout` seconds. Past that
 is abandoned: the save goes on (to a fallback, or it fails with ``TIMEOUT``) and the stuck
 thread is left behind, logged with the step it is stuck in. Should that thread ever come back,
 it sees that it was abandoned and publishes nothing: the save has moved on without it, and a
-late rename must not replace what the save did since.
+late rename must not replace what the save did since; nor does it write on (its file object
+checks at every write).
+
+An interrupt (Ctrl-C, `sys.exit` in a signal handler) reaches the thread that waits, not the
+attempt's: it abandons the attempt and removes what the attempt made (`Progress.made`) before
+it is raised on, so that nothing is left behind when it ends the process.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ TIMEOUT = "TIMEOUT"
 
 
 class Progress:
-    """Where an attempt is (`step`), and whether the save has abandoned it."""
+    """Where an attempt is (`step`), whether the save has abandoned it, and how to remove what
+    it made (its temp file or staging directory) should the save be interrupted meanwhile."""
 
     def __init__(self) -> None:
         self.step = "create"
         self._abandoned = threading.Event()
+        self._lock = threading.Lock()
+        self._remove: Callable[[], object] | None = None
 
     def at(self, step: str) -> None:
         """The attempt enters `step`."""
@@ -42,8 +50,25 @@ class Progress:
     def abandon(self) -> None:
         self._abandoned.set()
 
-    def before_publishing(self) -> None:
-        """Raise instead of publishing when the save has gone on without this attempt."""
+    def made(self, remove: Callable[[], object]) -> None:
+        """The attempt made something that `remove()` removes (it must never fail), which the
+        attempt removes itself on its way out; raises if the save is already abandoned."""
+        with self._lock:
+            self._remove = remove
+        self.go_on()
+
+    def interrupt(self) -> None:
+        """The save was interrupted while the attempt runs in a thread of its own: abandon it,
+        and remove what it made now, before the interrupt ends the process."""
+        with self._lock:
+            self.abandon()
+            remove, self._remove = self._remove, None
+        if remove is not None:
+            remove()
+
+    def go_on(self) -> None:
+        """Raise instead of writing on or publishing when the save has gone on without this
+        attempt."""
         if self._abandoned.is_set():
             raise FailedAttempt(TIMEOUT, self.step, "abandoned at the save's deadline")
 
@@ -80,6 +105,9 @@ def _within(
     thread.start()
     try:
         done = finished.wait(timeout)
+    except BaseException:  # Ctrl-C (or sys.exit in a signal handler) while waiting
+        progress.interrupt()
+        raise
     finally:
         if not finished.is_set():
             progress.abandon()

@@ -17,11 +17,13 @@ it gets the mode a plain `mkdir` would have given it when it is published.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
 
-from fsprobe.posix.staging import Staging
+from fsprobe.posix.staging import Staging, open_parent
+from fsprobe.posix.tree import opened, remove_tree
 from fsprobe.redirect.manifest import sha256_of_directory
 from fsprobe.saving.commit import SaveSteps, run_attempts
 from fsprobe.saving.deadline import Progress, bounded
@@ -54,6 +56,7 @@ def write_directory_once(
     except OSError as error:
         raise FailedAttempt.of(error, "mkdir") from error
     try:
+        progress.made(functools.partial(_remove_staging, staging))
         try:
             progress.at("write")
             write(staging.path)
@@ -64,13 +67,25 @@ def write_directory_once(
             raise failure from error
         progress.at("fsync")
         size = staging.sync() if fsync else staging.measure()
-        progress.before_publishing()
+        progress.go_on()
         staging.publish(fsync, progress.at)
         return size.bytes
     except OSError as error:
         raise FailedAttempt.of(error, progress.step) from error
     finally:
         staging.close()
+
+
+def _remove_staging(staging: Staging) -> None:
+    """Remove the staging directory from the thread that waits for an attempt it abandons
+    (`fsprobe.saving.deadline.Progress.interrupt`): through a descriptor of its own, since the
+    attempt's thread may close the staging's any moment."""
+    try:
+        with opened(open_parent(staging.parent)) as parent:
+            if not remove_tree(parent, staging.staging):
+                log.warning("could not remove all of %s", staging.path)
+    except OSError as error:
+        log.warning("could not remove %s: %s", staging.path, error)
 
 
 def save_dir(

@@ -11,7 +11,9 @@ Why a Python file object: `torch.save(obj, "path")` writes through a C++ stream 
 errno (every failure reads "file write failed"). Given a file object, torch calls its `write`,
 and the real `OSError` is raised there; torch may then surface a secondary RuntimeError
 ("unexpected pos ...") with the OSError only in its `__context__`, or none at all. So the file
-object records the first OSError it sees, and that is what counts, not what surfaced.
+object records the first OSError it sees, and that is what counts, not what surfaced. Ctrl-C
+during a write is raised in the file object too, and torch surfaces it the same way: the
+interrupt that passed through is raised again as it was, the temp file removed, no retry.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from fsprobe.saving.options import (
     SaveOptions,
     save_options,
 )
-from fsprobe.saving.retry import FailedAttempt, SaveResult, failure_of
+from fsprobe.saving.retry import INTERRUPTS, FailedAttempt, SaveResult, failure_of
 from fsprobe.saving.stale import remove_stale_temps
 
 log = logging.getLogger("fsprobe.save")
@@ -47,32 +49,41 @@ FILE_MODE = 0o666
 
 
 class AtomicFile:
-    """The binary file that `write` gets: the temp file, remembering the first OSError raised.
+    """The binary file that `write` gets: the temp file, remembering the first OSError raised
+    and any interrupt (KeyboardInterrupt, SystemExit) that passed through it.
 
     `name` is the temp file's path (not the final one), as for any file object. The stream is
     a duplicate of the temp file's own descriptor, so a writer may close it: the file stays
     open (and locked) until the attempt is over, and is never reopened by its name.
     """
 
-    def __init__(self, temp: TempFile) -> None:
+    def __init__(self, temp: TempFile, progress: Progress) -> None:
         self.name = temp.name
         self._temp_fd = temp.fd
         self._file: BinaryIO = open(os.dup(temp.fd), "wb", closefd=True)  # noqa: SIM115
+        self._progress = progress
         self.first_error: OSError | None = None
         self.first_error_step: str | None = None
+        self.interrupt: BaseException | None = None
 
     def _record(self, error: OSError, step: str) -> None:
         if self.first_error is None:
             self.first_error, self.first_error_step = error, step
 
     def _call(self, step: str, action: Callable[[], Any]) -> Any:
+        """`action()`; an OSError or an interrupt that passes through is recorded (the writer
+        may surface another)."""
         try:
             return action()
         except OSError as error:
             self._record(error, step)
             raise
+        except INTERRUPTS as interrupt:
+            self.interrupt = self.interrupt or interrupt
+            raise
 
     def write(self, data: Any) -> int:
+        self._progress.go_on()  # an attempt its save abandoned writes no further
         return int(self._call("write", lambda: self._file.write(data)))
 
     def writelines(self, lines: Iterable[Any]) -> None:
@@ -130,7 +141,10 @@ class AtomicFile:
 
 
 def _io_failure(error: BaseException, stream: AtomicFile) -> FailedAttempt | None:
-    """What `write` raising `error` means for the save; None if it is not an I/O failure."""
+    """What `write` raising `error` means for the save; None if it is not an I/O failure. An
+    interrupt that passed through the file object is raised, whatever the writer made of it."""
+    if stream.interrupt is not None:
+        raise stream.interrupt from None
     if stream.first_error is not None:
         return FailedAttempt.of(stream.first_error, stream.first_error_step or "write")
     return failure_of(error, "write")
@@ -152,8 +166,9 @@ def _write_once(
         )
     except OSError as error:
         raise FailedAttempt.of(error, "create") from error
-    stream = AtomicFile(temp)
+    stream = AtomicFile(temp, progress)
     try:
+        progress.made(temp.remove)
         try:
             progress.at("write")
             write(stream)
@@ -168,7 +183,7 @@ def _write_once(
         progress.at("close")
         size = stream.size()
         stream.close()
-        progress.before_publishing()
+        progress.go_on()
         progress.at("rename")
         temp.rename(final)
         if fsync:

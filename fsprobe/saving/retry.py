@@ -111,8 +111,15 @@ FULL_TIMEOUT = 10.0
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
-def first_os_error(error: BaseException) -> OSError | None:
-    """The first OSError in an exception's chain: itself, its cause, its context, and so on."""
+#: What ends a save at once, whatever a writer wrapped it in: Ctrl-C, `sys.exit` (a job's
+#: SIGTERM handler). Never a failed attempt: no retry, no redirect, nothing said about the
+#: filesystem.
+INTERRUPTS = (KeyboardInterrupt, SystemExit)
+
+
+def _first_in(error: BaseException, kinds: type | tuple[type, ...]) -> Any:
+    """The first exception of `kinds` in an exception's chain: itself, its cause, its context,
+    and so on."""
     seen: set[int] = set()
     pending: list[BaseException] = [error]
     while pending:
@@ -120,10 +127,25 @@ def first_os_error(error: BaseException) -> OSError | None:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, OSError):
+        if isinstance(current, kinds):
             return current
         pending += [e for e in (current.__cause__, current.__context__) if e is not None]
     return None
+
+
+def first_os_error(error: BaseException) -> OSError | None:
+    """The first OSError in an exception's chain: itself, its cause, its context, and so on."""
+    found: OSError | None = _first_in(error, OSError)
+    return found
+
+
+def interrupt_in(error: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit in an exception's chain, if any: during a
+    `torch.save` into a file object, Ctrl-C is raised in the object's `write`, and torch
+    surfaces it as ``RuntimeError: ... unexpected pos ...`` with the interrupt in its
+    `__context__`."""
+    found: BaseException | None = _first_in(error, INTERRUPTS)
+    return found
 
 
 def failure_of(
@@ -144,7 +166,13 @@ def failure_of(
     without errno on a filesystem that has no room left now counts as ENOSPC: redirected, not
     retried into the same full target (asked in `context`'s probe runner). A full quota
     cannot be told this way.
+
+    An interrupt in the chain (`interrupt_in`) is no failure of the filesystem: it is raised
+    here, the original KeyboardInterrupt or SystemExit, to end the save.
     """
+    interrupt = interrupt_in(error)
+    if interrupt is not None:
+        raise interrupt from None
     os_error = first_os_error(error)
     if os_error is not None:
         return FailedAttempt.of(os_error, step)

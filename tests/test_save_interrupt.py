@@ -1,0 +1,118 @@
+"""Ctrl-C ends a save at once: a real SIGINT to a trainer in the middle of a large `torch.save`.
+
+The fault filesystem slows every write down, so that the signal lands while the checkpoint is
+being written (the test waits until the temp file has its first bytes). Python raises the
+KeyboardInterrupt inside fsprobe's file object; torch turns it into ``RuntimeError: ...
+unexpected pos ...``, which used to be retried as a transient ``EUNKNOWN``: the save completed,
+the trainer ran on, the target was counted against.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fsprobe.events.emit import SOCKET_NAME
+from fsprobe.events.event import decode
+from tests.support.crash import REPO, leftovers
+
+#: The trainer: one small save first (its event proves the socket is heard), then a large one.
+TRAINER = """
+import logging, os, sys
+import torch
+import fsprobe
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
+target, kind, timeout = sys.argv[1], sys.argv[2], sys.argv[3]
+save_timeout = None if timeout == "none" else float(timeout)
+fsprobe.atomic_write(os.path.join(target, "warmup.bin"), lambda f: f.write(b"x"))
+state = {"weights": torch.ones(64 * 1024 * 1024, dtype=torch.uint8)}
+print("saving", flush=True)
+if kind == "file":
+    fsprobe.save(state, os.path.join(target, "model.pt"), save_timeout=save_timeout)
+else:
+    def write(staging):
+        with open(os.path.join(staging, "model.pt"), "wb") as f:
+            torch.save(state, f)
+    fsprobe.save_dir(os.path.join(target, "step-1"), write, save_timeout=save_timeout)
+print("saved", flush=True)
+"""
+
+#: Each FUSE write of the mount waits this long: 64 MiB take many seconds to write.
+SLOW_WRITE = 0.02
+#: A bound against a hang, never a measure.
+HANG = 120.0
+
+
+def written_temp(directory: Path) -> bool:
+    """Whether a save's temp file (or a file in its staging directory) has bytes in it."""
+    for name in leftovers(directory):
+        path = directory / name
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        if any(f.stat().st_size > 0 for f in files):
+            return True
+    return False
+
+
+def events(listener: socket.socket) -> list[str]:
+    """The requested paths of the save events queued on the daemon's socket."""
+    heard = []
+    while True:
+        try:
+            heard.append(decode(listener.recv(65536)).requested)
+        except BlockingIOError:
+            return heard
+
+
+@pytest.mark.parametrize(
+    ("kind", "save_timeout"), [("file", "none"), ("file", "600"), ("dir", "none"), ("dir", "600")]
+)
+def test_ctrl_c_in_a_large_torch_save_ends_it_at_once(faultfs, tmp_path: Path, kind, save_timeout):
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o755)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    listener.bind(str(state_dir / SOCKET_NAME))
+    faultfs.ctl.delay("write", SLOW_WRITE)
+    env = {**os.environ, "FSPROBE_STATE_DIR": str(state_dir)}
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(target), kind, save_timeout],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline() == "saving\n"
+        give_up = time.monotonic() + HANG
+        while not written_temp(target):
+            assert trainer.poll() is None, trainer.communicate()
+            assert time.monotonic() < give_up, "the save never started writing"
+            time.sleep(0.05)
+        trainer.send_signal(signal.SIGINT)
+        out, err = trainer.communicate(timeout=HANG)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        faultfs.ctl.clear()
+    # Python ends a process whose KeyboardInterrupt nobody caught with SIGINT itself.
+    assert trainer.returncode == -signal.SIGINT, err
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
+    assert "unexpected pos" not in err and "RuntimeError" not in err, err
+    assert "failed at" not in err and "retrying" not in err, err  # no attempt counted, no retry
+    assert "saved" not in out
+    assert leftovers(target) == [], "the interrupted save left its temp file"
+    assert sorted(os.listdir(target)) == ["warmup.bin"]
+    assert events(listener) == [str(target / "warmup.bin")]  # the interrupted save sent none
+    listener.close()
