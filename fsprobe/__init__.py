@@ -1,27 +1,7 @@
 """fsprobe: keeps multi-day training jobs alive when the shared filesystem misbehaves.
 
-The public API (docs/design.md §6)::
-
-    fsprobe.check(path, need_bytes=None, ...) -> Report          # probe now, judge
-    fsprobe.preflight(path, need_bytes=None, ...) -> Decision     # right before a save
-    fsprobe.save(obj, path_or_fileobj, ...) -> SaveResult         # torch.save, but survives
-    fsprobe.atomic_write(path, write, ...) -> SaveResult          # the same for any writer
-    fsprobe.save_dir(path, write, ...) -> SaveResult              # a directory, committed whole
-    fsprobe.distributed.save_dir(path, write, ...) -> SaveResult  # ... written by every rank
-    fsprobe.save_async(obj, path, ...) -> Future[SaveResult]      # snapshot now, write later
-    fsprobe.wait_saves(timeout=None)                              # the background saves done
-    fsprobe.locate(path) -> str                                   # where to resume from
-    fsprobe.SaveError                                             # an OSError, every attempt
-    fsprobe.SaveOptions                                           # every save option, one value
-
-Every name is loaded on first use, so `import fsprobe` costs next to nothing (the probe worker
-process imports this package too), and none of them imports torch, Lightning or transformers;
-the integrations live in `fsprobe.integrations`, and `fsprobe.distributed` (a module, loaded
-when first used) imports `torch.distributed`.
-
-No public name is also the name of a submodule (the module behind `fsprobe.check` is
-`fsprobe.checking`): importing a submodule binds its name on the package, which would replace
-the function of the same name.
+The public API (docs/saving.md, docs/reference.md). Every name is loaded on first use, so
+`import fsprobe` is cheap; no public name is also a submodule's name (docs/design.md §3).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Errno names and what they mean for a checkpoint write.
 
-Every failure in fsprobe is reported as a name, never a number: the errno name (``EIO``,
-``EDQUOT``), ``TIMEOUT`` when a probe overran its deadline, or ``PARSE`` when a tool printed
-something fsprobe cannot read. Names are stable across platforms and read well in a metric label.
+A failure is always a name: the errno's (``EIO``, ``EDQUOT``), ``TIMEOUT`` for an overrun
+deadline, ``PARSE`` for output a tool printed that fsprobe cannot read.
 """
 
 from __future__ import annotations

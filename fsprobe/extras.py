@@ -1,10 +1,4 @@
-"""Optional dependencies: when one is missing, say which fsprobe extra installs it.
-
-fsprobe's core needs neither PyTorch nor Lightning, so `import fsprobe` and the daemon work
-without them; the parts that do need them import them on use, through `import_extra`, so that
-a missing one reads ``fsprobe.save needs torch: pip install 'fsprobe[torch]'`` rather than a
-bare ``No module named 'torch'`` from deep inside fsprobe.
-"""
+"""Optional dependencies: import one on use, and name the fsprobe extra when it is missing."""
 
 from __future__ import annotations
 

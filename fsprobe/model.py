@@ -1,8 +1,6 @@
 """What the probes observe: plain, immutable values that every other part of fsprobe shares.
 
-Nothing here knows how a value was obtained (statvfs, `lfs`, a test write) or where it goes
-(Prometheus, the state file, the terminal). The probes produce these values, the health policy
-judges them, the exporters and the CLI render them.
+Nothing here knows how a value was obtained or where it goes.
 """
 
 from __future__ import annotations

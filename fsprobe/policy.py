@@ -1,16 +1,7 @@
 """The health policy: from what the probes saw to ok / degraded / unhealthy / unknown.
 
-A pure function of a snapshot, the target's `Policy` and the current time — no I/O, no clock of
-its own — so that the daemon, `fsprobe check` and the save hook judge the same facts the same
-way, and so that every rule can be tested with plain values. It is the only judge: each reason
-says whether waiting can clear it and what a write would fail with, and the save path asks the
-`Verdict` (can it take the save? is waiting worth it? good enough to redirect to?) instead of
-reading meaning into reason codes.
-
-Headroom is what a new file in the target can still take before a write fails, for bytes and
-for inodes: the smallest of what the filesystem has available and what each applicable quota
-still allows under the limit enforced now. Its ratio is taken against the capacity of whichever
-of them binds, because 5 GiB left is plenty on a 10 GiB quota and nothing on a 10 PiB filesystem.
+A pure function of a snapshot, the target's `Policy` and the time: the only judge
+(docs/design.md §2, §5). Headroom's ratio is taken against whichever capacity binds.
 """
 
 from __future__ import annotations

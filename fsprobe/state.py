@@ -1,12 +1,7 @@
 """The state file: how the daemon tells the save hook in the trainer what it last saw.
 
-The daemon (often a sidecar, another process) writes ``<state-dir>/state.json`` atomically after
-every probe; the hook reads it before every save. Reading must cost microseconds, so the parse
-is cached and reused while the file's identity (inode, size, mtime) is unchanged: one `lstat`.
-
-The hook acts on what the file says (delay a save, move it elsewhere), so it trusts the file only
-when the file and its directory belong to the reader or to root and nobody else can write them.
-Redirect destinations never come from this file; they are always the caller's own.
+Parsed once per file identity (one `lstat` per read); trusted only when it and its directory
+belong to the reader or root and nobody else may write them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""What the exporters turn into metrics: an immutable view of one target, as the daemon last saw it.
-
-The daemon's store publishes a new `TargetView` after every probe result; a scrape, the
-textfile writer and the state file only ever read views. Being immutable, a view can be read by
-the HTTP threads while the scheduler builds the next one, without a lock held across a scrape.
-"""
+"""`TargetView`: an immutable view of one target as the daemon last saw it, for its readers."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""`fsprobe quota` output: a table a person reads at a glance, and the JSON for scripts.
+"""`fsprobe quota` output: a table for a person, JSON for scripts.
 
-The last line answers the question a user has before a checkpoint: which quota stops the next
-write, and when. A hard limit reached or a grace period expired stops it now; a running grace
-period stops it when it ends; otherwise the limit with the least room left is named.
+The last line names the quota that stops the next write, and when: a hard limit reached or an
+expired grace period now, a running grace period when it ends, else the one with least room.
 """
 
 from __future__ import annotations

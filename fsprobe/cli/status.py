@@ -1,13 +1,7 @@
-"""`fsprobe status`: what the running daemon sees, from its state file, at a glance.
+"""`fsprobe status`: what the running daemon sees, read from its state file (no probe runs).
 
-Reads the state file only — no probe runs — so it answers at once even on a hung mount. When
-the file is missing, stale, untrusted or corrupt, or its writer is gone, it says so and what to
-do, and exits 3 (unknown), as a monitoring plugin would.
-
-Whether the writer still runs is proven by its lock on the state dir (the kernel drops it when
-the process ends, however it ends), not guessed from a pid; only a state file written without
-a lock leaves the guess. Whether its view is still current is the policy's call: each target's
-verdict says until when it holds without a new probe result (`Verdict.fresh_until`).
+A missing, stale, untrusted or corrupt file, or a writer that is gone (its lock on the state
+dir, not a pid), is said with what to do, and exits 3 (docs/reference.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The daemon's configuration: a TOML file, `FSPROBE_*` environment variables, CLI flags on top.
 
-`fsprobe run PATH` needs no file at all; a file adds defaults and targets with their own
-overrides. Everything is checked before the daemon starts (and before a SIGHUP reload is
-accepted): an unknown key, a wrong type or a bad size is refused with the file, the line and the
-key path (``targets[1].write_interval``), because a typo that silently falls back to a default
-is how a monitor ends up watching nothing.
-
-Relative paths in the file are taken relative to the file's directory (a daemon started by
-systemd runs in ``/``); relative paths on the command line, relative to the working directory.
+Everything is checked before the daemon starts or a reload is taken, and a refusal names the
+file, the line and the key (``targets[1].write_interval``). Bounds: docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,4 @@
-"""Start, reload, stop: `fsprobe run` as a process that a supervisor can trust.
-
-Signals are taken through a wakeup pipe and handled in the main thread, between waits: a
-handler itself only wakes the loop, so no lock can be taken half-way by a signal. SIGTERM and
-SIGINT stop the daemon within a second: the scheduler and the HTTP server are asked to stop,
-probes stuck in the kernel are abandoned (they block a thread of the probe worker process,
-never one of ours), and the state file — always replaced atomically — stays valid. SIGHUP
-re-reads the configuration; a configuration that does not pass its checks is logged and the
-running one kept.
-
-Supervision: the main thread also watches the scheduler (`Scheduler.health`). While its loop
-has stalled or after it died, /metrics answers 503 (Prometheus' `up` is 0, FsprobeDown fires)
-and the state file says why (`fsprobe status` exits 3); a stalled loop that turns again is
-healthy again. A loop that died is not restarted in place: whatever killed it is a bug that
-left its state in doubt, so the daemon stops and exits 70 (EX_SOFTWARE), for systemd
-(`Restart=on-failure`) or Kubernetes to start a fresh one.
-
-A daemon, and a `--once` run, is the one writer of its state dir for as long as it lives
-(`fsprobe.state.WriterLock`): a second one on the same dir refuses to start instead of
-overwriting the first one's state file. A daemon that stops cleanly says so in a last write of
-the state file, so that `fsprobe status` can tell when it stopped.
-"""
+"""Start, reload, stop: `fsprobe run` as a process a supervisor can trust (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The daemon's log: one event per line, ``key=value`` pairs that grep and Loki both read.
-
-Quiet by default: the daemon's start and stop, status changes of a target, a probe that starts
-or stops failing (or fails differently), a mount that gets stuck, write errors of the outputs.
-``-v`` (level debug) adds one line per probe result.
-"""
+"""The daemon's log: one event per line of ``key=value`` pairs; ``-v`` adds every probe result."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """After each batch of results: the state file, the textfile, the scrape cache.
 
-The state file is what the save hook in the trainer reads, so it is rewritten after every
-result (atomically: the hook sees the old file or the new one). Each target's part of it is
-encoded once per change of that target, not once per write: at 100 targets that is the
-difference between 10 % of a CPU and well under 1 %.
+Each target's part of the state file is encoded once per change of that target, not per write.
 """
 
 from __future__ import annotations

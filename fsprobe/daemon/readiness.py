@@ -1,13 +1,6 @@
 """Whether a target can take a redirected checkpoint back, from the daemon's own verdict.
 
-`fsprobe sync` asks a preflight before it copies a checkpoint back. The daemon's sync task
-knows better and cheaper: it has just judged the target itself. It also runs in the probe
-worker process, where a preflight that had to probe inline would start a worker of its own.
-
-The answer is taken when the task starts and shipped to the worker with it (this module is
-what the worker imports to unpickle it, so it stays small). A sync that takes a while acts on
-a verdict that is a few minutes old; the copy itself is still an atomic write with retries,
-so a target that filled up meanwhile costs a failed attempt, never a damaged checkpoint.
+Shipped to the probe worker with the sync task, so this module stays small (docs/design.md §8).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """When each probe of each target runs next: intervals with jitter, as a pure timetable.
 
-Jitter (±10 %) keeps the probes of many targets — and of many nodes started by the same job —
-from hitting a shared metadata server in lockstep. The first run of each probe is spread over a
-short start window for the same reason, yet soon enough that a freshly started daemon has
-data within seconds. Time is passed in, never read, so the rules are tested with plain numbers.
+Time is passed in, never read, so the rules are tested with plain numbers.
 """
 
 from __future__ import annotations

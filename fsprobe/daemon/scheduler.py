@@ -1,25 +1,6 @@
-"""The scheduler: one thread that starts every probe on time and never waits for one.
+"""The scheduler: one thread that starts every probe and task on time and never waits for one.
 
-Probes run in the process's shared `ProbeRunner`, whose worker process makes the filesystem
-calls (so that a thread stuck in the kernel is never one of ours, and the daemon can always
-exit); their results come back through the future's done-callback into this thread's inbox.
-The loop sleeps until the next probe is due, a result arrives, or a run in flight reaches its
-deadline, whichever is first. So a hung mount costs one blocked worker thread per probe kind at
-most (the runner starts nothing new on a target while one of its probes is overdue), a `stuck`
-mark published once by the watchdog, and nothing else: the other targets, the scrapes and the
-signals go on.
-
-When a run that was marked stuck finally returns, the target's other probes, which were refused
-while it hung, run again at once: the target recovers by itself, without waiting an interval.
-
-Supervision: a bug while handling one target's result is contained there (`Store.contain`:
-that target unknown, counted, logged). The loop itself is watched from outside: it notes the
-time of every turn, and `health` says when it died (an exception escaped it) or stalled (no
-turn for `STALL_INTERVALS` of the shortest probe interval), so that the daemon stops claiming
-health instead of serving frozen values as fresh.
-
-The same loop drives the daemon's tasks (`daemon.tasks`: counting and syncing back redirected
-checkpoints), which run in the same worker on a timetable of their own and never touch a verdict.
+How it bounds a hung mount and how it is supervised: docs/design.md §8, "The daemon".
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""What the daemon knows about each target: the latest results, counters, and the verdict.
+"""What the daemon knows about each target: latest results, counters, save events, the verdict.
 
-The scheduler records every probe result here; the store keeps what one result alone cannot
-tell (the last few write errors, error counters, the write-latency histogram, when each probe last
-succeeded), judges the target with the health policy, and publishes an immutable `TargetView`.
-The count of the redirected-checkpoints task (`daemon.tasks`) is kept beside the snapshot,
-never in it: no task ever changes a verdict. Save events (`fsprobe.events`) are taken for the
-watched target that holds the requested path, from a sender the admission rule lets report
-there; their counters are kept per target too, and so are the processes that sent them
-(`fsprobe.daemon.savers`): a checkpoint is overdue only while one of them still lives.
-Readers (a scrape, the state file, the textfile) only ever take the published views; nothing
-here knows about Prometheus or files.
+It publishes an immutable `TargetView` per change; readers only ever take the views. A task's
+count is kept beside the view, never in it; the saving processes are `daemon.savers`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""The daemon's tasks: work it does for a target that is not a probe of it.
+"""The daemon's tasks: counting and syncing back redirected checkpoints of a target.
 
-A target with fallback directories has checkpoints that `fsprobe.save` may have redirected
-there. Two tasks look after them, each on its own timetable and with its own deadline:
-
-- ``count``: the bytes that wait to go back (``fsprobe_redirected_pending_bytes``);
-- ``sync`` (with `sync_redirected`): copy them back once the target can take them, deciding that
-  from the daemon's own verdict of the target (`fsprobe.daemon.readiness`), then count again.
-
-They are not probes. A probe's result is a fact about the target that the policy judges and
-ages; a copy of gigabytes that takes ten minutes is neither, and as a probe it made the target
-look stale (and the preflight then told trainers to wait). So a task's result never enters a
-target's snapshot or verdict: the count goes to the store beside the view, the sync outcomes to
-the log. Like probes, tasks run in the probe worker process, because both the target and the
-fallback directories may hang in the kernel, and at most one run per task is out at a time.
+Not probes: their results never enter a snapshot or a verdict (docs/design.md §8).
 """
 
 from __future__ import annotations

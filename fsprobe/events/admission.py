@@ -1,13 +1,7 @@
 """Which targets a sender may report saves into: those it could have written to.
 
-The sender's uid, gid and pid come from the kernel (SCM_CREDENTIALS), never from the
-message. An event counts for a watched target if the sender is root, is the daemon's own
-user (a sidecar hears its own trainer), or could create a file in the target directory as
-the daemon last saw it (its statvfs probe's stat of the directory, or of its nearest
-existing ancestor): it owns the directory, or the directory is writable by a group the
-sender's process is in, or by others. The daemon never touches the path itself for this
-(a hung mount would hang the receiver). The rule is per target: on a target shared by a
-team, any member's saves count for it, each under the kernel's uid.
+Decided from the kernel's credentials and the daemon's last stat of the target, never by
+touching the path (docs/security.md, "Save events").
 """
 
 from __future__ import annotations

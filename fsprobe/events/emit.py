@@ -1,26 +1,7 @@
-"""The trainer's side: one datagram to the daemon's socket, sent without ever waiting.
+"""The trainer's side: one non-blocking datagram to the daemon's socket, never raising.
 
-A save calls `report` once at its end. The socket is ``<state dir>/events.sock``, in the same
-state dir whose state file the preflight reads, so a sidecar sharing that dir and a node
-daemon whose dir the trainer was pointed at (``FSPROBE_STATE_DIR``) both hear it. Sent
-with ``MSG_DONTWAIT`` on a non-blocking socket: no daemon (no socket, ECONNREFUSED), a full
-queue (EAGAIN) or anything else is silently nothing, and no exception ever reaches the save.
-
-A root daemon also listens on a socket of each target owner's own, ``events-<uid>.sock``
-(mode 0600, that user's): the kernel queues only ``net.unix.max_dgram_qlen`` datagrams per
-socket, shared by all its senders, so another user flooding ``events.sock`` would find the
-shared queue full for us. The sender tries the socket of its effective uid first (the one
-the kernel lets it send to) and the shared one if that is missing or refuses the datagram.
-
-The dir is trusted as the state file is (owned by us or root, not writable by others) and
-the socket must belong to us or root: an event names the paths of one's checkpoints, and is
-not handed to a socket that someone else planted. The dir is opened once and the socket
-reached through ``/proc/self/fd`` (no path is resolved twice, and a long state dir does not
-run into the 108 bytes of a socket address).
-
-A process that reported a save says goodbye to the same daemons when it exits cleanly
-(`atexit`): the daemon then expects no more saves from it (a checkpoint is not overdue for a
-job that ended). A process killed outright says nothing; the daemon sees its pid gone.
+Its own ``events-<uid>.sock`` first, then ``events.sock``, each only if trusted like the state
+file (docs/design.md §13, docs/security.md "Save events"); a goodbye at a clean exit.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """One save as the daemon hears of it, and its wire form (compact JSON, bounded in size).
 
-The sender's uid and pid are not part of the message: the receiver takes them from the
-kernel (`fsprobe.events.receive`). Everything else is the sender's claim, and is checked
-for type and bounded in length when decoded: a datagram is from anyone allowed to send one.
+Everything but the kernel's credentials is the sender's claim, checked and bounded when decoded.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """What a real save says about writing into its target, in the write probe's terms.
 
-A save into the target does what the write probe rehearses (create, write, fsync, rename, fsync
-the directory), on the real checkpoint: one that landed there is a successful write, each of
-its failed attempts in the target a failed one, with its errno and step. The daemon records
-these like write-probe results, so the policy judges a target with regular saves by the saves
-themselves (and the active probe can be skipped, `daemon.scheduler`). Not evidence: attempts
-made in a fallback (another filesystem), a preflight's refusal (the daemon's own verdict,
-echoed back) and a collective's failure (another rank died, not the filesystem). A successful
-save carries no step times: its duration is the checkpoint's size, not the filesystem's speed,
-and is never judged as a slow write.
+What counts as evidence and what does not: docs/design.md §13, "Passive evidence".
 """
 
 from __future__ import annotations

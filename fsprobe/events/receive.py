@@ -1,22 +1,7 @@
-"""The daemon's side: a datagram socket in the state dir, the kernel's word for the sender.
+"""The daemon's side: datagram sockets in the state dir, the kernel's word for the sender.
 
-``SO_PASSCRED`` makes the kernel attach the sender's pid, uid and gid to every datagram: a
-sender cannot claim another uid (only root may pass credentials other than its own). Every
-bound is the receiver's: datagrams longer than `MAX_EVENT_BYTES` are dropped whole, the
-kernel's queue is `RECEIVE_BUFFER` bytes (a sender finds it full and drops its event, never
-waits), and each uid may deliver `RATE` events a second after a burst of `BURST`; the rest
-are dropped and counted by reason, as are malformed events and those `deliver` refuses.
-
-The sockets are made after the daemon holds the state dir's writer lock: those found there
-are an earlier daemon's of this dir, and are replaced. ``events.sock`` is ``0666`` when the
-daemon runs as root (a node daemon hears every user, `admission` decides what counts) and
-``0600`` otherwise (a sidecar hears its own user). The kernel queues only
-``net.unix.max_dgram_qlen`` datagrams per socket, shared by all its senders, so one user
-flooding ``events.sock`` fills it for everyone: a root daemon therefore also binds
-``events-<uid>.sock`` for each distinct owner of a watched target (as statvfs saw it), owned
-by that user and ``0600``, so that only she (and root) can fill its queue; the sender tries
-it first. One selector serves all of them, one datagram per ready socket and turn, each
-through the same credentials, rate limit and admission.
+Every bound is the receiver's (size, queue, a rate per uid); sockets and their modes:
+docs/design.md §13 and docs/security.md, "Save events".
 """
 
 from __future__ import annotations

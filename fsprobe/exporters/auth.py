@@ -1,19 +1,7 @@
-"""Basic auth against bcrypt hashes, as the Prometheus exporters check it, without letting
-wrong passwords starve a scraper that knows the right one.
+"""Basic auth against bcrypt hashes, as the Prometheus exporters check it.
 
-A bcrypt check costs about 100-300 ms of CPU by design, and Prometheus sends the same
-credentials on every scrape; so the verdict on credentials is remembered (as a SHA-256 digest
-of user, password and hash, never the password): a success for good (until the web config is
-reloaded), a failure for `FAILURE_MEMORY` seconds, so a scraper with a stale password costs one
-bcrypt, not one a scrape. An unknown user is checked against a dummy hash, so that the answer
-takes as long as for a known one, and the digests are compared in constant time.
-
-What is not remembered needs a bcrypt, and those are admitted in a bounded order (`admit`):
-at most `QUEUE` checks wait or run at once, at most `PER_ADDRESS` of them for one client
-address; any other is refused at once (the server answers 429, "retry later"), so it holds its
-connection's slot for microseconds, not for its turn at bcrypt. 1,000 connections with distinct
-wrong passwords had filled every slot of the server while they queued for the two bcrypt
-threads, and the known scraper waited 8-9 s in the kernel's backlog behind them.
+Verdicts remembered as digests, bcrypt admitted in a bounded queue (`admit`): docs/security.md,
+"The metrics endpoint".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Bugs contained at a target's boundary: counted by target and stage, logged once each.
 
-An exception while probing, judging or publishing one target must not stop the daemon's work
-on the others (docs/design.md §8): where it is caught, that target becomes `unknown` with the reason
-`internal_error`, and the error is counted here for `fsprobe_internal_errors_total{path,stage}`.
-Its traceback is logged when it first appears, and again only after that target got through
-that stage once: a bug that recurs every 15 s is one log line and a rising counter.
+The target becomes `unknown` (`internal_error`); a recurring bug is one log line and a counter.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The text exposition of the metrics, cheap enough to serve on every scrape at 100 targets.
+"""The text exposition (format 0.0.4), each target's lines encoded once per view version.
 
-A node daemon with 100 targets exports some 6 000 series; prometheus_client's encoder takes
-about 7 µs per line, 40 ms per scrape. But a target's lines change only when its view does,
-so each target's sample lines are encoded once per view version, here, in the text format
-0.0.4 (a line is ``name{label="value",...} value``: label names sorted, values escaped, numbers
-as Go prints them, as Prometheus' own exporters write it). After each batch of results the
-daemon joins the pieces, family by family, into the text a scrape then only sends.
-
-Process metrics (`process_*`, `python_*`) change on every scrape and are few: prometheus_client
-renders them fresh each time, and they are sent first.
+Process metrics are rendered fresh by prometheus_client on every scrape (docs/design.md §8).
 """
 
 from __future__ import annotations

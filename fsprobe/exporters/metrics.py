@@ -1,22 +1,7 @@
-"""The Prometheus metrics of fsprobe (docs/design.md §6), as plain data built from target views.
+"""The Prometheus metrics, as plain data built from target views.
 
-`FAMILIES` is the metric contract: every per-target family with its type, help and labels, in
-exposition order. `target_samples` turns one target's view into its samples, family by family;
-nothing here encodes text (that is `exposition`) or knows about probes. Series of a target whose
-statvfs failed, or whose mount is stuck, are left out rather than zeroed: a zero would read as
-"the filesystem is full" in every dashboard. Probe series exist only for probes that ran: a
-quota or `lfs df` probe on a filesystem without a quota provider answers that it does not apply
-and gets none.
-
-Naming: inodes, never "files". The resource runs out as inodes (`df -i`, ENOSPC with space
-left), Lustre quota calls its limits inode limits, and fsprobe's own API, JSON and alert names
-say inodes; node_exporter's ``files`` only mirrors statvfs field names, and the join with it is
-by label (`device`, `mountpoint`, `fstype`), not by metric name.
-
-Write latency: one histogram of the whole write probe per target, and the steps of the last
-run as gauges. A histogram per step (7 x 17 series per target) was most of the exposition and
-served no alert; where the time goes is a question about the run at hand, which the gauges
-answer.
+`FAMILIES` is the metric contract (docs/reference.md); why some series are left out rather
+than zeroed, "inodes" and one histogram per target: docs/design.md §8, "The exporters".
 """
 
 from __future__ import annotations

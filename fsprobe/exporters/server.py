@@ -1,30 +1,6 @@
 """The metrics endpoint: one event loop thread, bounded in connections, time and memory.
 
-fsprobe's daemon lives beside every training job and must not be the thing that an idle or
-hostile client can exhaust. A thread per connection (prometheus_client's server) let 1,500
-connections that never finish their headers hold 1,500 threads. Here:
-
-- one thread runs an asyncio loop that serves every connection; the bcrypt check of basic
-  auth, the only slow step, runs in a pool of `AUTH_THREADS`, and only for credentials whose
-  verdict is not remembered, within the bounded queue of `auth.BasicAuth.admit` (the rest are
-  answered 429 at once: a flood of wrong passwords holds no slot for its turn at bcrypt, and
-  queues no scraper that knows the right one);
-- at most `MAX_CONNECTIONS` are open at once; when full, the oldest connection that has not
-  sent its whole request head within `MIN_HEAD_AGE` gives way to a new one (a real scraper
-  sends its head at once, a slow-header client never does), unless bytes of it wait unread
-  (then the loop is behind, not the client); with no such connection, new clients wait in
-  the kernel's backlog until a slot frees;
-- every connection has one deadline, `REQUEST_DEADLINE`, for the TLS handshake, the request and
-  the response together; the request head is capped at `MAX_HEAD` bytes;
-- the response goes out in chunks as the client reads it, so a client that does not read costs
-  one socket buffer, never a copy of the body;
-- a client that fails (timeout, bad TLS, malformed request) costs one log line, no traceback.
-
-Also: TLS and basic auth from the web config (exporter-toolkit's format); the TLS settings and
-users can be swapped on a reload without closing the listening socket; no reverse DNS lookup of
-the listen address. Responses are HTTP/1.0 and close the connection. They are not
-gzip-compressed even when asked: compressing a large exposition costs more CPU than the scrape
-itself, and a scrape of a node daemon travels over a local network.
+The bounds and why: docs/security.md, "The metrics endpoint"; HTTP/1.0, no gzip.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""The textfile output: ``fsprobe.prom`` for node_exporter's textfile collector.
-
-node_exporter reads every ``*.prom`` file of its directory on each scrape, so the file must be
-replaced atomically — a half-written file makes the whole collector fail. The new content is
-written to a hidden temporary name (not ``*.prom``, so never read half-written), then renamed
-over the old file. No timestamps: node_exporter refuses samples that carry one.
-"""
+"""``fsprobe.prom`` for node_exporter's textfile collector: replaced atomically, no timestamps."""
 
 from __future__ import annotations
 

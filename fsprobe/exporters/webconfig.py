@@ -1,22 +1,7 @@
-"""`--web-config FILE`: TLS and basic auth, in the format of the Prometheus project's exporters.
+"""`--web-config FILE`: TLS and basic auth in exporter-toolkit's YAML format (docs/reference.md).
 
-The same YAML file that node_exporter takes (prometheus/exporter-toolkit)::
-
-    tls_server_config:
-      cert_file: server.crt          # relative paths: relative to this file
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert   # or NoClientCert, VerifyClientCertIfGiven
-      client_ca_file: clients.crt
-      min_version: TLS12             # TLS10 TLS11 TLS12 TLS13
-    http_server_config:
-      headers: {X-Frame-Options: deny}
-    basic_auth_users:
-      prometheus: $2b$12$...         # bcrypt hash, e.g. from `htpasswd -nBC 12 prometheus`
-
-Unknown keys are refused, as exporter-toolkit does. Options that Python's `ssl` cannot honour
-as Go's TLS stack does (cipher suite and curve lists, client certificates requested without
-verification) are refused too rather than silently dropped. pyyaml and bcrypt are imported only
-when a web config is given: they are the `web` extra.
+Unknown keys, and options Python's `ssl` cannot honour as Go does, are refused. pyyaml and
+bcrypt are imported only when a web config is given (the `web` extra).
 """
 
 from __future__ import annotations

@@ -1,35 +1,7 @@
-"""PyTorch Distributed Checkpoint (DCP): every rank's shards and the ``.metadata``, committed once.
+"""PyTorch Distributed Checkpoint: every rank's shards and the ``.metadata``, committed once.
 
-::
-
-    from fsprobe.integrations import dcp
-
-    dcp.save(state_dict, "/lustre/run7/step-1000", fallback_dirs=["/scratch/me/fallback"])
-    dcp.load(state_dict, "/lustre/run7/step-1000", fallback_dirs=["/scratch/me/fallback"])
-
-`FsprobeWriter` is a `FileSystemWriter` for ``torch.distributed.checkpoint.save``. DCP's own
-writer creates the checkpoint directory first and writes into it: a crash or a full target
-leaves a directory that looks like a checkpoint and is not, and an existing checkpoint of the
-same name is overwritten in place. `FsprobeWriter` instead:
-
-- in the global plan (on the coordinator, which sees every rank's plan), runs the preflight
-  for the planned bytes of all ranks, decides the destination (the target or one fallback,
-  never both) and creates a hidden staging directory beside it; every rank's plan carries
-  both, so every rank writes its shards there;
-- retries a transient write error (EIO, ESTALE, ...) per file, with backoff, on the rank that
-  hit it;
-- in `finish()`, after DCP wrote the ``.metadata`` (into the staging directory too), fsyncs
-  the directories and publishes the staging directory with one rename
-  (`fsprobe.saving.directory`), so a checkpoint is complete at its final path or not there.
-
-A failure that per-file retries cannot fix (a full target, a rank's write that keeps failing)
-fails that `dcp.save` on every rank, as DCP does. `save` and `async_save` here go further: they
-retry the whole checkpoint, with every rank redirected to a fallback together on capacity or
-permanent errors (one decision, taken on the coordinator and broadcast). `load` finds the
-checkpoint where it landed (the path, or its redirected copy).
-
-Built on private parts of torch 2.13's `torch.distributed.checkpoint.filesystem` (the per-file
-write loop), pinned by tests/test_integration_dcp.py.
+`FsprobeWriter`, `save`, `async_save`, `load` (docs/integrations.md). Built on private parts
+of torch 2.13's DCP filesystem writer, pinned by tests/test_integration_dcp.py.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Lightning: a ``CheckpointIO`` plugin that saves checkpoints through `fsprobe.atomic_write`.
 
-::
-
-    from lightning import Trainer
-    from fsprobe.integrations.lightning import FsprobeCheckpointIO
-
-    trainer = Trainer(plugins=[FsprobeCheckpointIO(fallback_dirs=["/scratch/me/fallback"])])
-
-Lightning's own `TorchCheckpointIO` serialises to memory and writes the bytes in one go: atomic,
-but a single EIO kills the run. This plugin streams `torch.save` into a temp file beside the
-checkpoint, retries transient failures, redirects when the target cannot take it, and knows
-about redirected copies when Lightning loads or deletes a checkpoint (top-k pruning deletes the
-redirected copy too, so that `fsprobe sync` never brings back a checkpoint Lightning dropped).
-Remote paths (``s3://``...) go to Lightning's implementation unchanged.
-
-Built on ``lightning`` (``import lightning``); with only the standalone ``pytorch_lightning``
-installed, on ``lightning_fabric``, which is what that package's Trainer expects.
+Loads and removals know redirected copies (docs/integrations.md); remote paths go to
+Lightning's own implementation. Needs only ``lightning.fabric``.
 """
 
 from __future__ import annotations

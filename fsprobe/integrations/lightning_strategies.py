@@ -1,32 +1,7 @@
 """Lightning strategies whose checkpoints are directories, committed whole by fsprobe.
 
-::
-
-    from lightning import Trainer
-    from fsprobe.integrations.lightning import FsprobeCheckpointIO
-    from fsprobe.integrations.lightning_strategies import FsprobeModelParallelStrategy
-
-    trainer = Trainer(
-        strategy=FsprobeModelParallelStrategy(),
-        plugins=[FsprobeCheckpointIO(fallback_dirs=["/scratch/me/fallback"])],
-    )
-
-Lightning's `ModelParallelStrategy` (``save_distributed_checkpoint=True``, its default) and
-`FSDPStrategy` (``state_dict_type="sharded"``) save a checkpoint as a directory of PyTorch
-Distributed Checkpoint shards plus ``meta.pt``, without their `CheckpointIO`: every rank writes
-its shard straight into the checkpoint's path, so one failed write kills the run and leaves a
-directory that looks like a checkpoint. These subclasses run the strategy's own
-`save_checkpoint` into the staging directory of `fsprobe.distributed.save_dir` instead: the
-checkpoint is published with one rename once every rank wrote its part, retried as a whole
-when a rank's write failed, redirected (every rank together) when the target cannot take it,
-and found again where it landed when Lightning loads it (`fsprobe.locate`, decided on rank 0).
-
-The options (``fallback_dirs``, ``attempts``, ``max_wait``...) are those of the strategy's
-`FsprobeCheckpointIO`, which also saves its single-file checkpoints (a full state dict) and
-removes old ones (top-k, redirected copies included); it is the default `CheckpointIO` here.
-A separate module from `fsprobe.integrations.lightning`, which needs only the light
-``lightning.fabric`` part of Lightning and works with versions that have no model-parallel
-strategy.
+They run the strategy's own `save_checkpoint` into a collective `save_dir` (docs/integrations.md);
+apart from `lightning` because they need the full Lightning and its model-parallel strategy.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
-"""RETURNN (PyTorch backend): every epoch's model and optimizer saved through fsprobe, and a
-resume that finds the newest epoch wherever it landed. One import and one call in the config::
+"""RETURNN (PyTorch backend): epoch saves through `fsprobe.save`, a resume that finds them.
 
-    #!rnn.py
-    import fsprobe.integrations.returnn
-
-    fsprobe.integrations.returnn.protect(fallback_dirs=["/scratch/me/fallback"], max_wait=600)
-
-    backend = "torch"
-    model = "/lustre/me/run7/model"
-    ...
-
-RETURNN writes ``model.NNN.pt`` and ``model.NNN.opt.pt`` with `torch.save` to a
-``.tmp_write`` name and renames it: atomic, but one EIO on a write kills a run of days
-("PytorchStreamWriter failed writing file data/322: file write failed"). After `protect`,
-both go through `fsprobe.save` (temp file in the target directory, fsync, rename), retried
-after a transient error and redirected to a fallback when the target cannot take them (full,
-over quota, read-only). On resume, RETURNN's search for the last epoch (its
-``get_existing_models``) also sees redirected epochs through `fsprobe.locate`, so an epoch saved
-to a fallback is loaded (model and optimizer), not trained again; ``fsprobe sync`` later
-copies it back to where RETURNN expects it. What RETURNN deletes (``cleanup_old_models``, and
-the optimizer state of two epochs ago) is deleted wherever it landed: a redirected copy goes
-with its manifest entry, so that ``fsprobe sync`` never brings back a file RETURNN dropped.
-
-What is patched, and why it is pinned: RETURNN builds both files' contents in the methods
-that write them (`Engine._save_model`, `Updater.save_optimizer`), so those two are replaced by
-copies that build the same dictionaries and hand them to `fsprobe.save`; `Engine.delete_model`
-(which `cleanup_old_models` calls with what `get_existing_models` found) is replaced, and
-`Engine._save_optimizer` (which deletes the optimizer state of two epochs ago) is followed by
-the removal of that state's redirected copies. The copies use RETURNN's internals, so
-`protect` refuses any RETURNN version but those in `RETURNN_VERSIONS`, whose source a test
-holds them to.
+What is patched and why it is pinned to `RETURNN_VERSIONS`: docs/integrations.md, "RETURNN".
 """
 
 from __future__ import annotations

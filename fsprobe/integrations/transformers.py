@@ -1,40 +1,7 @@
-"""Hugging Face: the `Trainer`'s checkpoints written the fsprobe way, and a preflight callback.
+"""Hugging Face: the `Trainer`'s checkpoints saved whole (`protect`), and a preflight callback.
 
-::
-
-    from transformers import Trainer
-    from fsprobe.integrations.transformers import FsprobeCallback, protect
-
-    trainer = protect(Trainer(...), fallback_dirs=["/scratch/me/fallback"])
-    trainer.train()
-
-`protect(trainer)` makes every ``checkpoint-<step>/`` the `Trainer` writes a `fsprobe.save_dir`
-(one process) or a `fsprobe.distributed.save_dir` (``torchrun``: every rank writes its part of
-the one directory): the Trainer's own code writes the files, into a hidden staging directory
-beside the checkpoint; fsprobe fsyncs them and publishes the directory with one rename, retries
-the whole checkpoint after a transient error and redirects it to a fallback when the target
-cannot take it. A reader (a resume, the Trainer's own rotation) never sees half a checkpoint.
-
-How it hooks in, and why there: the Trainer's `_save_checkpoint` decides *what* a checkpoint
-is (model, optimizer, scheduler, scaler, RNG states, ``trainer_state.json``; which rank writes
-which) and changes between versions, so it is wrapped, never rewritten: it runs as it is, once
-per attempt, with the methods that write the files (`save_model`,
-`_save_optimizer_and_scheduler`, `_save_scaler`, `_save_rng_state`,
-``state.save_to_json``) given the staging directory where they were given the checkpoint's.
-What must see the *published* checkpoint runs after the commit: the rotation of old checkpoints
-(``save_total_limit``; run again, the Trainer's own run saw one checkpoint fewer) and the push
-to the Hub. A version whose writers differ would write beside the staging directory: that is
-detected after the first attempt and refused with an error naming the version, rather than
-leaving checkpoints unprotected unnoticed (a test pins the installed version).
-
-`FsprobeCallback` only looks before the Trainer leaps: when a save step comes
-(``control.should_save`` at the end of a step or an epoch) it runs `fsprobe.preflight` on
-``output_dir`` with the size of the previous checkpoint as the need, waits up to `max_wait` for
-a transiently unhealthy filesystem (a hung mount, failing test writes) to recover, and reports
-the decision: a log line (a warning unless all is well), ``decisions``, and
-``fsprobe_status`` / ``fsprobe_action`` in the next ``logs`` the Trainer prints (not in
-``state.log_history``, which the Trainer saves in ``trainer_state.json`` and restores). It
-never raises: a monitoring problem must not be what stops a training run.
+`_save_checkpoint` is wrapped, never rewritten: docs/design.md §12; usage in
+docs/integrations.md. `FsprobeCallback` never raises.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""Every MDT and OST of a filesystem from `lfs df`, cached per filesystem.
-
-Two runs, ``lfs df -v`` and ``lfs df -i -v`` (``-v`` lists inactive targets too), share one
-deadline and are merged per target. The result is shared by every target on the same
-filesystem for `ServerProbeSettings.cache_seconds`; both runs cost one statfs RPC per target
-(MDT and OST) of the filesystem.
-"""
+"""Every MDT and OST of a filesystem from ``lfs df -v`` and ``lfs df -i -v``, cached per fs."""
 
 from __future__ import annotations
 

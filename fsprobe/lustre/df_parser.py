@@ -1,11 +1,6 @@
-"""Reading what `lfs df -v` and `lfs df -i -v` print; the layout is the same in 2.12-2.16.
+"""Reading what `lfs df -v` and `lfs df -i -v` print (2.12-2.16, docs/lfs-output-formats.md §3).
 
-`parse_df(stdout, stderr, status)` is a pure function that never raises. Each filesystem is a block
-that starts with the column title: the MDT and OST rows (the mount point with ``[MDT:n]`` or
-``[OST:n]`` glued on, then optional status letters), the ``: inactive device`` lines of ``-v``,
-per-target error lines, and the ``filesystem_summary:`` row (section 3 of the reference). Lines
-that none of the rules read are returned by number. fsprobe never asks for the rounded ``-h``
-or ``-H`` forms.
+`parse_df` is a pure function that never raises; lines no rule reads are returned by number.
 """
 
 from __future__ import annotations

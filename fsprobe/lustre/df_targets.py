@@ -1,9 +1,6 @@
 """From two `lfs df` runs (blocks and ``-i``) to one `LustreTarget` per MDT and OST.
 
-A target that `lfs df` could not ask (an error line) is kept with unknown sizes, and an inactive
-one (``-v``) with ``active=False``, so that the policy sees every target, not only the healthy
-ones. Anything else unexpected raises ProbeFailure naming what lfs said or the line it could not
-be read at: the caller reports it rather than judging the filesystem from half a table.
+Targets lfs could not ask, and inactive ones, are kept so the policy sees every target.
 """
 
 from __future__ import annotations

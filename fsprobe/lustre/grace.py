@@ -1,8 +1,6 @@
 """Grace periods as `lfs quota` prints them: ``1w6d23h59m59s``, ``-``, ``none``, ``expired``.
 
-The compact countdown uses the units w, d, h, m, s, largest first, and leaves out the zero ones.
-It is computed when lfs prints, so it is the time *left*; the caller turns it into an absolute
-expiry by adding it to the time it ran lfs.
+A countdown is the time left when lfs ran; the caller adds it to that time.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""The default layout of a directory, from ``lfs getstripe -d -y DIR``: where new files land.
+"""The default layout of a directory, from ``lfs getstripe -d -y DIR``: which pools new files use.
 
-A new file takes its directory's default layout (or, when the directory has none, the
-filesystem root's: the kernel returns that one unless ``--raw`` is given). What fsprobe needs
-of it is which OST pools the data can go to: a component with a pool places its stripes only on
-that pool's OSTs, one without a pool anywhere, and a Data-on-MDT component (pattern ``mdt``) on
-no OST at all. Composite (PFL, self-extending, mirrored) layouts have one sub-layout per
-component, each with its own pool.
-
-The YAML form (``-y``, in every version from 2.12 on) has one ``key: value`` per line. Up to
-2.15 a composite layout lists its components as ``  componentN:`` keys with two leading spaces
-on the header; from 2.16 (LU-15565) as a ``components:`` list of ``  - lcme_id: ...`` items
-without the leading spaces. A plain layout is the same in all: ``stripe_count``,
-``stripe_size``, ``pattern``, ``stripe_offset`` and ``pool`` when there is one. Every line that
-is not of that form is reported, not skipped; keys fsprobe does not need are ignored.
-``lfs getstripe -d --pool`` would print only the pool names, and nothing for a component
-without a pool: the one fact that says any OST may be used would be lost.
+Plain and composite layouts, up to 2.15 and from 2.16 (LU-15565): docs/lfs-output-formats.md.
+Every line not of the form is reported, not skipped.
 """
 
 from __future__ import annotations

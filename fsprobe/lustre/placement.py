@@ -1,13 +1,6 @@
 """Where a new checkpoint in a directory can land: its layout's pools and their OSTs, cached.
 
-The quota probe (for pool quotas) and the `lfs df` probe (for the OSTs worth judging) both ask
-this. Each answer is kept for the quota interval (`ServerProbeSettings.cache_seconds`), and at
-least for one probe deadline so that the two probes of one round share it; a save never asks.
-Per directory that is one ``lfs getstripe -d -y`` (one getattr RPC to the MDS, two when the
-directory has no layout of its own and the root's applies), and one for the filesystem root
-when the directory's plain layout names no pool (new files then take the root's); per
-filesystem and pool one ``lfs pool_list`` (the client's own pool table: no RPC); per `lfs`
-binary one ``lfs --version`` (no RPC), kept for an hour.
+Asked by the quota and `lfs df` probes, never by a save; its costs: docs/reference.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""OST pools and the facts around them: which OSTs a pool holds, the filesystem's name, and
-whether this `lfs` has pool quotas.
+"""OST pools (``lfs pool_list FSNAME.POOL``), the filesystem's name, and `lfs --version`.
 
-- ``lfs pool_list FSNAME.POOL`` prints ``Pool: FSNAME.POOL`` and then one OST UUID per line
-  (``lustre-OST0000_UUID``), the same from 2.12 to 2.16. It reads the client's own copy of the
-  pool table (``lov.*.pools.POOL``), so it sends no RPC. The path form (``lfs pool_list DIR``)
-  is not used: up to 2.12 it printed the path where the filesystem name belongs (LU-12473).
-- The filesystem name comes from the mount source (``mgsnid[:mgsnid]:/FSNAME[/subdir]``) or,
-  where the source does not show it, from ``lfs getname DIR`` (``FSNAME-<instance> DIR``, no RPC).
-- ``lfs --version`` prints ``lfs 2.15.3`` (with vendor suffixes such as ``2.15.3_ddn12``);
-  ``lfs quota --pool`` exists from 2.14 on (LU-11023).
+The path form of ``pool_list`` is not used (up to 2.12 it printed the path, LU-12473).
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""The Lustre quota provider: `lfs quota -u/-g/-p ID DIR`, one ID per call, read by the parser.
+"""The Lustre quota provider: ``lfs quota [--pool POOL] -u/-g/-p ID DIR``, one ID per call.
 
-Each call names one numeric ID (so the header can be checked against the question), and no
-``-v``: per-target rows cost an RPC per OST and the policy does not need them. What lfs printed
-is judged here, not in the parser: a row next to a non-zero exit status is still usable when the
-status only says that some values are inaccurate (2.14+ exit 5 with ``[...]``); an "Unexpected
-quotactl error" row (≤2.15) is not. Grace countdowns become absolute times.
-
-Pool quotas (Lustre 2.14+): for every OST pool that the directory's default layout names
-(`fsprobe.lustre.placement`), ``lfs quota --pool POOL -u/-g/-p ID DIR`` for the same IDs. Its
-output has the layout of a plain query (the pool name appears nowhere in it) and is read the
-same way. A pool quota without any limit is not reported (none is configured: the ID's global
-quota already says everything); on an `lfs` without ``--pool`` (2.12) none is asked for.
-Each costs one quotactl RPC to the quota master (MDT0000) plus one per OST of the pool for the
-usage, like a global query.
+It judges what lfs printed (a row beside exit 5 is usable; an "Unexpected quotactl error" row
+is not) and turns grace countdowns into absolute times (docs/lfs-output-formats.md).
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """Reading what `lfs quota -u|-g|-p ID DIR` prints, in Lustre 2.12, 2.14, 2.15 and 2.16.
 
-That is the one form of `lfs quota` fsprobe runs: one numeric ID, one directory, no ``-v``,
-``-h``, ``-q`` or ``-t``. `parse_quota(stdout, stderr, status)` is a pure function that never
-raises. It returns the sections (one per ``Disk quotas for ...`` header) with their rows, the
-notices, the recognised error messages, and every line it could not read, by number. It does
-not judge: whether a non-zero exit status still left a usable row is for the caller to decide.
-
-Rules (section numbers of ``docs/lfs-output-formats.md``):
-- rows are read from the right: the last eight cells are the numbers, everything before them is
-  the Filesystem cell, so a path with spaces or a 2.16 path longer than 16 characters still reads
-  (1.4); a row whose label is blank follows a line that could not be read on its own is that
-  line's wrapped label (≤2.15, 1.4);
-- the column title has 5 leading spaces up to 2.15 and 6 from 2.16 (1.3); 2.16 prints the
-  header even when the query then fails (1.9);
-- ``*`` glued to the used value is the over marker, ``**`` the ≤2.15 EREMOTEIO form (1.5);
-- ``[...]`` marks an inaccurate value (1.5); grace cells are ``-``, a countdown, ``none``
-  (≤2.15) or ``expired`` (2.16) (1.5);
-- ``uid N is using default block quota setting`` (≤2.15) and the errors notice, with 2.16's
-  leading ``0``/``1``, follow the rows (1.7); usage text (exit 4) is on stdout in 2.16 (1.1).
+`parse_quota` is a pure function that never raises and does not judge; the rules it follows are
+docs/lfs-output-formats.md §1 and §4.
 """
 
 from __future__ import annotations

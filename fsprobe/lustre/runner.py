@@ -1,16 +1,6 @@
 """Running `lfs`: an argv list (never a shell), a deadline, a byte cap, nothing left behind.
 
-`lfs` talks to the metadata server; on a hung filesystem it blocks, and so may any helper it
-starts. It therefore runs in a session of its own, and when the run ends (at its deadline, or
-normally) its process group is sent SIGKILL, so nothing it started survives; helpers that left
-the group are reaped as orphans (`fsprobe.posix.children`). A process stuck in the kernel
-(state D) only dies when the kernel lets go of it; it is then reaped by a background thread
-instead of blocking the probe, which reports TIMEOUT at once.
-
-What it prints is read with a cap (`MAX_STDOUT`, `MAX_STDERR`): an `lfs` (or a wrapper) that
-prints without end is stopped and reported as E2BIG, instead of growing the worker by the
-gigabyte. Reading stops, too, shortly after `lfs` itself has exited, even when a helper it
-started still holds the pipes open.
+The bounds and why: docs/security.md, "`lfs`: bounded in time, output and processes".
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The primitives of an atomic save, shared by the write probe, `fsprobe.save` and `sync`.
 
-An atomic save is: create a uniquely named hidden file in the destination directory, write it,
-fsync it, rename it over the final name, fsync the directory. The write probe rehearses exactly
-this sequence, so both use the same primitives and the same naming.
-
-Temporary names look like ``.fsprobe~<host>~<pid>~<token>~<name>.tmp``: hidden (no ``*`` glob
-matches them), ending in ``.tmp`` (no ``*.pt`` filter matches them either), and carrying the host
-and pid of their writer for the people who find one. Whether the writer is still alive is not
-read from the name (a pid means nothing in another PID namespace, and ``hidepid`` hides other
-users' pids): a `TempFile` is locked (``flock``) by its writer for as long as it may still be
-written, and a lock that can be taken proves the writer gone (`fsprobe.saving.stale`).
+Temp names ``.fsprobe~<host>~<pid>~<token>~<name>.tmp``; a `TempFile` is ``flock``ed by its
+writer, and a lock that can be taken proves the writer gone (docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """The processes fsprobe starts (`lfs`, runs as a user), and the helpers they leave behind.
 
-`lfs` runs in a session of its own and is killed with its process group at its deadline. A
-helper it starts can still escape both (``setpgid``, ``setsid``) and outlive it, holding the
-pipes that we read: killing the group misses it, and waiting for end-of-file on its pipes waits
-for it. Run after run, such helpers would pile up beside every training job.
-
-So the process that runs `lfs` (the probe worker) makes itself a *child subreaper*
-(``prctl(PR_SET_CHILD_SUBREAPER)``): whatever an `lfs` leaves behind when it exits is reparented
-to us instead of to init, and after each run every child of ours that is not a run in progress
-is killed and reaped. Runs in progress are known because every child is started through
-`start`: the `lfs` runs, and the sync task's runs of ``fsprobe sync`` as a user
-(`fsprobe.redirect.delegate`), which must not die with an `lfs` that ends beside them. A process
-that did not adopt orphans (a test calling `run_lfs` directly) still gets the group kill, only
-not this.
+Every child is started through `start`; the worker, a child subreaper, kills and reaps every
+other child after each run (docs/security.md, "`lfs`").
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Who a probe acts as: a uid, the gid a new file gets, the groups that open doors.
 
-Root's writes bypass quota (Lustre, ext4 and XFS exempt CAP_SYS_RESOURCE) and every permission
-check, so a probe made as root cannot meet the EDQUOT or EACCES that the user's next save will
-meet, and `lfs quota` for another user's IDs needs CAP_SYS_ADMIN. A probe therefore acts as the
-identity whose saves land in the target (docs/design.md, "Who probes"). This module holds that
-value and how a program started for it (`lfs`) becomes it; how a probe thread becomes it is
-`fsprobe.probing.credentials`.
+How a program started for it (`lfs`) becomes it; a probe thread: `fsprobe.probing.credentials`.
+Why: docs/security.md, "Probes".
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """The resource limits a login of a user gets, for root's processes run as that user.
 
-A process inherits its parent's limits; root's run as a user (`fsprobe.redirect.delegate`) and
-the `lfs quota` it runs as a directory's owner (`fsprobe.posix.identity.exec_as`) had root's (a
-service's ``LimitNOFILE=4321`` instead of the user's 1024), which a user who could steer the
-process, or anything it starts, got to use. So the run takes what a login of the user
-would get, as ``pam_limits`` gives it: the lines of ``/etc/security/limits.conf`` and
-``limits.d/*.conf`` for ``*``, for one of the user's groups (``@group``) and for the user's
-name, a more specific line winning; where they say nothing, a login's defaults (systemd's
-``DefaultLimitNOFILE=1024:524288`` for open files, no core files). Limits are only ever
-lowered: never above what root's process has.
+Read as ``pam_limits`` reads them, only ever lowered from root's (docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""A directory fsprobe publishes into (the state dir, node_exporter's textfile dir), opened once.
+"""A directory fsprobe publishes into (the state dir, the textfile dir), opened once.
 
-A node daemon runs as root and rewrites its outputs every few seconds. Written by path, each
-write followed whatever the path named at that moment: a symlink or a directory swapped in
-where ``--textfile-dir`` points sent root's rename elsewhere (it replaced a root-owned
-``fsprobe.prom`` in another directory). So the directory is opened once, never through a
-symlink as its last name, checked on the descriptor (a directory, owned by this process's user
-or root, writable by nobody else, as the save hook requires of the state dir), and every file
-is then created, written and renamed relative to that descriptor: renaming or replacing the
-path afterwards changes nothing of what is written where.
+Files are created and renamed relative to its descriptor (docs/security.md, "The directories
+root writes into").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Opening what provably belongs to a user, beneath a directory, without following anything.
 
-fsprobe runs as root in directories that other users can write. A path there is a string that
-anyone who can write one of its directories can redirect (a symlink, a directory renamed and
-replaced, a ``..``), so it is never trusted as a string. It is walked one component at a time
-from an open directory, each step opened relative to the last with ``O_NOFOLLOW`` (``openat``),
-and each step's owner and mode are checked on the opened descriptor (``fstat``), never on the
-name. What the walk proves stays true after it: every directory on the way belongs to `owner`
-and nobody else may write it, so nobody but `owner` (and root) can change what the names
-beneath resolve to.
-
-Files are opened with ``O_NONBLOCK`` and checked before anything could block: a FIFO or a device
-planted under an expected name is refused, never waited on.
+Walked one name at a time with ``O_NOFOLLOW``, owner and mode checked on each descriptor;
+files opened ``O_NONBLOCK`` (docs/security.md, "Paths that other users can write").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A hidden directory beside a checkpoint's destination that becomes the checkpoint in one rename.
+"""A hidden directory beside a checkpoint's destination that becomes it in one rename.
 
-The directory analogue of `fsprobe.posix.atomic.TempFile`: named like a temp file (no
-checkpoint glob matches it), closed to everyone but its owner while it is filled, published by
-a rename or an exchange (`fsprobe.posix.swap`), removed on every way out but success. The save
-path (`fsprobe.saving.directory`) and root's sync back (`fsprobe.redirect.sync`) both commit
-directories with it.
+The directory analogue of `fsprobe.posix.atomic.TempFile`, used by saves and by the sync.
 """
 
 from __future__ import annotations

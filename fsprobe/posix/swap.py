@@ -1,23 +1,7 @@
 """Putting a new directory where an old one is, so that a reader sees the old or the new, whole.
 
-``rename(2)`` cannot replace a directory that is not empty, and a checkpoint directory never
-is. Where the kernel and the filesystem have it (ext4, XFS, btrfs, tmpfs, FUSE filesystems that
-implement it), ``renameat2(RENAME_EXCHANGE)`` swaps the two names in one atomic step; the old
-checkpoint then sits under the new one's hidden staging name and is removed afterwards. Where
-they do not (``EINVAL``: NFS, Lustre, FUSE without rename flags; ``ENOSYS``: old kernels), it
-is two renames: the old checkpoint to a hidden *retired* name, then the new one into place.
-Between those two steps the name is missing for a moment (never half there), and a crash in
-that moment leaves the old checkpoint under its retired name: `restore_or_remove_retired`
-(run before the next save into the directory) puts it back if nothing took its place, or
-removes it if the new one did.
-
-`fsprobe sync` must never replace a checkpoint that a trainer saved while the copy was being
-made: `replace_if_unchanged` publishes only over the version it was given (or only where
-nothing is, with ``RENAME_NOREPLACE`` where the filesystem has it), and swaps back otherwise.
-
-Retired names look like ``.fsprobe-retired~<host>~<pid>~<token>~<name>``: hidden, carrying the
-writer (to tell a crashed one from a live one) and the full name to restore (so a name longer
-than the room left in NAME_MAX cannot be retired: ENAMETOOLONG).
+An exchange where the filesystem has it, else two renames through a retired name
+(docs/design.md §7, "Putting a directory in place").
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Walking a checkpoint directory without trusting it: fsync, measure, hash, remove.
+"""Walking a checkpoint directory from its descriptor: fsync, measure, hash, remove.
 
-A checkpoint directory lives among directories that other users may write, and fsprobe may run
-as root, so every walk here goes from an opened directory descriptor to its entries
-(``openat``-style, `dir_fd=`), never through a path string that a symlink could redirect:
-symbolic links are never followed, only regular files are opened (non-blocking, then checked
-with `fstat`, so that a FIFO planted under a file's name cannot hang the walk), and a removal
-touches only entries owned by the user fsprobe runs as.
+Links never followed, only regular files opened, removals only of the user's own entries,
+entries streamed and charged to an `EntryBudget` (docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""Acting as a user in one thread: the write probe's file system calls made with their IDs.
-
-Linux keeps credentials per thread; only glibc makes ``setuid`` and ``setgroups`` apply to all
-threads of a process (it broadcasts them). The file system IDs (``setfsuid``/``setfsgid``, which
-glibc does not broadcast), the supplementary groups (the raw ``setgroups`` system call) and the
-capabilities (``capset``) are therefore set in the calling thread only: the probe worker's other
-threads, probing other targets as other users, keep their own. The real and effective IDs stay
-root's, so the user can neither trace nor signal the worker (there is no process of theirs).
-
-What the kernel then does is what it does for the user's own save: permission checks and the
-owner of a new file use the file system IDs and groups, NFS sends them, a FUSE server sees them;
-an fsuid other than 0 drops the file capabilities (DAC override, fowner, ...), and the effective
-set is emptied here so that CAP_SYS_RESOURCE, with which Lustre, ext4 and XFS let root write past
-quota and reserved blocks, is gone too. On the way out, everything is put back as it was.
+"""Acting as a user in one thread: the write probe's calls made with her fsuid, groups and no
+capability (docs/design.md §4, "Who probes"); everything is put back on the way out.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""The `lfs df` probe: free space and inodes of the MDTs and OSTs a new checkpoint can meet.
-
-`statvfs` sums the whole filesystem; one full OST still fails the writes striped onto it, and
-only `lfs df` shows it. Each OST is marked with the target directory's layout pools that hold
-it and whether the layout can place data there at all (`fsprobe.lustre.placement`), so that
-the policy judges only the OSTs the checkpoint can land on. When the layout cannot be read,
-every OST counts (and the quota probe reports why).
-"""
+"""The `lfs df` probe: the MDTs and OSTs a new checkpoint can meet, marked by layout (§4)."""
 
 from __future__ import annotations
 

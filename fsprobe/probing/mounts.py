@@ -1,9 +1,7 @@
-"""Which mount a path lives on, read from the kernel's mount table.
+"""Which mount a path lives on, from ``/proc/self/mountinfo``.
 
-`/proc/self/mountinfo` is used rather than `/proc/mounts` because it names the device as
-``major:minor`` (so a bind mount or an overlay is matched to what `stat` reports) and because it
-is the table of this process's mount namespace (a container sees its own mounts). Mount points
-are octal-escaped there (``\\040`` for a space); they are unescaped before comparison.
+mountinfo names the device as ``major:minor`` and is this mount namespace's table; its mount
+points are octal-escaped (``\\040``) and unescaped before comparison.
 """
 
 from __future__ import annotations

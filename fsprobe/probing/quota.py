@@ -1,13 +1,6 @@
-"""The quota probe: the quota of every ID a new file in the target is charged to.
+"""The quota probe: the quota of every ID a new file in the target is charged to (§4).
 
-See docs/design.md §4.
-
-The target may not exist yet: its nearest existing ancestor stands in, for the filesystem, the
-set-group-ID bit and the project ID alike. The provider is chosen by --quota-provider (auto:
-Lustre's `lfs` on Lustre, nothing elsewhere; `PROVIDERS` lists them). All `lfs` calls of one
-probe share one deadline, `settings.timeout`, so a hung filesystem costs at most that long. The
-IDs are those of who probes the directory (`fsprobe.probing.target`), and `lfs quota` is asked
-as that identity: Lustre shows anyone their own quota, and only CAP_SYS_ADMIN someone else's.
+All `lfs` calls of one probe share one deadline; `lfs quota` is asked as who probes.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Running probes so that a hung mount blocks a worker, never the caller.
+"""Running probes so that a hung mount blocks a worker thread, never the caller.
 
-A `statfs` on a hung Lustre or NFS mount can block in the kernel for minutes or forever, and no
-signal gets the thread back. So every probe runs in a thread of its own, and the caller waits
-only until the probe's deadline; after that it gets a *stuck* result and goes on. The thread is
-abandoned, not killed (nothing can kill it), and its eventual answer is still delivered.
-
-Where that thread lives is up to an executor: in this process (`ThreadExecutor`), or in a
-worker process (`fsprobe.probing.worker.ProcessExecutor`) when this process must stay able to
-exit — a process with a thread stuck in the kernel cannot.
-
-The bound on threads comes from a rule: while any probe of a target is stuck past its deadline, no
-new probe of that target starts (it would only hang beside the first one). A hung mount costs one
-blocked thread per target, not one per interval.
-
-Plain daemon threads are used, not a `ThreadPoolExecutor`: the executor's workers are joined at
-interpreter exit, so one thread stuck in `statfs` would keep the interpreter from finishing.
+Past its deadline a probe is *stuck* and abandoned; no new probe of a target starts while one
+is stuck (docs/design.md §4, "Running a probe").
 """
 
 from __future__ import annotations

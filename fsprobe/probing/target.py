@@ -1,23 +1,7 @@
-"""Opening the target directory once, and deciding who probes it.
+"""Opening the target directory once, and deciding who probes it (docs/design.md §4).
 
-A target path is a string that anyone who can write one of its directories can redirect: a
-symlink ``~/ckpt -> /root-only-dir``, or a directory swapped for one (``renameat2``) between two
-calls. Root acting on that string writes wherever the neighbour points. So the path is walked
-once, from ``/``, one name at a time with ``O_DIRECTORY | O_NOFOLLOW`` relative to the last
-directory; a symlink on the way is read where it stands (``O_PATH``, ``readlinkat``), never
-followed by the kernel, and remembered with its owner. Every later step of a probe works on the
-descriptor this returns, not on a name, so a swap after the walk changes nothing it does.
-
-Who probes is then decided on that descriptor (`probing_identity`): the directory's owner by
-default, and a symlink on the way that neither root nor that identity owns is refused
-(``UNTRUSTED``, reason ``target_untrusted``): whoever planted it may not choose where root, or
-another user, probes. The identity whose directory it is may point its own links anywhere it can
-write itself.
-
-A directory whose owner is root (a project directory ``root:team 2770``) gives ``"owner"`` no
-user to act as, and root's write probe there is refused (`root_write_refusal`) when others
-may rename in it: without the sticky bit, any member could take, replace or race root's probe
-file. The admin names the account to probe as, or sets the sticky bit.
+Walked from ``/`` without following the kernel through symlinks; foreign symlinks refused
+(``target_untrusted``); root's write probe refused where others may rename.
 """
 
 from __future__ import annotations

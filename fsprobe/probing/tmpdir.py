@@ -1,9 +1,4 @@
-"""Whether $TMPDIR is on the same filesystem as the target.
-
-Frameworks that stage a checkpoint in $TMPDIR and move it into place get an atomic rename only
-when both are on the same device; otherwise the "move" is a slow, non-atomic copy that can fail
-half-way with ENOSPC in a small node-local /tmp.
-"""
+"""Whether $TMPDIR is on the target's filesystem (else a framework's "move" is a slow copy)."""
 
 from __future__ import annotations
 

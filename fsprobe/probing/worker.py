@@ -1,22 +1,7 @@
 """A child process that makes the filesystem calls, so that a hung mount cannot hold ours.
 
-On Lustre, and on FUSE, a `statfs` on a hung mount waits in the kernel *uninterruptibly*. A thread
-stuck there cannot be killed, and a process that owns such a thread cannot finish exiting: its
-pipes stay open, its parent's `wait` never returns. `fsprobe check` in a job script would then
-hang exactly when it is needed most, and the daemon could not stop on SIGTERM.
-
-So every filesystem call of a probe is made in this worker process instead: one per fsprobe
-process, started on first use, running each call in a thread of its own. The parent only sends
-pickled probe functions and receives `ProbeResult`s over a socket pair; it never touches the
-probed filesystem itself, so it can always answer, and always exit. A worker left behind with a
-stuck thread exits on its own once the mount recovers (it sees the parent's end of the socket
-closed). The worker's standard streams are /dev/null so that it never keeps a shell's pipe open.
-
-The worker runs as whoever runs fsprobe, often root, and often from a directory that other
-users can write (a shared scratch or checkpoint directory). `python -m` would put that working
-directory first on `sys.path`, so a planted `fsprobe/__init__.py` there would run as root. It is
-therefore started isolated (`-I`: no working directory, no `PYTHON*` variables, no user site)
-from `/`, and finds fsprobe where the parent found it: the directory of this very package.
+Why a process (docs/design.md §4, "Running a probe"), and why it is started isolated
+(docs/security.md, "The probe worker runs no code from the working directory").
 """
 
 from __future__ import annotations

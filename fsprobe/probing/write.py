@@ -1,15 +1,6 @@
 """The write probe: rehearse an atomic checkpoint save in the target directory, step by step.
 
-statvfs cannot see a full OST, an exhausted quota, a read-only remount or a server that takes
-20 s per fsync; a real write sees all of them. The probe performs the same sequence as
-`fsprobe.save` (create exclusively, write incompressible data, fsync, rename in the directory,
-fsync the directory) and then removes its file, timing every step. Nothing is left behind: the
-probe deletes only the names it created itself, and it never creates a directory.
-
-Every step works relative to the target directory's descriptor, opened once
-(`fsprobe.probing.target`), and is made as the identity whose saves land there
-(`fsprobe.probing.credentials`): the user's quota and permissions refuse the probe exactly as
-they will refuse the user's save, and the file it creates is the user's, in the user's directory.
+Relative to the target's descriptor, as who probes; it removes only what it created.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """One call at a time per key, its result shared with whoever asks meanwhile and reused a while.
 
-`lfs quota` costs an RPC to the metadata server of a filesystem that thousands of nodes share.
-Several targets on one filesystem are charged to the same IDs, and the daemon's probe rounds
-overlap, so the same question is often asked twice at once: the second caller waits for the
-first caller's answer instead of starting its own `lfs`, and the answer is kept for the quota
-interval. The computation must not raise for expected failures: it returns them as data (see
-`fsprobe.errors.ProbeFailure` as a value), so they are shared and cached like results.
+Expected failures are returned as data, so they are shared and cached like results.
 """
 
 from __future__ import annotations

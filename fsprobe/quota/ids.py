@@ -1,16 +1,5 @@
-"""Which user, group and project a new file in the target directory is charged to.
+"""Which user, group and project a new file in the target directory is charged to (§4).
 
-See docs/design.md §4.
-
-- user: the uid of who probes the directory (`fsprobe.probing.target.probing_identity`: its
-  owner when root probes, else this process's effective uid, the trainer's in the hook);
-- group: the directory's gid when it has the set-group-ID bit (new files inherit it), else the
-  prober's gid;
-- project: the directory's project ID, read with the FS_IOC_FSGETXATTR ioctl that Lustre, XFS
-  and ext4 implement, or by a provider's own tool (`lfs project -d`) where the ioctl is not
-  supported. A new file gets it only when the directory carries the inherit flag
-  (FS_XFLAG_PROJINHERIT, in the same reply); without it the file gets project 0. ID 0 means
-  "no project", and is not queried.
 An explicit ID (--user/--group/--project, or a target's config) replaces the derived one.
 """
 

@@ -1,10 +1,6 @@
 """The quota provider interface: what the probe needs from any filesystem's quota tool.
 
-Lustre (`lfs quota`) is the first provider; a generic Linux `quota`, GPFS `mmlsquota` or BeeGFS
-provider implements the same methods and is added to `fsprobe.probing.quota.PROVIDERS`, and the
-probe, the policy and the exporters stay as they are. A provider reports each ID's outcome as
-data (`IdOutcome`), so outcomes can be cached and shared between callers; `assemble` turns them
-into the `QuotaReport` (partial results included) or raises when nothing could be read.
+A provider reports each ID's outcome as data (`IdOutcome`); `assemble` makes the `QuotaReport`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""How the probes that ask the filesystem's servers run: quota and `lfs df`.
-
-Both cost RPCs to servers that thousands of clients share, both run the filesystem's own tool
-(`lfs`), and both are switched off together (`--no-quota`, provider ``none``): which provider,
-which binary, which IDs, how long to wait, how long to reuse an answer.
-"""
+"""How the probes that ask the filesystem's servers (quota, `lfs df`) run, and whether at all."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Root acting for a user: run ``fsprobe`` as that user, never act on their files as root.
+"""Root acting for a user: run ``fsprobe`` as that user, never act on her files as root.
 
-The run has no shell, an isolated interpreter, ``/`` as its directory, a session of its own, a
-minimal environment, the user's login limits, a deadline and a cap on what root reads back. It
-becomes the user after it starts (`become`), never before ``exec``, so the user cannot trace it;
-it starts no probe worker. Why each of these: docs/design.md §8 and docs/security.md.
+Why each bound of the run: docs/security.md, "`fsprobe sync` and the daemon's sync-back".
 """
 
 from __future__ import annotations

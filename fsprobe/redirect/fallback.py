@@ -1,24 +1,7 @@
 """Fallback directories: which ones, and where in one a redirected checkpoint lands.
 
-When the target directory cannot take a checkpoint, `fsprobe.save` writes it into a fallback
-directory instead, into the saving user's own area there, at the requested absolute path
-mirrored beneath it::
-
-    requested  /lustre/proj/run7/ckpt/last.pt
-    fallback   /scratch/team/fallback
-    actual     /scratch/team/fallback/uid-1001/lustre/proj/run7/ckpt/last.pt
-
-Mirroring the whole path (not only the file name) keeps two runs that both save ``last.pt``
-from overwriting each other and tells a person at a glance where a file belongs. The area per
-user (``uid-<uid>``, holding that user's copies and manifest) is what lets a team share one
-fallback directory: nobody reads or writes another member's directories, and every name in an area
-provably belongs to its user (`fsprobe.posix.owned`): the area and every directory below it are
-owned by the user and writable by nobody else, and each is opened without following symlinks.
-
-A fallback directory that others may write (a team's, a scratch root) must have the sticky
-bit (``chmod +t``, like ``/tmp``), or they could rename a user's area away and put their own
-in its place. Fallback directories always come from the caller (arguments, configuration,
-``FSPROBE_FALLBACK_DIRS``), never from a file another process wrote.
+``<fallback>/uid-<uid>/<requested path>``, the user's own area (docs/design.md §7; the
+rules that keep it hers: docs/security.md, "Fallback directories").
 """
 
 from __future__ import annotations

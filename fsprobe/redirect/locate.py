@@ -1,12 +1,6 @@
 """`fsprobe.locate()`: where the newest committed copy of a checkpoint is, for a resume.
 
-A save that could not go to its target went to a fallback directory (`fsprobe.redirect.fallback`)
-and is recorded in that fallback's manifest until `fsprobe sync` brings it home. A trainer that
-resumes must load that copy when it is newer than what is at the requested path (which may not
-even exist), and the requested path otherwise. The manifest decides, with its trust rules
-(`fsprobe.redirect.manifest.newest_copy`): a copy counts only if it is this user's own and still
-holds the checksum recorded when it was saved; a file checkpoint and a directory checkpoint
-alike.
+The manifest decides, with its trust rules (`fsprobe.redirect.manifest.newest_copy`).
 """
 
 from __future__ import annotations

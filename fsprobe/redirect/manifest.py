@@ -1,17 +1,7 @@
 """The manifest of a user's area in a fallback directory: one JSON line per redirected save.
 
-Every redirected save appends one line to ``<fallback>/uid-<uid>/.fsprobe-redirects.jsonl``:
-``requested``, ``actual``, ``bytes``, ``sha256``, ``time``, ``host``, ``pid``. A line is written
-with a single ``write`` on an ``O_APPEND`` descriptor under an exclusive lock and fsynced, so
-concurrent savers never interleave and a crash leaves either the whole line or none.
-
-The manifest decides what `fsprobe sync` copies where and what a resume loads, so it is
-trusted only as far as it is provably its user's (`fsprobe.posix.owned`): a regular file (never
-opened through a symlink, never waited on as a FIFO), owned by the area's user, writable by
-nobody else, in an area that is the user's. And a line can only ever speak for that area: its
-``actual`` must be exactly the mirrored path of its ``requested`` in the area, so no line can
-point anywhere else, whatever it says. A copy is handed out to load only if it is the user's
-regular file and its sha256 is still the one recorded.
+One fsynced ``write`` per line on an ``O_APPEND`` descriptor under a lock; trusted only as
+provably its user's (docs/security.md, "Fallback directories").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """`fsprobe sync`: copy redirected checkpoints back once their target can take them again.
 
-Acts on its own user's areas only, through what that user's manifest says; as root, every
-other user's area is synced by a run as that user (`delegate`). One entry goes back: the copy
-opened as the user's own regular file, the target judged ready (`Readiness`), a newer original
-kept, at most the recorded bytes copied beside it, the sha256 checked, published only over the
-version seen, then the copy removed (docs/design.md §7, §8).
+Its own user's areas only; as root, each other user's by a run as her (docs/design.md §7, §8).
 """
 
 from __future__ import annotations
