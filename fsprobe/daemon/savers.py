@@ -1,11 +1,7 @@
 """The processes that save into a target, as their save events name them, and which still live.
 
-A checkpoint is overdue only while someone is expected to save it: a process that saved and
-neither said goodbye (`fsprobe.events.event.Goodbye`) nor is gone. The kernel gives the
-receiver the sender's pid in our pid namespace; such a process is gone when ``/proc/<pid>`` is,
-or holds another process (its start time changed). A sender outside our pid namespace (pid 0
-from the kernel, its own claim kept) cannot be looked up: it is expected until its goodbye, or
-until this daemon stops with its job (a sidecar).
+Gone when ``/proc/<pid>`` is, or holds another process; a sender outside our pid namespace is
+expected until its goodbye (docs/design.md §13).
 """
 
 from __future__ import annotations
