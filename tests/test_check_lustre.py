@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.fakes.fake_lfs import fake_lfs_for, is_fake_process
 
-VERSIONS = ["2.12", "2.14", "2.15", "2.16"]
+VERSIONS = ["2.12", "2.14", "2.15", "2.16", "2.17"]
 # Tests run as root, and lfs shows root's limits as 0 ("no limit"): ask as an ordinary user.
 AS_USER = ["--user", "1000", "--group", "1000"]
 
@@ -149,3 +149,16 @@ def test_lfs_missing_is_a_clear_degraded_answer(faultfs, tmp_path):
     quota = report["probes"]["quota"]
     assert quota["error"] == "ENOENT"
     assert "FSPROBE_LFS" in quota["message"]
+
+
+def test_an_lfs_before_210_is_called_too_old_naming_both_versions(faultfs, fake_lfs):
+    fake_lfs.configure(version="2.9", control=faultfs.ctl.socket_path)
+    code, report = check_json(
+        faultfs.mountpoint, "--quota-provider", "lfs", "--no-write-probe", *AS_USER
+    )
+    assert code == 1
+    quota = report["probes"]["quota"]
+    assert quota["error"] == "EOPNOTSUPP"
+    assert "lfs 2.9.0 is older than fsprobe supports" in quota["message"]
+    assert "lfs 2.10 and later" in quota["message"]
+    assert "fewer than 8 cells" not in json.dumps(report)

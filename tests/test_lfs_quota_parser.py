@@ -15,7 +15,7 @@ from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from tests.support.fakes.fake_lfs import load_fixtures
 
 CASES = load_fixtures("quota")
-VERSIONS = {"2.12", "2.14", "2.15", "2.16"}
+VERSIONS = {"2.9", "2.12", "2.14", "2.15", "2.16", "2.17"}
 
 
 def exact(amount: Amount, expected: int, unit: int, where: str) -> None:
@@ -94,6 +94,52 @@ def test_title_indent_tells_the_layout_apart():
         "      Filesystem  kbytes   quota   limit   grace   files   quota   limit   grace\n"
     )
     assert (legacy.title_indent, current.title_indent) == (5, 6)
+
+
+def test_a_217_fixture_reads_as_its_216_twin():
+    """2.17's titles and widths (1.11) give the parse of the same inputs printed by 2.16."""
+    twins = dict(CASES)
+    pairs = [(n, twins[n.replace("2.17/", "2.16/")]) for n in twins if n.startswith("2.17/")]
+    assert len(pairs) >= 8
+    for name, twin in pairs:
+        case = twins[name]
+        assert case["state"] == twin["state"] and case["command"] == twin["command"], name
+        output = parse_quota(_text(case["stdout"]), _text(case["stderr"]), case["status"])
+        check_output(output, twin["expect"])
+        if case["stdout"][1:]:
+            assert (output.title_release, output.unknown_title) == ("2.17", None), name
+
+
+def test_217_marks_the_inode_used_value_with_the_block_state_so_the_numbers_decide():
+    """lfs.c v2_17_0 prints the inode used value with `bover`: ``930000*`` under a limit of
+    1,000,000 is the blocks' grace timer, not a hard limit reached (1.11)."""
+    text = _text(dict(CASES)["2.17/user_over_soft"]["stdout"])
+    assert "930000* 1000000 1000000       - " in text
+    (row,) = parse_quota(text).sections[0].rows
+    assert row.blocks.over and not row.inodes.over
+
+
+def test_an_unknown_title_above_readable_rows_is_kept_apart_from_unreadable_lines():
+    text = (
+        "Disk quotas for usr 1000 (uid 1000):\n"
+        "     Filesystem    used   bsoft   bhard  bgrace   files   isoft   ihard  igrace\n"
+        "    /mnt/lustre      40       0       0       -       3       0       0       -\n"
+    )
+    output = parse_quota(text)
+    assert output.unparsed == ()
+    assert output.unknown_title is not None and output.unknown_title.line == 2
+    (row,) = output.sections[0].rows
+    assert (row.blocks.used.value, row.inodes.used.value) == (40960, 3)
+    unreadable = "    /mnt/lustre      40       0  zero       -       3   0   0   -\n"
+    broken = parse_quota(text + unreadable)
+    assert [u.line for u in broken.unparsed] == [4]
+
+
+def test_the_header_of_lfs_before_210_is_named_not_read():
+    (name, case) = next((n, c) for n, c in CASES if n.startswith("2.9/"))
+    output = parse_quota(_text(case["stdout"]))
+    assert output.sections == () and output.too_old_header is not None, name
+    assert output.too_old_header.line == 1
 
 
 def test_header_letter_must_match_type():

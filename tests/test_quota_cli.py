@@ -162,6 +162,28 @@ def test_read_failures_exit_3_with_the_reason(tmp_path: Path, fake_lfs: FakeLfs)
     assert document["quota"] is None and "EPERM" in document["errors"][0]
 
 
+def test_a_217_client_reads_as_a_216_client(tmp_path: Path, fake_lfs: FakeLfs):
+    documents = []
+    for version in ("2.16", "2.17"):
+        QUOTA_CACHE.clear()
+        fake_lfs.configure(version=version, state=state(tmp_path))
+        result = run(str(tmp_path), "--quota-provider", "lfs", "--json", *IDS)
+        assert result.exit_code == 0, result.output
+        documents.append(json.loads(result.stdout))
+    assert documents[0] == documents[1]
+    assert documents[1]["errors"] == [] and documents[1]["notes"] == []
+
+
+def test_an_lfs_before_210_is_called_too_old(tmp_path: Path, fake_lfs: FakeLfs):
+    fake_lfs.configure(version="2.9", state=state(tmp_path))
+    result = run(str(tmp_path), "--quota-provider", "lfs", *IDS)
+    assert result.exit_code == 3
+    assert "EOPNOTSUPP" in result.stderr and "lfs 2.9.0 is older than fsprobe supports" in (
+        result.stderr
+    )
+    assert "lfs 2.10 and later" in result.stderr
+
+
 def test_missing_lfs_says_how_to_fix_it(tmp_path: Path, fake_lfs: FakeLfs):
     missing = str(tmp_path / "bin" / "lfs")
     result = run(str(tmp_path), "--quota-provider", "lfs", "--lfs", missing, *IDS)

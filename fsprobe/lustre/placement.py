@@ -11,11 +11,13 @@ from dataclasses import dataclass, field, replace
 from fsprobe.errors import ProbeFailure
 from fsprobe.lustre.layout import Layout, parse_layout
 from fsprobe.lustre.pools import (
+    OLDEST_VERSION,
     POOL_QUOTA_VERSION,
     fsname_from_mount,
     parse_getname,
     parse_pool_members,
-    parse_version,
+    parse_printed_version,
+    too_old,
 )
 from fsprobe.lustre.runner import run_lfs
 from fsprobe.model import TIMEOUT, LustreTarget, Mount
@@ -63,7 +65,7 @@ class Placements:
         self._layouts: SingleFlight[Layout | ProbeFailure] = SingleFlight()
         self._names: SingleFlight[str | ProbeFailure] = SingleFlight()
         self._members: SingleFlight[frozenset[str] | ProbeFailure] = SingleFlight()
-        self._versions: SingleFlight[tuple[int, int] | ProbeFailure] = SingleFlight()
+        self._versions: SingleFlight[tuple[tuple[int, int], str] | ProbeFailure] = SingleFlight()
 
     def clear(self) -> None:
         for cache in (self._layouts, self._names, self._members, self._versions):
@@ -138,16 +140,32 @@ class Placements:
             deadline,
         )
 
-    def has_pool_quotas(self, binary: str, deadline: Deadline) -> bool:
-        """Whether this `lfs` takes ``quota --pool`` (2.14+); ProbeFailure when it cannot tell."""
-        version: tuple[int, int] = self._get(
+    def version(self, binary: str, deadline: Deadline) -> tuple[tuple[int, int], str]:
+        """(major, minor) of this `lfs` and the version as printed; ProbeFailure when it
+        cannot tell."""
+        return self._get(
             self._versions,
             binary,
-            lambda: self._run(("--version",), binary, deadline, parse_version),
+            lambda: self._run(("--version",), binary, deadline, parse_printed_version),
             VERSION_SECONDS,
             deadline,
         )
-        return version >= POOL_QUOTA_VERSION
+
+    def check_supported(self, binary: str, deadline: Deadline) -> None:
+        """Raise the `too_old` failure for an `lfs` before 2.10; one whose version cannot be
+        read is tried (its output says the rest)."""
+        try:
+            version, printed = self.version(binary, deadline)
+        except ProbeFailure as failure:
+            if failure.error == TIMEOUT:
+                raise
+            return
+        if version < OLDEST_VERSION:
+            raise too_old(printed)
+
+    def has_pool_quotas(self, binary: str, deadline: Deadline) -> bool:
+        """Whether this `lfs` takes ``quota --pool`` (2.14+); ProbeFailure when it cannot tell."""
+        return self.version(binary, deadline)[0] >= POOL_QUOTA_VERSION
 
 
 #: The placements of this process (the quota and `lfs df` probes share them).

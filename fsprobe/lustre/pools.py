@@ -13,6 +13,8 @@ from fsprobe.model import Mount
 
 #: The first version whose `lfs quota` takes ``--pool``.
 POOL_QUOTA_VERSION = (2, 14)
+#: The oldest `lfs` whose output fsprobe reads (before it, ``Disk quotas for user ...``).
+OLDEST_VERSION = (2, 10)
 
 _SOURCE = re.compile(r":/([A-Za-z0-9_-]{1,8})(?:/.*)?$")
 _POOL_HEADER = re.compile(r"^Pool: (\S+)$")
@@ -65,8 +67,23 @@ def parse_pool_members(run: LfsRun, fsname: str, pool: str) -> frozenset[str]:
 
 def parse_version(run: LfsRun) -> tuple[int, int]:
     """(major, minor) from ``lfs --version``."""
+    return parse_printed_version(run)[0]
+
+
+def parse_printed_version(run: LfsRun) -> tuple[tuple[int, int], str]:
+    """(major, minor) from ``lfs --version``, and the version as it printed it (``2.15.3``)."""
     match = _VERSION.match(run.stdout.strip()) if run.status == 0 else None
     if match is None:
         said = (run.stdout.strip() or run.stderr.strip()) or "nothing"
         raise ProbeFailure(PARSE, f"{run.command}: cannot read a version in {said!r}")
-    return int(match.group(1)), int(match.group(2))
+    return (int(match.group(1)), int(match.group(2))), match.group(0)[len("lfs ") :]
+
+
+def too_old(printed: str) -> ProbeFailure:
+    """The failure of an `lfs` older than `OLDEST_VERSION`, naming what it printed."""
+    oldest = ".".join(map(str, OLDEST_VERSION))
+    return ProbeFailure(
+        "EOPNOTSUPP",
+        f"lfs {printed} is older than fsprobe supports: it reads the output of lfs {oldest} and "
+        "later; install a newer Lustre client (or name one with --lfs)",
+    )

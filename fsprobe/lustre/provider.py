@@ -108,6 +108,12 @@ def outcome_from_output(
         failure = ProbeFailure(error, f"{command}: {message}")
         return IdOutcome(quota_type, quota_id, failure=failure, pool=pool)
 
+    if output.too_old_header is not None:
+        return failed(
+            "EOPNOTSUPP",
+            f"this lfs prints the quota form of Lustre before 2.10 "
+            f"({output.too_old_header.text.strip()!r}): fsprobe reads lfs 2.10 and later",
+        )
     unexpected = output.message("unexpected_error")
     if status_name is not None and (row is None or unexpected is not None):
         return failed(status_name, f"exit status {output.status}: {_failure_text(output)}")
@@ -121,6 +127,13 @@ def outcome_from_output(
         notes.append(f"{command} exited with status {output.status} ({status_name})")
     if output.errors_notice and not row.inaccurate:
         notes.append("lfs reported errors while collecting usage (some targets did not answer)")
+    notices: tuple[str, ...] = ()
+    if output.unknown_title is not None:
+        title = output.unknown_title.text.strip()
+        notices = (
+            f"lfs quota printed a column title fsprobe does not know ({title!r}); the rows "
+            "under it were read by their cells, as every release from 2.10 to 2.17 prints them",
+        )
     entry = QuotaEntry(
         type=quota_type,
         id=quota_id,
@@ -129,7 +142,9 @@ def outcome_from_output(
         inodes=usage_from_cells(row.inodes, now),
         pool=pool,
     )
-    return IdOutcome(quota_type, quota_id, entry=entry, notes=tuple(notes), pool=pool)
+    return IdOutcome(
+        quota_type, quota_id, entry=entry, notes=tuple(notes), pool=pool, notices=notices
+    )
 
 
 def query(
@@ -235,6 +250,12 @@ class LustreQuotaProvider(QuotaProvider):
         are looked up first, so that the quota rows, whose grace countdowns are made absolute
         with the time of their run, are the last thing read."""
         binary = lfs_binary(request.settings.lfs)
+        try:
+            self.placements.check_supported(binary, request.deadline)
+        except ProbeFailure as unsupported:
+            return QuotaReading(
+                tuple(IdOutcome(t, i, failure=unsupported) for t, i in request.queries)
+            )
         pools, failure = self._pools(request, binary)
         if failure is not None and failure.error == TIMEOUT:  # a hung filesystem: say so
             return QuotaReading(tuple(IdOutcome(t, i, failure=failure) for t, i in request.queries))

@@ -1,14 +1,14 @@
-"""Reading what `lfs quota -u|-g|-p ID DIR` prints, in Lustre 2.12, 2.14, 2.15 and 2.16.
+"""Reading what `lfs quota -u|-g|-p ID DIR` prints, in Lustre 2.12 to 2.17.
 
 `parse_quota` is a pure function that never raises and does not judge; the rules it follows are
-docs/lfs-output-formats.md §1 and §4.
+docs/lfs-output-formats.md §1 and §4 (2.17: §1.11, before 2.10: §1.12).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsprobe.lustre.amounts import Amount, parse_count, parse_kib
 from fsprobe.lustre.grace import Grace, parse_grace
@@ -104,7 +104,10 @@ class QuotaOutput:
     default_notices: tuple[DefaultNotice, ...] = ()
     errors_notice: bool = False  # "Some errors happened when getting quota info..."
     errors_notice_flag: int | None = None  # 2.16's leading 0/1 (1: the main row was inaccurate)
-    title_indent: int | None = None  # 5 up to 2.15, 6 from 2.16
+    title_indent: int | None = None  # 5 up to 2.15, 6 in 2.16, 5 in 2.17
+    title_release: str | None = None  # the form of the title: "2.10" (2.10-2.16) or "2.17"
+    unknown_title: Unparsed | None = None  # a title line of a form fsprobe does not know
+    too_old_header: Unparsed | None = None  # the header of lfs before 2.10
     messages: tuple[LfsMessage, ...] = ()
     usage_text: tuple[str, ...] = ()  # the usage printed with exit status 4
     unparsed: tuple[Unparsed, ...] = ()
@@ -125,7 +128,13 @@ class QuotaOutput:
 # --- line rules
 
 _HEADER = re.compile(r"^Disk quotas for (usr|grp|prj) (.*) \(([ugp])id ([0-9]+)\):$")
-_TITLE = re.compile(r"^( *)Filesystem +kbytes +quota +limit +grace +files +quota +limit +grace$")
+_TITLE = re.compile(
+    r"^( *)Filesystem +kbytes +(?:(quota +limit +grace +files +quota +limit +grace)"
+    r"|bquota +blimit +bgrace +files +iquota +ilimit +igrace)$"
+)
+_OLD_HEADER = re.compile(r"^Disk quotas for (?:user|group) .* \([ug]id [0-9]+\):$")
+#: A line where the column title belongs: right after a header, its first word "Filesystem".
+_TITLE_LIKE = re.compile(r"^ *Filesystem\b")
 _ERRORS_NOTICE = re.compile(
     r"^(?:([01]) )?Some errors happened when getting quota info\. "
     r"Some devices may be not working or deactivated\. "
@@ -191,6 +200,14 @@ def _usage(cells: list[str], reader: Callable[[str], Amount | None]) -> Usage:
     return Usage(used, over, soft, hard, grace, remote)
 
 
+def _marked_by_numbers(usage: Usage) -> Usage:
+    """2.17 marks the inode used value with the block over-state (1.11): the inode mark is what
+    lfs would have set, a hard limit reached or a grace timer started."""
+    at_hard = usage.hard.value > 0 and usage.used.value >= usage.hard.value
+    timer = usage.grace.running or usage.grace.expired
+    return replace(usage, over=at_hard or timer)
+
+
 def _split(line: str) -> tuple[str, list[str]]:
     """The label and the last `ROW_CELLS` cells of a row; _BadCell when there are fewer."""
     tokens = list(_TOKEN.finditer(line))
@@ -223,6 +240,10 @@ class _StdoutReader:
         self.errors_notice = False
         self.errors_flag: int | None = None
         self.title_indent: int | None = None
+        self.title_release: str | None = None
+        self.unknown_title: Unparsed | None = None
+        self.too_old_header: Unparsed | None = None
+        self.after_header = False  # the line before was a section header
         self.unparsed: list[Unparsed] = []
 
     def _flush_pending(self) -> None:
@@ -233,11 +254,19 @@ class _StdoutReader:
 
     def feed(self, number: int, line: str) -> None:
         line = line.rstrip()  # trailing blanks carry nothing; a path never ends the line
+        after_header, self.after_header = self.after_header, False
         if not line:
             self._flush_pending()
             return
         if self._header(number, line) or self._notice(line):
             self._flush_pending()
+            return
+        if _OLD_HEADER.match(line):
+            self._flush_pending()
+            self.too_old_header = Unparsed("stdout", number, line, "the header of lfs before 2.10")
+            return
+        if after_header and _TITLE_LIKE.match(line):
+            self.unknown_title = Unparsed("stdout", number, line, "a column title of a new form")
             return
         try:
             self._row(number, line)
@@ -254,10 +283,12 @@ class _StdoutReader:
             if letter != _ID_LETTERS[quota_type]:
                 return False
             self.sections.append(_Section(quota_type, name, int(qid), number))
+            self.after_header = True
             return True
         match = _TITLE.match(line)
         if match:
             self.title_indent = len(match.group(1))
+            self.title_release = "2.10" if match.group(2) else "2.17"
             return True
         return False
 
@@ -281,6 +312,8 @@ class _StdoutReader:
         label, cells = _split(line)
         blocks = _usage(cells[:4], parse_kib)
         inodes = _usage(cells[4:], parse_count)
+        if self.title_release == "2.17":
+            inodes = _marked_by_numbers(inodes)
         if not self.sections:
             raise _BadCell("a quota row before any header")
         if not label and self.pending is not None:  # the numbers of a wrapped label (≤2.15)
@@ -329,6 +362,9 @@ def parse_quota(stdout: str, stderr: str = "", status: int = 0) -> QuotaOutput:
         errors_notice=reader.errors_notice,
         errors_notice_flag=reader.errors_flag,
         title_indent=reader.title_indent,
+        title_release=reader.title_release,
+        unknown_title=reader.unknown_title,
+        too_old_header=reader.too_old_header,
         messages=tuple(messages),
         usage_text=usage_text,
         unparsed=tuple(sorted(unparsed, key=lambda u: (u.stream != "stdout", u.line))),

@@ -24,6 +24,7 @@ def probe_lfs_df(target: str, settings: ServerProbeSettings) -> tuple[LustreTarg
         return None
     deadline = Deadline.after(settings.timeout)
     binary = lfs_binary(settings.lfs)
+    PLACEMENTS.check_supported(binary, deadline)
     targets = read_targets(directory, mount, binary, settings, deadline)
     try:
         placement = PLACEMENTS.read(directory, mount, binary, settings, deadline)

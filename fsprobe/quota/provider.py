@@ -33,7 +33,7 @@ class Deadline:
 @dataclass(frozen=True)
 class IdOutcome:
     """The quota of one (type, id), in `pool` or filesystem-wide: an entry, or a failure;
-    `notes` are non-fatal problems."""
+    `notes` are non-fatal problems, `notices` worth knowing but no problem of the quota."""
 
     type: str
     id: int
@@ -41,6 +41,7 @@ class IdOutcome:
     failure: ProbeFailure | None = None
     notes: tuple[str, ...] = ()
     pool: str | None = None
+    notices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def assemble(
 
     Failed IDs and non-fatal problems become `QuotaReport.errors`, one sentence each, so a
     partial result (user read, group failed) is still reported rather than lost. `notes` say
-    why a quota is not asked for (`QuotaReport.notes`).
+    why a quota is not asked for (`QuotaReport.notes`); the outcomes' notices join them, each
+    once.
     """
     outcomes = reading.outcomes
     entries = tuple(outcome.entry for outcome in outcomes if outcome.entry is not None)
@@ -120,4 +122,7 @@ def assemble(
     said += [f"{_label(o)}: {note}" for o in outcomes for note in o.notes]
     said += [*reading.errors, *errors]
     inaccurate = any(entry.bytes.inaccurate or entry.inodes.inaccurate for entry in entries)
-    return QuotaReport(provider, entries, inaccurate=inaccurate, errors=tuple(said), notes=notes)
+    notices = tuple(dict.fromkeys(notice for o in outcomes for notice in o.notices))
+    return QuotaReport(
+        provider, entries, inaccurate=inaccurate, errors=tuple(said), notes=(*notes, *notices)
+    )
