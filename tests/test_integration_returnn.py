@@ -1,11 +1,14 @@
 """`fsprobe.integrations.returnn.protect`: real RETURNN trainings (PyTorch backend, CPU, the
-generated Task12AXDataset, a small LSTM, adam) under real faults (the FUSE fault filesystem):
-the original report's EIO, a quota that is full for two epochs, a resume after them."""
+generated Task12AXDataset, a small LSTM, adam, newbob with its learning-rate file beside the
+models, as RETURNN's demo config keeps it) under real faults (the FUSE fault filesystem, a tmpfs
+short of inodes): the original report's EIO, a quota that is full for two epochs, a full disk
+for the optimizer state or the learning-rate file only, and a resume after each."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +48,8 @@ num_epochs = {epochs}
 model = {model!r}
 optimizer = {{"class": "adam", "epsilon": 1e-8}}
 learning_rate = 0.01
+learning_rate_control = "newbob"
+learning_rate_file = {learning_rates!r}
 log_verbosity = 4
 torch_dataloader_opts = {{"num_workers": 0}}
 
@@ -88,6 +93,8 @@ fsprobe.integrations.returnn.protect(
 )
 """
 
+LEARNING_RATES = "learning_rates"
+
 
 def train(
     tmp_path: Path, model: Path, epochs: int, fallbacks: list[str] | None, extra: str = ""
@@ -96,7 +103,15 @@ def train(
     `extra` ends the config."""
     protect = "" if fallbacks is None else PROTECT.format(fallbacks=fallbacks)
     config = tmp_path / f"config-{epochs}.py"
-    config.write_text(CONFIG.format(protect=protect, epochs=epochs, model=str(model), extra=extra))
+    config.write_text(
+        CONFIG.format(
+            protect=protect,
+            epochs=epochs,
+            model=str(model),
+            learning_rates=str(model.parent / LEARNING_RATES),
+            extra=extra,
+        )
+    )
     return subprocess.run(
         [sys.executable, "-m", "returnn", str(config)],
         capture_output=True,
@@ -217,7 +232,7 @@ def test_what_returnn_cleans_up_in_a_redirected_run_is_gone_and_stays_gone(fault
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "We will delete the models of epochs [2]." in done.stdout
     entries = manifest.pending([str(fallback)], mine=True)
-    assert sorted(os.path.basename(entry.requested) for entry in entries) == kept
+    assert sorted(os.path.basename(entry.requested) for entry in entries) == [LEARNING_RATES, *kept]
     copies = {
         os.path.join(parent, name)
         for parent, _, names in os.walk(fallback)
@@ -233,6 +248,7 @@ def test_what_returnn_cleans_up_in_a_redirected_run_is_gone_and_stays_gone(fault
     assert models_in(run) == kept
     for name in kept:
         loads(run / name, int(name.split(".")[1]))
+    assert "3: EpochData(" in (run / LEARNING_RATES).read_text()
     assert manifest.pending([str(fallback)], mine=True) == []
 
 
@@ -248,3 +264,158 @@ def test_the_installed_returnn_is_the_one_the_patches_know():
     """The extra pins it; the check behind `protect` accepts it as it is installed."""
     assert returnn.__version__ in protection.RETURNN_VERSIONS
     protection._check_version()
+
+
+def trained_epochs(stdout: str) -> list[int]:
+    """The epochs a run trained, in order, from RETURNN's "start epoch N ..." lines."""
+    return [int(line.split()[2]) for line in stdout.splitlines() if line.startswith("start epoch ")]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    first, second = (torch.load(p, map_location="cpu")["model"] for p in (a, b))
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_an_epoch_whose_optimizer_state_alone_was_redirected_is_resumed_not_trained_again(
+    faultfs, tmp_path
+):
+    """ENOSPC on the optimizer files only: every model lands at the target, every optimizer
+    state in the fallback. The run's models are those of a healthy run; the resume loads epoch
+    3 (its model here, its optimizer state there) and trains epoch 4 only; after a sync the
+    optimizer states RETURNN keeps are home and the ones it dropped are gone everywhere."""
+    healthy = tmp_path / "healthy"
+    plain = train(tmp_path, healthy / "model", 3, None)
+    assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-4000:]
+
+    run, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    full = faultfs.ctl.fail("write", "ENOSPC", path="/run/*.opt.pt*", times=None)
+    first = train(tmp_path, run / "model", 3, [str(fallback)])
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert faultfs.ctl.rule(full)["hits"] >= 3
+    assert models_in(run) == ["model.001.pt", "model.002.pt", "model.003.pt"]
+    for epoch in (1, 2, 3):
+        name = f"model.{epoch:03d}.pt"
+        assert same_weights(run / name, healthy / name), name
+    optimizer = fsprobe.locate(run / "model.003.opt.pt", fallback_dirs=[fallback])
+    assert optimizer.startswith(str(fallback))
+    loads(Path(optimizer), 3)
+
+    resumed = train(tmp_path, run / "model", 4, [str(fallback)])
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert f"Load model {run / 'model.003.pt'}" in resumed.stdout
+    assert f"Load optimizer {optimizer}" in resumed.stdout
+    assert "Starting training at epoch 4" in resumed.stdout
+    assert trained_epochs(resumed.stdout) == [4]
+
+    faultfs.ctl.remove(full)
+    sync(fallback)
+    assert models_in(run) == [
+        "model.001.pt",
+        "model.002.pt",
+        "model.003.opt.pt",
+        "model.003.pt",
+        "model.004.opt.pt",
+        "model.004.pt",
+    ]
+    loads(run / "model.003.opt.pt", 3)
+    loads(run / "model.004.opt.pt", 4)
+    assert manifest.pending([str(fallback)], mine=True) == []
+    assert temps(run) == []
+
+
+@pytest.mark.parametrize("protected", [False, True], ids=["as-shipped", "protected"])
+def test_a_full_disk_under_the_learning_rate_file_is_survived_and_resumed(
+    faultfs, tmp_path, protected
+):
+    """As shipped, ENOSPC on ``learning_rates.new_tmp`` kills the run at the end of epoch 1;
+    protected, the file goes to the fallback each epoch, the resume reads it from there (else
+    RETURNN refuses: "Scores of epoch ... are missing") and a sync brings it home."""
+    run, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    full = faultfs.ctl.fail("write", "ENOSPC", path=f"/run/*{LEARNING_RATES}*", times=None)
+    first = train(tmp_path, run / "model", 2, [str(fallback)] if protected else None)
+    if not protected:
+        assert first.returncode != 0
+        assert "[Errno 28] No space left on device" in first.stdout + first.stderr
+        assert (run / f"{LEARNING_RATES}.new_tmp").exists()  # what it was writing
+        assert not (run / "model.001.pt").exists()
+        return
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert faultfs.ctl.rule(full)["hits"] > 0
+    assert models_in(run) == [f"model.00{e}.{k}" for e in (1, 2) for k in ("opt.pt", "pt")]
+    assert not (run / LEARNING_RATES).exists()
+    scores = fsprobe.locate(run / LEARNING_RATES, fallback_dirs=[fallback])
+    assert scores.startswith(str(fallback))
+    assert "2: EpochData(" in Path(scores).read_text()
+
+    resumed = train(tmp_path, run / "model", 3, [str(fallback)])
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert f"Learning-rate-control: loading file {scores}" in resumed.stdout
+    assert trained_epochs(resumed.stdout) == [3]
+    newest = Path(fsprobe.locate(run / LEARNING_RATES, fallback_dirs=[fallback])).read_text()
+    assert "3: EpochData(" in newest
+
+    faultfs.ctl.remove(full)
+    sync(fallback)
+    assert (run / LEARNING_RATES).read_text() == newest
+    assert manifest.pending([str(fallback)], mine=True) == []
+    assert temps(run) == []
+
+
+def test_a_tmpfs_short_of_inodes_ends_every_epoch_saved_and_resumes_after_the_last(
+    tmpfs, tmp_path
+):
+    """The seed's situation, inodes: the files of two epochs fill the filesystem. As shipped,
+    RETURNN dies of ENOSPC; protected, whatever does not fit goes to the fallback (deleting an
+    old optimizer state frees one inode, so a model may fit and its optimizer state not), the
+    resume trains the next epoch only, and once there is room a sync brings all home."""
+    # The root, the run directory, the learning-rate file and two epochs' model and optimizer
+    # state: one inode more than that for the temp file of the next save.
+    fs = tmpfs(size="64M", nr_inodes=8)
+    plain = train(tmp_path, fs.path / "plain" / "model", 4, None)
+    assert plain.returncode != 0
+    assert "No space left on device" in plain.stdout + plain.stderr
+    shutil.rmtree(fs.path / "plain")
+
+    run, fallback = fs.path / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    first = train(tmp_path, run / "model", 4, [str(fallback)])
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert trained_epochs(first.stdout) == [1, 2, 3, 4]
+    redirected = manifest.pending([str(fallback)], mine=True)
+    assert redirected, "nothing was redirected: the tmpfs was not short of inodes"
+    for name in ("model.004.pt", "model.004.opt.pt", "model.003.opt.pt"):
+        loads(Path(fsprobe.locate(run / name, fallback_dirs=[fallback])), int(name[6:9]))
+
+    resumed = train(tmp_path, run / "model", 5, [str(fallback)])
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert trained_epochs(resumed.stdout) == [5]
+
+    subprocess.run(["mount", "-o", "remount,nr_inodes=1000", str(fs.path)], check=True)
+    sync(fallback)
+    assert manifest.pending([str(fallback)], mine=True) == []
+    for epoch in (1, 2, 3, 4, 5):
+        loads(run / f"model.{epoch:03d}.pt", epoch)
+    for epoch in (4, 5):
+        loads(run / f"model.{epoch:03d}.opt.pt", epoch)
+    assert "5: EpochData(" in (run / LEARNING_RATES).read_text()
+    assert temps(run) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"attempts": 0}, ValueError),
+        ({"on_unhealthy": "ignore"}, ValueError),
+        ({"save_timeout": -1}, ValueError),
+        ({"attempt": 3}, TypeError),  # misspelt
+    ],
+)
+def test_a_wrong_option_fails_in_the_config_and_patches_nothing(options, error):
+    engine = protection.returnn_engine.Engine
+    saving = engine._save_model
+    with pytest.raises(error):
+        protection.protect(fallback_dirs=["/nowhere"], **options)
+    assert engine._save_model is saving
+    assert getattr(engine, "_fsprobe_protection", None) is None

@@ -1,4 +1,5 @@
-"""RETURNN (PyTorch backend): epoch saves through `fsprobe.save`, a resume that finds them.
+"""RETURNN (PyTorch backend): an epoch's model, optimizer state and learning-rate file saved
+through fsprobe, and a resume that finds them wherever they landed.
 
 What is patched and why it is pinned to `RETURNN_VERSIONS`: docs/integrations.md, "RETURNN".
 """
@@ -18,10 +19,11 @@ with extra_imports("returnn", __name__, "returnn", "torch"):
     import returnn
     import returnn.torch.engine as returnn_engine
     import returnn.torch.updater as returnn_updater
+    from returnn.learning_rate_control import LearningRateControl
     from returnn.log import log as returnn_log
     from returnn.util import basic as returnn_util
 
-from fsprobe import locate, save
+from fsprobe import SaveOptions, atomic_write, locate, save
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.manifest import forget
 
@@ -43,6 +45,15 @@ RETURNN_VERSIONS = {
         "Engine._save_optimizer": (
             "6b0837b7c02849c4c6723635293766ad91e44e4f54f0a2da4798e27405bf1a6e"
         ),
+        "LearningRateControl.__init__": (
+            "0b1edc9c7b7bf98934db40177b3f36bc4691d6682f3e519c5932b5a8bff7699f"
+        ),
+        "LearningRateControl.save": (
+            "2657c7c440656640e0172301689a6b111b9be80c23081b8751b1bf001f74299c"
+        ),
+        "LearningRateControl.load": (
+            "22ce164c6705b164528d5b5574c379483813d3a8b478564b8548df6f93ffdc82"
+        ),
     },
 }
 _MODEL_SUFFIX = ".pt"
@@ -56,17 +67,15 @@ class UnknownReturnn(RuntimeError):
 class _Protection:
     """The save options of `protect`, and the patched methods that use them."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: SaveOptions) -> None:
         self.options = options
-        self.fallback_dirs = tuple(os.fspath(d) for d in options.get("fallback_dirs", ()))
+        self.fallback_dirs = options.fallback_dirs
         #: The epochs `existing_models` found redirected: their copy's name -> RETURNN's.
         self.requested: dict[str, str] = {}
 
     def save(self, obj: dict[str, Any], filename: str) -> None:
-        directory = os.path.dirname(filename)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        save(obj, filename, **self.options)
+        _make_parent(filename)
+        save(obj, filename, options=self.options)
 
     def located(self, filename: str) -> str:
         return locate(filename, fallback_dirs=self.fallback_dirs)
@@ -147,12 +156,15 @@ class _Protection:
         for epoch in range(1, final + 1):
             base = returnn_engine.Engine.epoch_model_filename(model, epoch)
             where = self.located(base + _MODEL_SUFFIX)
-            if where == os.path.abspath(base + _MODEL_SUFFIX) or not os.path.exists(where):
-                continue  # not redirected: RETURNN's own answer stands
+            if not os.path.exists(where):
+                continue
             if for_training and not os.path.exists(self.located(base + _OPTIMIZER_SUFFIX)):
-                continue  # as RETURNN: no optimizer state, no resume from it
-            found[epoch] = where[: -len(_MODEL_SUFFIX)]
-            self.requested[found[epoch]] = base
+                continue  # as RETURNN: no optimizer state (anywhere), no resume from it
+            if where == os.path.abspath(base + _MODEL_SUFFIX):
+                found[epoch] = base  # the model at RETURNN's path (its optimizer state anywhere)
+            else:
+                found[epoch] = where[: -len(_MODEL_SUFFIX)]
+                self.requested[found[epoch]] = base
         return found
 
     def delete_model(self, filename: str) -> int:
@@ -184,6 +196,31 @@ class _Protection:
         """`Updater.load_optimizer` of the newest copy of `filename`."""
         original(updater, self.located(filename))
 
+    def save_learning_rates(self, control: Any) -> None:
+        """`LearningRateControl.save`: the same text, written by `fsprobe.atomic_write`; once
+        it is back at RETURNN's path, its redirected copies of earlier epochs go."""
+        if not control.filename:
+            return
+        text = (returnn_util.better_repr(control.epoch_data) + "\n").encode()
+        _make_parent(control.filename)
+        written = atomic_write(
+            control.filename, lambda stream: stream.write(text), options=self.options
+        )
+        if not written.redirected:  # it holds every epoch's scores: older copies are void
+            forget(control.filename, all_fallback_dirs(self.fallback_dirs))
+
+    def init_learning_rates(
+        self, original: Callable[..., None], control: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        """`LearningRateControl.__init__`, loading the newest copy of its file; it saves to
+        RETURNN's path all the same."""
+        bound = inspect.signature(original).bind(control, *args, **kwargs)
+        filename = bound.arguments.get("filename")
+        if filename and self.located(filename) != os.path.abspath(filename):
+            bound.arguments["filename"] = self.located(filename)
+        original(*bound.args, **bound.kwargs)
+        control.filename = filename
+
 
 def protect(
     *,
@@ -192,22 +229,28 @@ def protect(
     save_timeout: float | None = None,
     **save_kwargs: Any,
 ) -> None:
-    """Send RETURNN's model and optimizer saves through `fsprobe.save`, and let its resume find
-    redirected epochs. Call it once, from the config; `fallback_dirs`, `max_wait`,
-    `save_timeout` and `save_kwargs` (``attempts``, ``backoff``, ``state_dir``...) are those of
-    `fsprobe.save`. Raises `UnknownReturnn` on a RETURNN version it does not know.
+    """Send RETURNN's model, optimizer and learning-rate saves through fsprobe, and let its
+    resume find redirected epochs. Call it once, from the config; `fallback_dirs`, `max_wait`,
+    `save_timeout` and `save_kwargs` (``attempts``, ``backoff``, ``state_dir``...) are the
+    `fsprobe.SaveOptions`, checked here: a wrong one is a TypeError or ValueError in the config,
+    not at the end of the first epoch. Raises `UnknownReturnn` on a RETURNN version it does not
+    know.
     """
     engine, updater = returnn_engine.Engine, returnn_updater.Updater
     if getattr(engine, "_fsprobe_protection", None) is not None:
         raise RuntimeError("fsprobe.integrations.returnn.protect() was called already")
     _check_version()
-    options = dict(
-        save_kwargs, fallback_dirs=fallback_dirs, max_wait=max_wait, save_timeout=save_timeout
+    protection = _Protection(
+        SaveOptions(
+            **save_kwargs,
+            fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
+            max_wait=max_wait,
+            save_timeout=save_timeout,
+        )
     )
-    _check_options(options)
-    protection = _Protection(options)
     existing, loading = engine.get_existing_models.__func__, updater.load_optimizer
     saving_optimizer = engine._save_optimizer
+    initializing = LearningRateControl.__init__
     engine._save_model = lambda self: protection.save_model(self)
     engine._save_optimizer = lambda self: protection.save_optimizer_of(saving_optimizer, self)
     engine.delete_model = staticmethod(protection.delete_model)
@@ -221,6 +264,10 @@ def protect(
     )
     updater.load_optimizer = lambda self, filename: protection.load_optimizer(
         loading, self, filename
+    )
+    LearningRateControl.save = lambda self: protection.save_learning_rates(self)
+    LearningRateControl.__init__ = lambda self, *args, **kwargs: protection.init_learning_rates(
+        initializing, self, *args, **kwargs
     )
     engine._fsprobe_protection = protection  # the patches' owner; also: protected already
 
@@ -242,6 +289,9 @@ def _check_version() -> None:
         "EngineBase.cleanup_old_models": returnn_engine.EngineBase.cleanup_old_models,
         "Engine.delete_model": returnn_engine.Engine.delete_model,
         "Engine._save_optimizer": returnn_engine.Engine._save_optimizer,
+        "LearningRateControl.__init__": LearningRateControl.__init__,
+        "LearningRateControl.save": LearningRateControl.save,
+        "LearningRateControl.load": LearningRateControl.load,
     }
     changed = [
         name
@@ -256,6 +306,8 @@ def _check_version() -> None:
         )
 
 
-def _check_options(options: dict[str, Any]) -> None:
-    """A misspelt option fails in the config, not at the end of the first epoch."""
-    inspect.signature(save).bind(object(), "x", **options)
+def _make_parent(filename: str) -> None:
+    """RETURNN makes the directory of the file it saves; so do its replacements."""
+    directory = os.path.dirname(filename)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
