@@ -47,6 +47,7 @@ CONTRACT = {
     "fsprobe_probe_duration_seconds": {"path", "probe"},
     "fsprobe_probe_last_success_timestamp_seconds": {"path", "probe"},
     "fsprobe_probe_interval_seconds": {"path", "probe"},
+    "fsprobe_probe_last_run_timestamp_seconds": {"path", "probe"},
     "fsprobe_probe_errors": {"path", "probe", "errno"},
     "fsprobe_probe_skipped": {"path", "probe"},
     "fsprobe_mount_stuck": {"path"},
@@ -74,6 +75,7 @@ CONTRACT = {
     "fsprobe_headroom_bytes": {"path"},
     "fsprobe_headroom_inodes": {"path"},
     "fsprobe_headroom_ratio": {"path", "resource"},
+    "fsprobe_headroom_limit": {"path", "resource", "limit", "id"},
     "fsprobe_write_latency_seconds": {"path"},
     "fsprobe_write_step_seconds": {"path", "op"},
     "fsprobe_tmpdir_same_device": {"path"},
@@ -212,7 +214,11 @@ def test_every_family_of_the_contract_is_there_with_its_labels():
 
 #: The families whose series carry a `pool` label where they have one (a pool quota, an OST
 #: in the target directory's layout pools): one series per pool, nothing added elsewhere.
-POOLED = {name for name in CONTRACT if name.startswith(("fsprobe_quota_", "fsprobe_lustre_"))}
+POOLED = {
+    name
+    for name in CONTRACT
+    if name.startswith(("fsprobe_quota_", "fsprobe_lustre_", "fsprobe_headroom_limit"))
+}
 
 
 def test_pool_quotas_and_pooled_osts_carry_a_pool_label():
@@ -245,6 +251,18 @@ def test_pool_quotas_and_pooled_osts_carry_a_pool_label():
     }
     assert avail["scratch-OST0000"]["pool"] == "flash"
     assert "pool" not in avail["scratch-OST0003"] and "pool" not in avail["scratch-MDT0000"]
+    binding = {
+        dict(labels)["resource"]: dict(labels)
+        for labels in samples(families, "fsprobe_headroom_limit")
+    }
+    # the pool quota's 2 GiB left bind the bytes (what the headroom alert tells to raise)
+    assert binding["bytes"] == {
+        "path": path,
+        "resource": "bytes",
+        "limit": "user",
+        "id": "1000",
+        "pool": "flash",
+    }
     for name, family in families.items():
         for sample in family.samples:
             extra = {"pool"} if name in POOLED else set()

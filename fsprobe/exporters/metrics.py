@@ -24,6 +24,7 @@ from fsprobe.model import (
     TmpdirInfo,
     WriteProbeResult,
 )
+from fsprobe.policy import Headroom
 from fsprobe.posix.paths import escaped
 from fsprobe.view import SaveStats, TargetView
 
@@ -78,6 +79,12 @@ FAMILIES: tuple[Family, ...] = (
         "fsprobe_probe_last_success_timestamp_seconds",
         "gauge",
         "Unix time at which the probe last succeeded.",
+        ("path", "probe"),
+    ),
+    Family(
+        "fsprobe_probe_last_run_timestamp_seconds",
+        "gauge",
+        "Unix time at which the last run of the probe ended, whatever its outcome.",
         ("path", "probe"),
     ),
     Family(
@@ -214,6 +221,13 @@ FAMILIES: tuple[Family, ...] = (
         "gauge",
         "Headroom divided by the capacity of the limit that binds it.",
         ("path", "resource"),
+    ),
+    Family(
+        "fsprobe_headroom_limit",
+        "gauge",
+        "1 for the limit that binds the headroom of each resource: limit filesystem, or the "
+        "quota type (user, group, project) with its id (label pool: a Lustre pool quota).",
+        ("path", "resource", "limit", "id"),
     ),
     Family(
         "fsprobe_write_latency_seconds",
@@ -430,6 +444,7 @@ def target_samples(view: TargetView) -> dict[str, list[Sample]]:
             _add_quota(samples, quota)
         _add_lustre(samples, snapshot.value("lfs_df") or ())
         _add_headroom(samples, view)
+        _add_headroom_limits(samples, view.verdict.headroom, quota)
         tmpdir: TmpdirInfo | None = snapshot.value("tmpdir")
         if tmpdir is not None:
             samples.add("fsprobe_tmpdir_same_device", float(tmpdir.same_device))
@@ -506,6 +521,10 @@ def _add_probes(samples: _Samples, view: TargetView) -> None:
                 probe=probe,
             )
     for probe in ran:
+        samples.add(
+            "fsprobe_probe_last_run_timestamp_seconds", results[probe].finished_at, probe=probe
+        )
+    for probe in ran:
         if probe in view.intervals:
             samples.add("fsprobe_probe_interval_seconds", view.intervals[probe], probe=probe)
     for (probe, errno), count in sorted(view.errors.items()):
@@ -567,6 +586,23 @@ def _add_lustre(samples: _Samples, targets: tuple[LustreTarget, ...]) -> None:
             if value is not None:
                 samples.add(family, value, **labels)
         samples.add("fsprobe_lustre_target_in_layout", float(target.in_layout), **labels)
+
+
+def _add_headroom_limits(samples: _Samples, headroom: Headroom, quota: QuotaReport | None) -> None:
+    """Which limit binds each resource's headroom (what an alert tells the admin to raise)."""
+    entries = {entry.source: entry for entry in (quota.entries if quota is not None else ())}
+    for resource, source in (
+        ("bytes", headroom.bytes_limited_by),
+        ("inodes", headroom.inodes_limited_by),
+    ):
+        entry = entries.get(source or "")
+        if source == "filesystem":
+            samples.add("fsprobe_headroom_limit", 1.0, resource=resource, limit="filesystem", id="")
+        elif entry is not None:
+            labels = {"resource": resource, "limit": entry.type, "id": str(entry.id)}
+            if entry.pool:
+                labels["pool"] = _label(entry.pool)
+            samples.add("fsprobe_headroom_limit", 1.0, **labels)
 
 
 def _add_headroom(samples: _Samples, view: TargetView) -> None:
