@@ -63,6 +63,7 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_tmpdir_same_device",
         "fsprobe_redirected_pending_bytes",
         "fsprobe_redirect_problems_total",
+        "fsprobe_internal_errors_total",
         "fsprobe_saves_total",
         "fsprobe_save_failed_attempts_total",
         "fsprobe_save_duration_seconds_bucket",
@@ -81,8 +82,9 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
     }
 )
 
-#: What Prometheus itself records for every scrape (not the exporter): FsprobeDown uses it.
-SCRAPE_METRICS: frozenset[str] = frozenset({"up"})
+#: What Prometheus itself records for every scrape, and node_exporter's age of each textfile
+#: (not the exporter's): FsprobeDown uses them, in either mode.
+SCRAPE_METRICS: frozenset[str] = frozenset({"up", "node_textfile_mtime_seconds"})
 
 # Words that are PromQL syntax, not metrics, when they stand where a metric name could.
 _KEYWORDS = frozenset(

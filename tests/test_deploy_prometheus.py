@@ -4,6 +4,7 @@ emits, a runbook section behind every runbook_url)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -42,6 +43,7 @@ DESIGN_ALERTS = {
     "FsprobeWriteLatencyHigh",
     "FsprobeMountStuck",
     "FsprobeProbeStale",
+    "FsprobeProbeFailing",
     "FsprobeTmpdirCrossDevice",
     "FsprobeRedirectedCheckpointsPending",
     "FsprobeDown",
@@ -49,9 +51,12 @@ DESIGN_ALERTS = {
     "FsprobeSaveRedirected",
     "FsprobeSaveFailed",
     "FsprobeCheckpointOverdue",
+    "FsprobeConfigReloadFailed",
+    "FsprobeInternalErrors",
+    "FsprobeRedirectProblems",
 }
 #: Alerts about fsprobe itself, not about a watched path.
-SELF_ALERTS = {"FsprobeDown"}
+SELF_ALERTS = {"FsprobeDown", "FsprobeConfigReloadFailed"}
 
 
 def _alert_rules() -> list[dict]:
@@ -95,14 +100,21 @@ def test_every_design_alert_exists_and_nothing_else() -> None:
 
 
 @pytest.mark.parametrize("rule", _alert_rules(), ids=lambda rule: rule["alert"])
-def test_alert_has_severity_summary_description_and_runbook(rule: dict) -> None:
+def test_alert_has_severity_summary_description_action_and_links(rule: dict) -> None:
+    """What a person on call needs at 3 am: the path and node, the cause (with its value), the
+    first thing to do, the runbook section and the dashboard on that instance and path."""
     assert rule["labels"]["severity"] in ("info", "warning", "critical")
     annotations = rule["annotations"]
-    assert set(annotations) == {"summary", "description", "runbook_url"}
+    assert set(annotations) == {"summary", "description", "action", "runbook_url", "dashboard_url"}
     description = annotations["description"]
+    assert "$labels.instance" in description + annotations["summary"] or (
+        rule["labels"].get("reason") == "not_scraped"
+    ), f"{rule['alert']}: names no instance"
     if rule["alert"] not in SELF_ALERTS:
         for needed in ("$labels.path", "$labels.instance"):
             assert needed in description, f"{rule['alert']}: description lacks {needed}"
+            assert needed in annotations["dashboard_url"]
+    assert len(annotations["action"].split()) >= 8, f"{rule['alert']}: says not what to do"
     # The value, through a formatting function, or (for a 0/1 condition) a stated duration.
     formatted = re.search(r"\$value \| humanize\w*|printf \"%[^\"]*\" \$value", description)
     assert formatted or rule.get("for"), f"{rule['alert']}: description shows no value"
@@ -143,10 +155,12 @@ def test_a_site_sets_its_runbook_and_job_in_one_place(tmp_path: Path) -> None:
     assert {r["annotations"]["runbook_url"].split("#")[0] for r in alerts} == {
         "https://wiki.example.org/ops/fsprobe"
     }
-    down = [r["expr"] for r in alerts if r["alert"] == "FsprobeDown"]
+    down = [r["expr"].strip() for r in alerts if r["alert"] == "FsprobeDown"]
     assert down == [
         'up{job="node-fsprobe", cluster="a"} == 0 or up{job="fsprobe-sidecar"} == 0',
-        'absent(up{job="node-fsprobe", cluster="a"})',
+        'time() - node_textfile_mtime_seconds{file=~".*/fsprobe.prom"} > 600',
+        'absent(up{job="node-fsprobe", cluster="a"})\n'
+        'unless on () count(node_textfile_mtime_seconds{file=~".*/fsprobe.prom"})',
     ]
     shipped = RULES.read_text()
     assert "@" + "RUNBOOK_BASE@" not in shipped and "@" + "JOB_SELECTOR@" not in shipped
@@ -254,3 +268,39 @@ def test_generate_writes_the_rule_file_and_the_prometheusrule_to_separate_places
     assert [p.name for p in kubernetes_dir.iterdir()] == ["prometheusrule.yaml"]
     shipped = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
     assert (kubernetes_dir / "prometheusrule.yaml").read_text() == shipped.read_text()
+
+
+def test_a_site_sets_selector_cluster_label_and_grafana_like_a_mixin(tmp_path: Path) -> None:
+    """The mixin's `_config`: a selector on every fsprobe series, the cluster label in every
+    join and in the dashboard's variables, the Grafana every alert links to."""
+    subprocess.run(
+        [
+            sys.executable, str(GENERATE), "--output-dir", str(tmp_path),
+            "--grafana-dir", str(tmp_path), "--selector", 'job=~"fsprobe.*"',
+            "--cluster-label", "k8s_cluster", "--grafana-url", "https://grafana.example.org/",
+        ],
+        check=True, timeout=60,
+    )  # fmt: skip
+    rules_file = tmp_path / "fsprobe.rules.yml"
+    _run_promtool("check", "rules", str(rules_file), cwd=tmp_path)
+    groups = deploy_metrics.load_rule_groups(rules_file)
+    for rule in deploy_metrics.iter_rules(groups):
+        series = re.findall(r"\bfsprobe_[a-z0-9_]+\b(?:\{[^}]*\})?", rule["expr"])
+        assert all('job=~"fsprobe.*"' in s for s in series), rule["expr"]
+        assert "on (instance" not in rule["expr"], "a join that drops the cluster label"
+        if "alert" in rule:
+            link = " ".join(rule["annotations"]["dashboard_url"].split())
+            assert link.startswith("https://grafana.example.org/d/fsprobe-overview/")
+            assert "var-cluster={{ $labels.k8s_cluster | urlquery }}" in link
+    dashboard = json.loads((tmp_path / "fsprobe.json").read_text())
+    variables = [v["name"] for v in dashboard["templating"]["list"]]
+    assert variables == ["datasource", "cluster", "job", "instance", "path"]
+    cluster = dashboard["templating"]["list"][1]
+    assert (
+        cluster["query"]
+        == 'label_values(fsprobe_build_info{job=~"fsprobe.*", k8s_cluster=~"$cluster"}, k8s_cluster)'
+    )
+    text = json.dumps(dashboard)
+    assert text.count('instance=~\\"$instance\\"') == text.count(
+        'job=~\\"fsprobe.*\\", k8s_cluster=~\\"$cluster\\", job=~\\"$job\\", instance=~\\"$instance\\"'
+    )
