@@ -1,4 +1,5 @@
-"""The daemon's log: one event per line of ``key=value`` pairs; ``-v`` adds every probe result."""
+"""The daemon's log: one event per line of ``key=value`` pairs, every value escaped (a line
+logged in words elsewhere is ``event=log``); ``-v`` adds every probe result."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ import re
 import sys
 import time
 
+from fsprobe.posix.paths import escaped
+
 log = logging.getLogger("fsprobe.daemon")
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:@+,\[\]\-]+$")
+_PLAIN = re.compile(r"[A-Za-z0-9_./:@+,\[\]\-]+")
 
 
 def _value(value: object) -> str:
     text = "" if value is None else str(value)
-    if _PLAIN.match(text):
+    if _PLAIN.fullmatch(text):  # (`match` with `$` let a trailing newline through)
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return '"' + escaped(text).replace('"', '\\"') + '"'
 
 
 def event(level: int, name: str, **fields: object) -> None:
@@ -45,7 +48,12 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         line = f"ts={stamp}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
-        line += record.getMessage()
+        message = record.getMessage()
+        if not message.startswith("event="):  # said in words elsewhere: one event all the same
+            message = f"event=log logger={record.name} message={_value(message)}"
+        elif not message.isprintable():  # an event line written without `event`
+            message = escaped(message)
+        line += message
         if record.exc_info:
             line += " traceback=" + _value(self.formatException(record.exc_info))
         return line

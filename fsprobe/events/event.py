@@ -1,6 +1,7 @@
 """One save as the daemon hears of it, and its wire form (compact JSON, bounded in size).
 
-Everything but the kernel's credentials is the sender's claim, checked and bounded when decoded.
+Everything but the kernel's credentials is the sender's claim: every field is checked for its
+type and bound (`BOUNDS`) when decoded.
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ MAX_EVENT_BYTES = 8192
 MAX_FAILURES = 16
 #: Longest path kept (PATH_MAX); a longer one makes the event malformed.
 MAX_PATH = 4096
+#: Longest host name (a fully qualified one: 255).
+MAX_HOST = 255
+#: The smallest and largest value of each number: a file size is an off_t, a pid at most
+#: PID_MAX_LIMIT, a save lasts at most a year, and it finished before 2106.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "bytes": (0, 2**63 - 1),
+    "seconds": (0, 366 * 86400),
+    "attempts": (1, 2**31 - 1),
+    "finished_at": (0, 2**32),
+    "pid": (0, 2**22),
+    "ranks": (1, 2**24),
+}
 OUTCOMES = ("ok", "retried", "redirected", "failed")
 SCHEMA = 1
 #: The errno names a failed attempt may carry (they label a metric: a sender must not make up
@@ -95,7 +108,7 @@ class SaveEvent:
                 for f in self.failures[:MAX_FAILURES]
             ],
             "finished_at": self.finished_at,
-            "host": self.host[:255],
+            "host": self.host[:MAX_HOST],
             "pid": self.pid,
             "ranks": self.ranks,
         }
@@ -108,7 +121,7 @@ def decode(data: bytes) -> SaveEvent | Goodbye:
         raise MalformedEvent(f"{len(data)} bytes, more than {MAX_EVENT_BYTES}")
     try:
         document = json.loads(data.decode("utf-8", "surrogateescape"))
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # (nested 8,000 deep)
         raise MalformedEvent(f"not JSON: {error}") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise MalformedEvent("not a save event of schema 1")
@@ -135,12 +148,10 @@ def decode(data: bytes) -> SaveEvent | Goodbye:
             for e, step, where in failures
         ),
         finished_at=_number(document, "finished_at"),
-        host=_field(document, "host", str)[:255],
+        host=_host(_field(document, "host", str)),
         pid=_count(document, "pid"),
         ranks=_count(document, "ranks"),
     )
-    if event.attempts < 1 or event.ranks < 1:
-        raise MalformedEvent("attempts and ranks must be at least 1")
     return event
 
 
@@ -152,19 +163,29 @@ def _field(document: dict[str, Any], key: str, kind: type) -> Any:
 
 
 def _count(document: dict[str, Any], key: str) -> int:
-    value = _field(document, key, int)
-    if value < 0:
-        raise MalformedEvent(f"{key} must not be negative")
+    value: int = _field(document, key, int)
+    _bounded(key, value)
     return value
 
 
 def _number(document: dict[str, Any], key: str) -> float:
     value = document.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise MalformedEvent(f"{key} must be a non-negative number")
-    if value == float("inf"):
-        raise MalformedEvent(f"{key} must be finite")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MalformedEvent(f"{key} must be a number")
+    _bounded(key, value)
     return float(value)
+
+
+def _bounded(key: str, value: float) -> None:
+    low, high = BOUNDS[key]
+    if not low <= value <= high:  # (NaN is not)
+        raise MalformedEvent(f"{key} must be from {low} to {high}")
+
+
+def _host(value: str) -> str:
+    if len(value) > MAX_HOST:
+        raise MalformedEvent(f"host must be at most {MAX_HOST} characters")
+    return value
 
 
 def _path(value: str) -> str:
