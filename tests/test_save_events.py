@@ -22,7 +22,7 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender, may_report
 from fsprobe.events.emit import SOCKET_NAME, own_socket_name, report
 from fsprobe.events.event import OUTCOMES, Failure, Goodbye, MalformedEvent, SaveEvent, decode
-from fsprobe.model import DirectoryOwner
+from fsprobe.model import DirectoryOwner, ProbeResult, WriteProbeResult
 from fsprobe.policy import Policy
 from fsprobe.saving.options import Backoff
 from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
@@ -558,11 +558,13 @@ def test_a_hung_mount_is_still_marked_stuck_while_saves_stood_for_the_write_prob
 def test_a_save_every_few_minutes_stands_for_a_write_probe_every_minute_until_it_is_late():
     """Saves every 5 minutes, a write probe every minute: once the save interval is known (the
     third save), a landed save stands for the probe for 1.5 save intervals, and the policy
-    does not call the saves' write results stale meanwhile; a late save lets the probe run."""
+    does not call the saves' write results stale meanwhile; a late save lets the probe run.
+    (The target's own write probe passed when it last ran, as saves stand in only then.)"""
     now = [1000.0]
     store = Store(clock=lambda: now[0])
     intervals = {"statvfs": 15.0, "write": 60.0}
     store.configure([TargetSpec("/ckpt", Policy(intervals=intervals), intervals)])
+    store.record("/ckpt", passed_write_probe(now[0]))
 
     def save_and_wait(seconds: float) -> None:
         event = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 1.0, 1, (), now[0], "h", 1)
@@ -573,6 +575,7 @@ def test_a_save_every_few_minutes_stands_for_a_write_probe_every_minute_until_it
     assert store.skip_write_probe("/ckpt") is None  # one save: it stands for 60 s only
     now[0] += 200.0
     save_and_wait(300.0)
+    store.record("/ckpt", passed_write_probe(now[0]))  # the last run the saves did not skip
     save_and_wait(400.0)  # the third save, 300 s after the second: 450 s of evidence
     assert store.view("/ckpt").saves.interval == 300.0
     assert store.skip_write_probe("/ckpt") is not None
@@ -580,6 +583,10 @@ def test_a_save_every_few_minutes_stands_for_a_write_probe_every_minute_until_it
     assert "probe_stale" not in codes
     now[0] += 60.0  # 460 s after the last save: late
     assert store.skip_write_probe("/ckpt") is None
+
+
+def passed_write_probe(at: float) -> ProbeResult:
+    return ProbeResult("write", at, 0.01, value=WriteProbeResult(True, 4096, {"total": 0.01}))
 
 
 def test_a_dcp_save_and_a_background_save_each_report_one_event(tmp_path, monkeypatch):

@@ -71,7 +71,9 @@ class _Target:
     owner: DirectoryOwner | None = None  # of the target directory, as statvfs last saw it
     saves: SaveStats = field(default_factory=SaveStats)
     save_times: deque = field(default_factory=lambda: deque(maxlen=INTERVAL_SAVES))
-    written_at: float | None = None  # the last real save that landed in the target
+    written_at: float | None = None  # the last real save that stood for the write probe
+    probe_passes: bool | None = None  # the latest write probe that ran: passed (or refused)
+    probed_at: float | None = None  # when the write probe last ran
     skipped: Counter = field(default_factory=Counter)  # probe -> runs left out (`take`)
     savers: Savers = field(default_factory=Savers)  # the processes expected to save again
     bug: tuple[str, str] | None = None  # (stage, summary) of a bug caught handling a result
@@ -82,9 +84,13 @@ class _Target:
         self.results[result.probe] = result
         if result.error == NOT_AS_ROOT:  # not run (root may not write there): not an error
             self.skipped[result.probe] += 1
+            if result.probe == "write" and probed:
+                self.probe_passes = True  # nothing failed: saves are all there is to go by
             return
         if result.error is not None and probed:
             self.errors[(result.probe, result.error)] += 1
+        if result.probe == "write" and probed:
+            self.probe_passes = result.ok
         if result.ok:
             self.last_success[result.probe] = result.finished_at
             if isinstance(result.value, FilesystemInfo):
@@ -111,6 +117,11 @@ class _Target:
             max(interval, EVIDENCE_SAVE_INTERVALS * regular),
             MAX_EVIDENCE_PROBE_INTERVALS * interval,
         )
+
+    def saves_stand_in(self) -> bool:
+        """Whether a landed save may stand for the write probe: there is none, or its latest
+        run passed (never while the target's own probe fails, nor before it first ran)."""
+        return "write" not in self.spec.intervals or self.probe_passes is True
 
     def policy(self) -> Policy:
         """The target's policy, with the write results judged stale by the evidence window
@@ -246,6 +257,8 @@ class Store:
             else:
                 self.internal_errors.passed(path, "probe", part=result.probe)
             target.take(result)
+            if result.probe == "write":
+                target.probed_at = self._clock()
             return self._publish(target)
 
     def set_redirected_pending_bytes(self, path: str, pending: int | None) -> TargetView | None:
@@ -297,10 +310,10 @@ class Store:
             elif (started := self._started(save.pid)) is not None:  # else gone already
                 target.savers.heard(save.host, save.pid, Saver(sender.uid, started))
             target.add_save(sender, save, now)
-            for evidence in write_evidence(save, now):
+            for evidence in write_evidence(save, target.spec.path, now, target.saves_stand_in()):
                 target.take(evidence, probed=False)
-            if save.outcome in ("ok", "retried"):
-                target.written_at = now
+                if evidence.ok:
+                    target.written_at = now
             return None, self._publish(target)
 
     def goodbye(self, sender: Sender, goodbye: Goodbye) -> list[TargetView]:
@@ -331,13 +344,20 @@ class Store:
 
     def skip_write_probe(self, path: str) -> TargetView | None:
         """Whether a real save that landed in `path` within the write probe's interval stands
-        for the probe due now: the new view (the skip counted), or None to run the probe."""
+        for the probe due now: the new view (the skip counted), or None to run the probe. The
+        probe still runs once in `MAX_EVIDENCE_PROBE_INTERVALS` of its intervals, and while
+        it fails: saves never hide for longer that the target's own write fails."""
         with self._lock:
             target = self._targets.get(path)
             window = target.evidence_window() if target is not None else None
             if target is None or window is None or target.written_at is None:
                 return None
-            if self._clock() - target.written_at >= window:
+            now, interval = self._clock(), target.spec.intervals["write"]
+            if now - target.written_at >= window or not target.saves_stand_in():
+                return None
+            if target.probed_at is None or now - target.probed_at >= (
+                MAX_EVIDENCE_PROBE_INTERVALS * interval
+            ):
                 return None
             target.skipped["write"] += 1
             return self._publish(target)
