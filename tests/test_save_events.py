@@ -19,10 +19,10 @@ import pytest
 
 import fsprobe
 from fsprobe.daemon.store import Store, TargetSpec
-from fsprobe.events.admission import Sender, may_report
+from fsprobe.events.admission import Sender, may_write
 from fsprobe.events.emit import SOCKET_NAME, own_socket_name, report
 from fsprobe.events.event import OUTCOMES, Failure, Goodbye, MalformedEvent, SaveEvent, decode
-from fsprobe.model import DirectoryOwner, ProbeResult, WriteProbeResult
+from fsprobe.model import ProbeResult, WriteProbeResult
 from fsprobe.policy import Policy
 from fsprobe.saving.options import Backoff
 from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
@@ -373,19 +373,61 @@ def test_a_flood_from_one_user_is_rate_limited(tmp_path, local_users):
         assert counted + limited == 400
 
 
-def test_a_user_may_report_where_she_could_write():
-    """The admission rule, case by case."""
-    alice = Sender(uid=1001, gid=1001, pid=1, groups=frozenset({1001, 500}))
-    daemon = 1234
-    assert may_report(alice, DirectoryOwner(1001, 1001, 0o500), daemon)  # hers: she may chmod
-    assert not may_report(alice, DirectoryOwner(1002, 1002, 0o755), daemon)
-    assert may_report(alice, DirectoryOwner(1002, 500, 0o2770), daemon)  # her team's
-    assert not may_report(alice, DirectoryOwner(1002, 500, 0o2750), daemon)
-    assert not may_report(alice, DirectoryOwner(1002, 501, 0o770), daemon)
-    assert may_report(alice, DirectoryOwner(0, 0, 0o1777), daemon)  # shared scratch
-    assert not may_report(alice, None, daemon)  # the directory not seen yet
-    assert may_report(Sender(0, 0, 1), None, daemon)
-    assert may_report(Sender(daemon, 7, 1), None, daemon)  # a sidecar's own user
+def test_the_kernel_decides_where_a_user_may_report(tmp_path, local_users):
+    """The admission rule is the kernel's answer for the sender (`may_write`), case by case:
+    hers, her team's, a group-writable directory her ACL entry makes read-only (its group
+    bits show the ACL mask, rwx), an open directory inside a 0700 one of someone else's, a
+    read-only bind mount, and a target not made yet (its nearest existing parent)."""
+    share(tmp_path)
+    team = local_users.group()
+    alice, mallory = local_users.user(team), local_users.user(team)
+    root = tmp_path / "scratch"
+    root.mkdir(mode=0o755)
+
+    def made(path: Path, owner, gid: int, mode: int) -> Path:
+        path.mkdir()
+        os.chown(path, owner.uid, gid)
+        os.chmod(path, mode)
+        return path
+
+    own = made(root / "mallory", mallory, mallory.gid, 0o700)
+    teams = made(root / "team", alice, team, 0o2770)
+    acl = made(root / "acl", alice, team, 0o2770)
+    # The team reads it, Alice writes it: the mask (the union, rwx) is what the group bits show.
+    subprocess.run(["setfacl", "-m", f"g::r-x,u:{alice.uid}:rwx", str(acl)], check=True)
+    assert stat.S_IMODE(acl.stat().st_mode) & 0o070 == 0o070  # the mask: looks team-writable
+    private = made(root / "alice", alice, alice.gid, 0o700)
+    inside = made(private / "open", alice, alice.gid, 0o777)
+    readonly = made(root / "ro", mallory, mallory.gid, 0o700)
+    subprocess.run(["mount", "--bind", str(readonly), str(readonly)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(readonly)], check=True)
+        her = Sender(mallory.uid, mallory.gid, 1, frozenset({mallory.gid, team})).identity()
+        decided = {
+            name: may_write(her, str(path))
+            for name, path in {
+                "own": own,
+                "own, not made yet": own / "run-1" / "step-1",
+                "team": teams,
+                "acl r-x": acl,
+                "0777 in a 0700": inside,
+                "read-only mount": readonly,
+                "alice's private": private,
+            }.items()
+        }
+    finally:
+        subprocess.run(["umount", str(readonly)], check=True)
+    assert decided == {
+        "own": True,
+        "own, not made yet": True,
+        "team": True,
+        "acl r-x": False,
+        "0777 in a 0700": False,
+        "read-only mount": False,
+        "alice's private": False,
+    }
+    alone = Sender(mallory.uid, mallory.gid, 1, frozenset({mallory.gid})).identity()
+    assert may_write(alone, str(teams)) is False  # her groups are what the kernel checks
 
 
 def overdue_alerts(prometheus, path: str) -> list[dict]:

@@ -182,7 +182,8 @@ class Daemon:
         if self.receiver is not None:
             self.receiver.stop()
             self.receiver = None
-        receiver = Receiver(state_dir, self.scheduler.saved, self.scheduler.store.owner_uids)
+        store = self.scheduler.store
+        receiver = Receiver(state_dir, self.scheduler.saved, store.owner_uids, store.target_of)
         try:
             receiver.start()
         except OSError as error:

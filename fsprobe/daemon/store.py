@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from fsprobe.daemon.logs import log_bug
 from fsprobe.daemon.savers import Saver, Savers, StartTime, process_start
 from fsprobe.errors import NOT_AS_ROOT
-from fsprobe.events.admission import Sender, may_report
+from fsprobe.events.admission import Sender
 from fsprobe.events.event import Goodbye, SaveEvent
 from fsprobe.events.evidence import write_evidence
 from fsprobe.exporters.contained import InternalErrors, summary
@@ -295,15 +295,13 @@ class Store:
             return self._publish(target)
 
     def record_save(self, sender: Sender, save: SaveEvent) -> tuple[str | None, TargetView | None]:
-        """Take one save event: ``(None, the new view)``, or ``(why not, None)``: the path is
-        in no watched target (``unwatched``), or the sender could not have written there
-        (``not_permitted``, `fsprobe.events.admission`)."""
+        """Take one save event that its sender may report (`fsprobe.events.admission`):
+        ``(None, the new view)``, or ``("unwatched", None)``: the path is in no watched
+        target (any more)."""
         with self._lock:
             target = self._target_of(save.requested)
             if target is None:
                 return "unwatched", None
-            if not may_report(sender, target.owner):
-                return "not_permitted", None
             now = self._clock()
             if sender.pid == 0:  # outside our pid namespace: expected until its goodbye
                 target.savers.heard(save.host, save.pid, Saver(sender.uid, None))
@@ -361,6 +359,12 @@ class Store:
                 return None
             target.skipped["write"] += 1
             return self._publish(target)
+
+    def target_of(self, path: str) -> str | None:
+        """The watched target that holds `path` (the innermost, if targets nest), or None."""
+        with self._lock:
+            target = self._target_of(path)
+            return None if target is None else target.spec.path
 
     def _target_of(self, path: str) -> _Target | None:
         """The watched target that holds `path` (the innermost, if targets nest)."""

@@ -46,7 +46,12 @@ class Goodbye:
     pid: int
 
     def encode(self) -> builtins.bytes:
-        document = {"schema": SCHEMA, "goodbye": True, "host": self.host[:255], "pid": self.pid}
+        document = {
+            "schema": SCHEMA,
+            "goodbye": True,
+            "host": self.host[:MAX_HOST],
+            "pid": self.pid,
+        }
         return json.dumps(document, separators=(",", ":")).encode("utf-8", "surrogateescape")
 
 
@@ -126,7 +131,7 @@ def decode(data: bytes) -> SaveEvent | Goodbye:
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise MalformedEvent("not a save event of schema 1")
     if document.get("goodbye") is True:
-        return Goodbye(_field(document, "host", str)[:255], _count(document, "pid"))
+        return Goodbye(_host(_field(document, "host", str)), _count(document, "pid"))
     landed = document.get("landed")
     failures = _field(document, "failures", list)
     if len(failures) > MAX_FAILURES or not all(

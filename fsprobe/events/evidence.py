@@ -29,9 +29,7 @@ def in_directory(save: SaveEvent, target: str) -> bool:
     return os.path.dirname(requested) == os.path.abspath(target)
 
 
-def write_evidence(
-    save: SaveEvent, target: str, now: float, stands_in: bool
-) -> list[ProbeResult]:
+def write_evidence(save: SaveEvent, target: str, now: float, stands_in: bool) -> list[ProbeResult]:
     """The write results that `save` (heard of at `now`) stands for in `target`, oldest
     first; its landing only if it `stands_in` for the write probe (the store says when)."""
     if not in_directory(save, target):
@@ -47,9 +45,7 @@ def write_evidence(
             message=f"a real save of {save.requested} failed at {f.step} with {f.errno}",
         )
         for f in save.failures
-        if not f.in_fallback
-        and f.step not in NOT_FILESYSTEM_STEPS
-        and f.errno in FILESYSTEM_ERRNOS
+        if not f.in_fallback and f.step not in NOT_FILESYSTEM_STEPS and f.errno in FILESYSTEM_ERRNOS
     ]
     if stands_in and save.outcome in ("ok", "retried"):
         written = WriteProbeResult(True, save.bytes, {}, message=BY_SAVE)

@@ -1,7 +1,7 @@
 """The daemon's side: datagram sockets in the state dir, the kernel's word for the sender.
 
-Every bound is the receiver's (size, queue, a rate per uid); sockets and their modes:
-docs/design.md §13 and docs/security.md, "Save events".
+Every bound is the receiver's (size, queue, a rate per uid, admission checks); sockets and
+their modes: docs/design.md §13 and docs/security.md, "Save events".
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
-from fsprobe.events.admission import Sender, groups_of
+from fsprobe.events.admission import PARKED, Admission, Sender, groups_of
 from fsprobe.events.emit import SOCKET_NAME, own_socket_name
 from fsprobe.events.event import MAX_EVENT_BYTES, Goodbye, MalformedEvent, SaveEvent, decode
 
@@ -42,6 +42,8 @@ log = logging.getLogger("fsprobe.events")
 #: `deliver(sender, event)` takes an event (a save or a goodbye) and returns None, or the
 #: reason it was refused.
 Deliver = Callable[[Sender, "SaveEvent | Goodbye"], "str | None"]
+#: `target_of(path)`: the watched target that holds `path`, or None.
+TargetOf = Callable[[str], "str | None"]
 
 
 class _Buckets:
@@ -64,14 +66,17 @@ class _Buckets:
 
 class Receiver:
     """Receives save events on ``<state_dir>/events.sock`` and, as root, on a socket of each
-    target owner's own (`owners`), in a thread of its own."""
+    target owner's own (`owners`), in a thread of its own; hands on those for a watched target
+    (`target_of`) that their sender may report into (`admission`)."""
 
     def __init__(
         self,
         state_dir: str,
         deliver: Deliver,
         owners: Callable[[], Iterable[int]],
+        target_of: TargetOf,
         *,
+        admission: Admission[tuple[Sender, SaveEvent]] | None = None,
         rate: float = RATE,
         burst: int = BURST,
         clock: Callable[[], float] = time.monotonic,
@@ -87,6 +92,9 @@ class Receiver:
         self._owners_at = 0.0
         self._selector: selectors.BaseSelector | None = None
         self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._decided = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # an admission check is back
+        self._target_of = target_of
+        self._admission: Admission[tuple[Sender, SaveEvent]] = admission or Admission(self._checked)
         self._thread = threading.Thread(target=self._loop, name="fsprobe-events", daemon=True)
 
     def start(self) -> None:
@@ -99,6 +107,7 @@ class Receiver:
             os.close(directory)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake[0], selectors.EVENT_READ, "wake")
+        self._selector.register(self._decided[0], selectors.EVENT_READ, "decided")
         self._sockets[None] = shared
         self._selector.register(shared.sock, selectors.EVENT_READ, None)
         self._thread.start()
@@ -136,7 +145,13 @@ class Receiver:
                 if any(key.data == "wake" for key, _ in ready):
                     return
                 for key, _ in ready:  # one datagram per ready socket and turn: none waits
-                    self._receive_one(key.fileobj)  # type: ignore[arg-type]
+                    if key.data == "decided":
+                        with contextlib.suppress(OSError):
+                            os.read(self._decided[0], 4096)
+                    else:
+                        self._receive_one(key.fileobj)  # type: ignore[arg-type]
+                for (sender, event), refused in self._admission.decided():
+                    self._hand_on(sender, event, refused)
             except Exception:  # contained: the daemon's probing goes on without events
                 log.exception("save event receiver")
                 self._drop("internal_error")
@@ -204,9 +219,26 @@ class Receiver:
         sender = dataclasses.replace(sender, groups=groups_of(sender.pid, sender.uid, sender.gid))
         if sender.pid:  # the kernel's pid, unless the sender is outside our pid namespace
             event = dataclasses.replace(event, pid=sender.pid)
-        refused = self._deliver(sender, event)
+        if isinstance(event, Goodbye):  # of the sender's own process: no target to admit
+            return self._hand_on(sender, event, None)
+        target = self._target_of(event.requested)
+        if target is None:
+            return self._drop("unwatched")
+        admitted = self._admission.ask(sender, target, (sender, event))
+        if admitted != PARKED:
+            self._hand_on(sender, event, admitted)
+
+    def _hand_on(self, sender: Sender, event: SaveEvent | Goodbye, refused: str | None) -> None:
+        """Deliver an event whose admission was decided (`refused` None), or count it."""
+        if refused is None:
+            refused = self._deliver(sender, event)
         if refused is not None:
             self._drop(refused)
+
+    def _checked(self) -> None:
+        """An admission check is back (from its thread): wake the loop to hand its events on."""
+        with contextlib.suppress(OSError):
+            os.write(self._decided[1], b"x")
 
     def _drop(self, reason: str) -> None:
         with self._lock:
