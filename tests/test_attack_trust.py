@@ -28,7 +28,18 @@ if errno == "ok":
     event = SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1)
 else:
     event = SaveEvent(requested, None, 0, 0.1, 1, (Failure(errno, "write"),), time.time(), "h", 1)
-print(report(event, state_dir))
+sent = report(event, state_dir)
+why = ""
+if not sent:  # why not, for the assertion's message
+    import os, socket
+    for name in (f"events-{os.geteuid()}.sock", "events.sock"):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        try:
+            probe.sendto(event.encode(), f"{state_dir}/{name}")
+            why += f" {name}: sent"
+        except OSError as error:
+            why += f" {name}: {error!r}"
+print(sent, why)
 """
 
 
@@ -46,7 +57,7 @@ def _open_to_users(daemon) -> None:
 
 def _forge(user, daemon, requested: Path, errno: str) -> None:
     done = user.python(FORGE, str(daemon.state_dir), str(requested), errno)
-    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stdout + done.stderr
 
 
 def test_a_team_member_whose_acl_entry_is_read_only_cannot_mark_the_team_target(

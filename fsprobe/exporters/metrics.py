@@ -326,8 +326,8 @@ SAVE_EVENTS_DROPPED = Family(
     "fsprobe_save_events_dropped",
     "counter",
     "Save events the daemon did not count: unwatched (no watched target holds the path), "
-    "not_permitted (the sender could not write there), rate_limited, too_large, malformed, "
-    "no_credentials, internal_error.",
+    "not_permitted (the sender could not write there), unverified (no admission check "
+    "answered in time), rate_limited, too_large, malformed, no_credentials, internal_error.",
     ("reason",),
 )
 
