@@ -119,10 +119,12 @@ def prometheus_for(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     Prometheus scraping that address every second, ready to query; stopped after the test."""
     started: list[Prometheus] = []
 
-    def start(scrape_target: str, rule_files: Sequence[Path] = ()) -> Prometheus:
+    def start(
+        scrape_target: str, rule_files: Sequence[Path] = (), alertmanager: str | None = None
+    ) -> Prometheus:
         home = tmp_path / f"prometheus{len(started)}"
         home.mkdir()
-        server = Prometheus(home, scrape_target, rule_files)
+        server = Prometheus(home, scrape_target, rule_files, alertmanager)
         started.append(server)
         server.wait_ready()
         return server

@@ -33,17 +33,33 @@ PORT_ATTEMPTS = 5
 
 
 class Prometheus:
-    def __init__(self, home: Path, scrape_target: str, rule_files: Sequence[Path] = ()) -> None:
+    def __init__(
+        self,
+        home: Path,
+        scrape_target: str,
+        rule_files: Sequence[Path] = (),
+        alertmanager: str | None = None,
+    ) -> None:
+        """`alertmanager` ("127.0.0.1:PORT"): where to send the alerts, at once (no resend
+        delay beyond a second)."""
         require(prometheus_problem())
         self.home = home
+        self.alertmanager = alertmanager
         config = home / "prometheus.yml"
         rules = "".join(f"  - {path}\n" for path in rule_files)
+        alerting = (
+            "alerting:\n  alertmanagers:\n    - static_configs:\n"
+            f"        - targets: ['{alertmanager}']\n"
+            if alertmanager
+            else ""
+        )
         config.write_text(
             "global:\n"
             "  scrape_interval: 1s\n"
             "  scrape_timeout: 1s\n"
             "  evaluation_interval: 1s\n"
             + (f"rule_files:\n{rules}" if rule_files else "")
+            + alerting
             + "scrape_configs:\n"
             "  - job_name: fsprobe\n"
             "    static_configs:\n"
@@ -63,6 +79,7 @@ class Prometheus:
                     f"--storage.tsdb.path={self.home / 'tsdb'}",
                     f"--web.listen-address=127.0.0.1:{self.port}",
                     "--log.level=warn",
+                    *(["--rules.alert.resend-delay=1s"] if self.alertmanager else []),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

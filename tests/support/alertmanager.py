@@ -1,0 +1,138 @@
+"""A real Alertmanager (Debian's `prometheus-alertmanager`) and the person it notifies.
+
+`Webhook` is that person: a local HTTP server that keeps every notification Alertmanager
+posts, by receiver (its URL path). `Alertmanager` runs the shipped configuration with its
+receivers pointed at the webhook and its timers compressed, and answers its API.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+from tests.daemon_process import free_port
+from tests.support.capability import need_command
+
+#: Times Alertmanager is started on another port when the free one was taken meanwhile.
+PORT_ATTEMPTS = 5
+
+
+class Webhook:
+    """Keeps what Alertmanager posts: ``(receiver, notification)`` in arrival order."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict]] = []
+        self._lock = threading.Lock()
+        received, lock = self.received, self._lock
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(min(length, 1 << 20)))
+                with lock:
+                    received.append((self.path.strip("/"), body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def notifications(self) -> list[tuple[str, dict]]:
+        with self._lock:
+            return list(self.received)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def compressed_config(shipped: Path, webhook: Webhook) -> str:
+    """The shipped configuration with every receiver posting to `webhook` (path: the
+    receiver's name) and its timers compressed from minutes to a second; the inhibit rules
+    and the route tree as shipped."""
+    config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    for receiver in config["receivers"]:
+        if "webhook_configs" in receiver:
+            receiver["webhook_configs"] = [
+                {"url": f"{webhook.url}/{receiver['name']}", "send_resolved": True}
+            ]
+    config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+    return yaml.safe_dump(config)
+
+
+class Alertmanager:
+    def __init__(self, home: Path, config: str) -> None:
+        self.binary = need_command("prometheus-alertmanager", "prometheus-alertmanager")
+        self.home = home
+        self.config = home / "alertmanager.yml"
+        self.config.write_text(config)
+        self.log = home / "alertmanager.log"
+        self._start()
+
+    def _start(self) -> None:
+        self.port = free_port()
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={self.config}",
+                    f"--storage.path={self.home / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--cluster.listen-address=",  # alone: no gossip port to find
+                    "--log.level=warn",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        attempts = 1
+        while True:
+            try:
+                url = f"http://{self.address}/-/ready"
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            exited = self.proc.poll() is not None
+            if exited and "address already in use" in self.log.read_text():
+                if attempts < PORT_ATTEMPTS:
+                    attempts += 1
+                    self._start()
+                    continue
+            if exited or time.monotonic() > deadline:
+                raise AssertionError(f"alertmanager did not start:\n{self.log.read_text()}")
+            time.sleep(0.1)
+
+    def alerts(self) -> list[dict]:
+        """Every alert Alertmanager holds, with its status (active, or suppressed and by what)."""
+        url = f"http://{self.address}/api/v2/alerts"
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
