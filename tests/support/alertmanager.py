@@ -33,7 +33,7 @@ class Webhook:
         received, lock = self.received, self._lock
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(min(length, 1 << 20)))
                 with lock:
@@ -114,11 +114,11 @@ class Alertmanager:
             except OSError:
                 pass
             exited = self.proc.poll() is not None
-            if exited and "address already in use" in self.log.read_text():
-                if attempts < PORT_ATTEMPTS:
-                    attempts += 1
-                    self._start()
-                    continue
+            taken = exited and "address already in use" in self.log.read_text()
+            if taken and attempts < PORT_ATTEMPTS:
+                attempts += 1
+                self._start()
+                continue
             if exited or time.monotonic() > deadline:
                 raise AssertionError(f"alertmanager did not start:\n{self.log.read_text()}")
             time.sleep(0.1)
