@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsprobe import __version__
+from fsprobe.codec import Form, FormatError
 from fsprobe.model import LastSave
 from fsprobe.posix.atomic import lock_within
-from fsprobe.posix.outputdir import OutputDirectory, check_trusted
+from fsprobe.posix.outputdir import OutputDirectory
 from fsprobe.posix.paths import is_under
-from fsprobe.report import Report, ReportFormatError, last_save_from_dict, last_save_to_dict
+from fsprobe.report import Report
 
 SCHEMA = 1
 STATE_FILE = "state.json"
@@ -152,10 +153,6 @@ def writer_running(state_dir: str) -> bool | None:
     return False
 
 
-def _check_trusted(info: os.stat_result, path: str, what: str, directory: bool) -> None:
-    check_trusted(info, path, what, directory, UntrustedStateFile)
-
-
 def write_state(
     state_dir: str | OutputDirectory,
     generated_at: float,
@@ -171,7 +168,8 @@ def write_state(
     every time would cost milliseconds; joining their texts costs microseconds).
     """
     head = json.dumps(
-        {"schema": SCHEMA, "generated_at": generated_at, **writer.header()}, separators=(",", ":")
+        {"schema": SCHEMA, "generated_at": generated_at, **WRITER.encode(writer)},
+        separators=(",", ":"),
     )
     body = ",".join(f"{json.dumps(path)}:{text}" for path, text in targets.items())
     data = f'{head[:-1]},"targets":{{{body}}}}}'.encode()
@@ -193,40 +191,19 @@ class TargetState:
     server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
 
     def to_dict(self) -> dict[str, Any]:
-        last = self.last_save
-        return {
-            **self.report.to_dict(),
-            "intervals": dict(self.intervals),
-            "updated_at": self.updated_at,
-            "last_save": last_save_to_dict(last) if last is not None else None,
-            "server_probes_elsewhere": self.server_probes_elsewhere,
-        }
+        return {**self.report.to_dict(), **TARGET_STATE.encode(self)}
 
     @classmethod
     def from_dict(cls, document: Any, where: str) -> TargetState:
-        """Raises `ReportFormatError` naming the field that does not read."""
-        report = Report.from_dict(document, where)
-        intervals = document.get("intervals")
-        if not isinstance(intervals, dict) or not all(
-            isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-            for seconds in intervals.values()
-        ):
-            raise ReportFormatError(f"{where}.intervals: expected an object of numbers")
-        updated_at = document.get("updated_at")
-        if not isinstance(updated_at, (int, float)) or isinstance(updated_at, bool):
-            raise ReportFormatError(f"{where}.updated_at: expected a number")
-        last = document.get("last_save")  # absent in the state file of an earlier version
-        last_save = last_save_from_dict(last, f"{where}.last_save") if last is not None else None
-        elsewhere = document.get("server_probes_elsewhere")  # absent before this version
-        if elsewhere is not None and not isinstance(elsewhere, str):
-            raise ReportFormatError(f"{where}.server_probes_elsewhere: expected a string")
-        return cls(
-            report,
-            {k: float(v) for k, v in intervals.items()},
-            float(updated_at),
-            last_save,
-            elsewhere,
-        )
+        """Raises `FormatError` naming the field that does not read."""
+        return TARGET_STATE.decode(document, where, report=Report.from_dict(document, where))
+
+
+#: Beside the report's keys; last_save and server_probes_elsewhere are absent in the state
+#: files of earlier versions.
+TARGET_STATE = Form(
+    TargetState, "intervals updated_at last_save? server_probes_elsewhere?", name="target"
+)
 
 
 @dataclass(frozen=True)
@@ -242,15 +219,16 @@ class Writer:
     stopped_at: float | None = None
     failure: str | None = None
 
-    def header(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "pid": self.pid,
-            "version": self.version,
-            "once": self.once,
-            "stopped_at": self.stopped_at,
-            "failure": self.failure,
-        }
+
+#: The state file's top level: when, and who wrote it (keys absent in earlier versions).
+@dataclass(frozen=True)
+class _Head:
+    generated_at: float
+    writer: Writer
+
+
+WRITER = Form(Writer, "host? pid? version? once? stopped_at? failure?")
+HEAD = Form(_Head, "generated_at", name="state file")
 
 
 class StateFile:
@@ -262,23 +240,11 @@ class StateFile:
 
     def __init__(self, path: str, document: Mapping[str, Any]) -> None:
         self.path = path
-        self.generated_at = _number(document, "generated_at", path)
-        host, pid, version = (document.get(key) for key in ("host", "pid", "version"))
-        stopped_at, failure = document.get("stopped_at"), document.get("failure")
-        if (
-            not isinstance(host, (str, type(None)))
-            or not isinstance(pid, (int, type(None)))
-            or not isinstance(version, (str, type(None)))
-            or not isinstance(document.get("once", False), bool)
-            or not isinstance(stopped_at, (int, float, type(None)))
-            or not isinstance(failure, (str, type(None)))
-        ):
-            raise CorruptStateFile(
-                f"state file {path}: host, pid, version, once, stopped_at or failure of the "
-                "wrong type"
-            )
-        once = document.get("once", False)
-        self.writer = Writer(host, pid, version, once, stopped_at, failure)
+        try:
+            head = HEAD.decode(document, writer=WRITER.decode(document))
+        except FormatError as error:
+            raise CorruptStateFile(f"state file {path} does not read: {error}") from None
+        self.generated_at, self.writer = head.generated_at, head.writer
         targets = document.get("targets", {})
         if not isinstance(targets, dict):
             raise CorruptStateFile(f"state file {path}: 'targets' is not an object")
@@ -296,7 +262,7 @@ class StateFile:
         if state is None:
             try:
                 state = TargetState.from_dict(self._documents[name], f"targets[{name!r}]")
-            except ReportFormatError as error:
+            except FormatError as error:
                 raise CorruptStateFile(
                     f"state file {self.path} does not read: {error} (written by fsprobe "
                     f"{self.writer.version or 'of an unknown version'}; this is "
@@ -321,13 +287,6 @@ class StateFile:
             if is_under(path, target) and (best is None or len(target) > len(best)):
                 best = target
         return best
-
-
-def _number(document: Mapping[str, Any], key: str, path: str) -> float:
-    value = document.get(key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise CorruptStateFile(f"state file {path}: {key!r} is not a number")
-    return float(value)
 
 
 class StateReader:

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
+from fsprobe.codec import FormatError
 from fsprobe.model import QuotaReport, Status
 from fsprobe.policy import Severity
-from fsprobe.report import Report, ReportFormatError
+from fsprobe.report import Report
 from tests.support.fakes.fake_lfs import fake_lfs_for
 
 AS_USER = ["--user", "1000", "--group", "1000"]
@@ -174,7 +175,7 @@ def _set(document: dict, path: tuple, value) -> dict:
     ],
 )
 def test_a_document_that_does_not_read_is_named_never_a_key_error(healthy, path, value, message):
-    with pytest.raises(ReportFormatError) as raised:
+    with pytest.raises(FormatError) as raised:
         Report.from_dict(_set(healthy, path, value))
     assert message in str(raised.value)
 
@@ -187,25 +188,25 @@ def test_a_reason_with_an_unknown_severity_is_named(healthy):
         "transient": False,
         "errno": None,
     }
-    with pytest.raises(ReportFormatError, match=r"reasons\[0\]\.severity: 'meh' is not one of"):
+    with pytest.raises(FormatError, match=r"reasons\[0\]\.severity: 'meh' is not one of"):
         Report.from_dict({**healthy, "reasons": [notice]})
 
 
 @pytest.mark.parametrize("document", [None, [], "report", 3])
 def test_something_that_is_no_object_at_all(document):
-    with pytest.raises(ReportFormatError, match="report: expected an object"):
+    with pytest.raises(FormatError, match="report: expected an object"):
         Report.from_dict(document)
 
 
 def test_inodes_are_called_inodes_and_the_old_files_keys_still_read_for_one_release():
     """Issue 17.8: one word for inodes. `inodes`/`inodes_free` are written, `files`/
     `files_free` beside them for one release; a document with only the old names reads."""
-    from fsprobe.report import filesystem_from_dict, filesystem_to_dict
+    from fsprobe.report import FILESYSTEM
     from tests.support.policy import filesystem_info
 
     fs = filesystem_info(10, 100, 1000, 900)
-    document = filesystem_to_dict(fs)
+    document = FILESYSTEM.encode(fs)
     assert (document["inodes"], document["inodes_free"]) == (1000, 900)
     assert (document["files"], document["files_free"]) == (1000, 900)
     old = {k: v for k, v in document.items() if k not in ("inodes", "inodes_free")}
-    assert filesystem_from_dict(old) == filesystem_from_dict(document) == fs
+    assert FILESYSTEM.decode(old) == FILESYSTEM.decode(document) == fs

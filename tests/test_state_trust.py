@@ -150,8 +150,11 @@ def test_a_symlink_in_place_of_the_file_is_refused(state_dir, tmp_path):
         (b'{"schema": 2, "targets": {}}', "has schema 2"),
         (b'["schema", 1]', "has schema None"),
         (b'{"schema": 1, "generated_at": 1, "targets": []}', "'targets' is not an object"),
-        (b'{"schema": 1, "targets": {}}', "'generated_at' is not a number"),
-        (b'{"schema": 1, "generated_at": 1, "pid": "me", "targets": {}}', "of the wrong type"),
+        (b'{"schema": 1, "targets": {}}', "does not read: generated_at: missing"),
+        (
+            b'{"schema": 1, "generated_at": 1, "pid": "me", "targets": {}}',
+            "pid: expected an integer or null, not a string",
+        ),
     ],
 )
 def test_a_corrupt_file_is_reported_with_the_reason(state_dir, content, message):
@@ -174,7 +177,7 @@ def test_the_parse_is_cached_until_the_file_changes(state_dir, view_text):
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ({"status": "ok"}, "targets['/ckpt'].probes: missing"),  # an old or foreign writer
+        ({"status": "ok"}, "targets['/ckpt'].path: missing"),  # an old or foreign writer
         (5, "targets['/ckpt']: expected an object, not an integer"),
     ],
 )

@@ -190,11 +190,14 @@ def test_the_state_of_a_one_off_run_holds_until_its_policy_says_it_is_stale(tmp_
     [
         (b'{"schema": 1, "generated_at": 1', "not valid JSON"),
         (b'{"schema": 7}', "has schema 7"),
-        (b'{"schema": 1, "generated_at": "x", "targets": {}}', "'generated_at' is not a number"),
+        (
+            b'{"schema": 1, "generated_at": "x", "targets": {}}',
+            "generated_at: expected a number, not a string",
+        ),
         (b'{"schema": 1, "generated_at": 1, "targets": {"/x": 5}}', "expected an object"),
         (
             b'{"schema": 1, "generated_at": 1, "targets": {"/x": {"status": "ok"}}}',
-            "targets['/x'].probes: missing",
+            "targets['/x'].path: missing",
         ),
     ],
 )

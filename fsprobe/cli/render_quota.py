@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from fsprobe.model import QuotaEntry, QuotaReport, QuotaState, QuotaUsage
 from fsprobe.posix.paths import escaped
-from fsprobe.report import quota_entry_to_dict
+from fsprobe.report import QUOTA_ENTRY
 from fsprobe.units import format_bytes, format_count, format_duration, format_percent
 
 _RESOURCES = (("space", "bytes"), ("inodes", "inodes"))
@@ -165,7 +165,7 @@ def as_json(
         "path": path,
         "mountpoint": mountpoint,
         "provider": provider,
-        "quota": [quota_entry_to_dict(e) for e in report.entries] if report is not None else None,
+        "quota": [QUOTA_ENTRY.encode(e) for e in report.entries] if report is not None else None,
         "inaccurate": report.inaccurate if report is not None else False,
         "errors": list(report.errors) if report is not None else [],
         "notes": list(report.notes) if report is not None else [],

@@ -19,6 +19,7 @@ from fsprobe.events.evidence import BY_SAVE
 from fsprobe.model import LastSave, QuotaReport, Status, WriteProbeResult
 from fsprobe.posix.paths import escaped
 from fsprobe.state import (
+    WRITER,
     StateFile,
     StateFileError,
     StateReader,
@@ -294,7 +295,7 @@ def status(state_dir: str | None, as_json: bool) -> int:
                     "stale": assessment.stale,
                     "age_seconds": now - state.generated_at,
                     "fresh_until": assessment.fresh_until,
-                    "writer": {**writer.header(), "alive": assessment.running},
+                    "writer": {**WRITER.encode(writer), "alive": assessment.running},
                     "targets": {path: target.to_dict() for path, target in targets.items()},
                 },
                 indent=2,

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fsprobe.codec import Form
 from fsprobe.posix.atomic import TempFile, hostname, lock_within, temp_name
 from fsprobe.posix.owned import NotTrusted, check_owned, components, open_file, walk
 from fsprobe.posix.paths import is_under
@@ -120,21 +121,12 @@ class Entry:
         return self.area.fallback
 
     def to_line(self) -> builtins.bytes:
-        fields = {
-            "requested": self.requested,
-            "actual": self.actual,
-            "bytes": self.bytes,
-            "sha256": self.sha256,
-            "time": self.time,
-            "host": self.host,
-            "pid": self.pid,
-        }
-        return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
+        return json.dumps(ENTRY.encode(self), separators=(",", ":")).encode() + b"\n"
 
     def to_dict(self) -> dict[str, Any]:
         """The entry for people and scripts: the line's fields, its fallback and its owner."""
         where = {"fallback": self.fallback, "area": self.area.path, "owner": self.area.owner}
-        return {**where, **json.loads(self.to_line())}
+        return {**where, **ENTRY.encode(self)}
 
     @classmethod
     def from_line(cls, area: Area, line: builtins.bytes) -> Entry:
@@ -143,19 +135,8 @@ class Entry:
 
     @classmethod
     def from_fields(cls, area: Area, fields: object) -> Entry:
-        """The entry these JSON fields describe; ValueError, KeyError or TypeError if none."""
-        if not isinstance(fields, dict):
-            raise ValueError("not a JSON object")
-        return cls(
-            area=area,
-            requested=str(fields["requested"]),
-            actual=str(fields["actual"]),
-            bytes=int(fields["bytes"]),
-            sha256=str(fields["sha256"]),
-            time=float(fields["time"]),
-            host=str(fields.get("host", "")),
-            pid=int(fields.get("pid", 0)),
-        )
+        """The entry these JSON fields describe; `FormatError` (a ValueError) if none."""
+        return ENTRY.decode(fields, area=area)
 
     def names(self) -> list[str]:
         """The names leading from the area to the copy; NotTrusted unless the line is sound.
@@ -171,6 +152,10 @@ class Entry:
         if self.actual != expected:
             raise NotTrusted(f"{self.actual} is not where {self.requested} is kept ({expected})")
         return components(mirrored(self.requested))
+
+
+#: A manifest line; host and pid are absent from the lines of early versions.
+ENTRY = Form(Entry, "requested actual bytes sha256 time host? pid?")
 
 
 def new_entry(fallback: str, requested: str, actual: str, nbytes: int, sha256: str) -> Entry:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from fsprobe.codec import Form
 from fsprobe.errors import name_of
 from fsprobe.posix.atomic import TempFile, temp_name
 from fsprobe.posix.owned import NotTrusted
@@ -93,7 +94,7 @@ class SyncOutcome:
         return self.action in _DONE
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.entry.to_dict(), "action": self.action, "message": self.message}
+        return {**self.entry.to_dict(), **OUTCOME.encode(self)}
 
     @classmethod
     def from_dict(cls, fields: Any, fallback: str, owner: int) -> SyncOutcome:
@@ -103,10 +104,7 @@ class SyncOutcome:
         an outcome can speak for that user's area of `fallback` and for nothing else.
         """
         area = _reported_area(fallback, owner, str(fields["area"]))
-        action = str(fields["action"])
-        if action not in _ACTIONS:
-            raise ValueError(f"unknown action {action!r}")
-        return cls(Entry.from_fields(area, fields), action, str(fields["message"]))
+        return OUTCOME.decode(fields, entry=Entry.from_fields(area, fields))
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,12 @@ class UnsyncedUser:
     cause: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uid": self.uid, "fallback": self.fallback, "cause": self.cause}
+        return UNSYNCED.encode(self)
+
+
+#: Beside its entry's keys in `fsprobe sync --json` (docs/reference.md).
+OUTCOME = Form(SyncOutcome, "action message", choices={"action": tuple(sorted(_ACTIONS))})
+UNSYNCED = Form(UnsyncedUser, "uid fallback cause")
 
 
 @dataclass

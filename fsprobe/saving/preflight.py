@@ -26,7 +26,7 @@ from fsprobe.probing.runner import ProbeRunner, Run
 from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.redirect.fallback import redirect_path
-from fsprobe.report import reason_to_dict
+from fsprobe.report import REASON
 from fsprobe.saving.options import DEFAULT_TIMEOUT, NEED_INODES, SaveOptions
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
@@ -100,7 +100,7 @@ class Decision(NamedTuple):
             "path": self.path,
             "requested_path": self.requested_path,
             "status": self.status.label,
-            "reasons": [reason_to_dict(reason) for reason in self.reasons],
+            "reasons": [REASON.encode(reason) for reason in self.reasons],
             "wait_seconds": self.wait_seconds,
             "source": self.source,
             "need_bytes": self.need_bytes,

@@ -62,7 +62,7 @@ TARGETS = (
     target(
         "state-trust",
         "fsprobe/state.py",
-        "_check_trusted ensure_state_dir StateReader.read default_state_dir",
+        "ensure_state_dir StateReader.read default_state_dir",
         "tests/test_state_trust.py",
         "tests/test_config.py",
     ),
