@@ -3,6 +3,7 @@ reloads on SIGHUP, and the example config is accepted by the daemon's config loa
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import sysconfig
@@ -150,3 +151,43 @@ def test_example_config_is_accepted_by_the_config_loader() -> None:
     assert len(loaded.targets) == 3
     assert all(target.quota_enabled for target in loaded.targets)
     assert [target.settings.write_probe for target in loaded.targets] == [True, True, False]
+
+
+def _node_exporter_exclusion(text: str) -> re.Pattern[str]:
+    (regex,) = re.findall(r"--collector\.filesystem\.fs-types-exclude=(\S+?)'", text)
+    return re.compile(regex)
+
+
+@pytest.mark.parametrize("where", [CONFIG, REPO / "docs" / "deployment.md"], ids=lambda p: p.name)
+def test_textfile_mode_keeps_node_exporters_filesystem_collector_off_shared_mounts(where) -> None:
+    """A hung Lustre or NFS mount hangs node_exporter's filesystem collector, and fsprobe's
+    textfile series vanish with its scrape: the flags given keep it off them, and off nothing
+    local."""
+    exclude = _node_exporter_exclusion(where.read_text())
+    for shared in ("lustre", "nfs", "nfs4", "gpfs", "beegfs", "cifs", "ceph", "fuse.sshfs"):
+        assert exclude.fullmatch(shared), shared
+    for local in ("ext4", "xfs", "btrfs", "tmpfs", "zfs", "vfat"):
+        assert not exclude.fullmatch(local), local
+
+
+def test_textfile_mode_is_never_also_scraped_directly() -> None:
+    """Textfile and a direct scrape together would make every alert fire twice: the shipped
+    configuration writes the textfile and listens on the loopback only."""
+    loaded = config.load(
+        config.Overrides(config_file=str(CONFIG), state_dir="/run/fsprobe"), environ={}
+    )
+    assert loaded.textfile_dir
+    assert loaded.listen_address[0] in ("127.0.0.1", "::1")
+
+
+def test_the_runbooks_commands_find_the_units_state_dir() -> None:
+    """`fsprobe status` alone reads the caller's own default state dir, not the unit's: the
+    runbook and the alerts' actions name the unit's."""
+    (state_dir,) = re.findall(r"--state-dir (\S+)", UNIT.read_text())
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    rules = (REPO / "deploy" / "prometheus" / "fsprobe.rules.yml").read_text()
+    assert f"fsprobe status --state-dir {state_dir}" in runbook
+    for text in (runbook, rules):
+        commands = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+        bare = re.findall(r"fsprobe status(?! --state-dir)[`\s]", commands)
+        assert bare == [], "a `fsprobe status` that would not find the unit's state dir"
