@@ -15,10 +15,16 @@ class MissingExtra(ModuleNotFoundError):
     """
 
 
+def install_hint(extra: str) -> str:
+    """How to add `extra`: fsprobe is not on PyPI (a name anyone could take there), so it is
+    installed from its checkout or a wheel built from it (docs/deployment.md)."""
+    return f"pip install '<fsprobe checkout or wheel>[{extra}]' (fsprobe is not on PyPI)"
+
+
 def missing_extra(module: str, extra: str, needed_by: str) -> MissingExtra:
     """The error to raise when `module` is missing for `needed_by`."""
     return MissingExtra(
-        f"{needed_by} needs {module}, which is not installed: pip install 'fsprobe[{extra}]'",
+        f"{needed_by} needs {module}, which is not installed: {install_hint(extra)}",
         name=module,
     )
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemon_process import DaemonProcess, fast_config
 from tests.support.capability import need_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -330,3 +331,66 @@ def test_with_a_node_daemon_no_job_daemon_is_started(tmp_path: Path) -> None:
     assert status == 0, stderr
     assert job.event("trainer-started")["state_dir"] == "/run/fsprobe"
     assert "run-started" not in job.names()
+
+
+@pytest.mark.parametrize("ending", ["exit", "scancel"])
+def test_the_job_removes_its_state_dir_at_its_end(tmp_path: Path, ending: str) -> None:
+    """Jobs left their fsprobe-slurm-job-N state dir behind, one per job and node."""
+    job = Job(tmp_path)
+    job.start("exit" if ending == "exit" else "wait", "0")
+    job.wait_for("trainer-started", "run-started")
+    state_dir = Path(job.event("run-started")["state_dir"])
+    assert (state_dir / "state.json").exists()
+    if ending == "scancel":
+        job.signal(signal.SIGTERM)
+    status, stderr = job.finish()
+    assert status == 0, stderr
+    assert "run-stopped" in job.names() and not state_dir.exists()
+
+
+def test_a_state_dir_that_is_not_the_jobs_is_left_alone(tmp_path: Path) -> None:
+    """A directory someone else made in its place (the daemon refuses it): not ours to remove."""
+    job = Job(tmp_path)
+    planted = tmp_path / f"fsprobe-slurm-job-{JOB_ID}"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)
+    job.environ["FAKE_RUN_STATUS"] = "69"
+    job.start("wait", "0")
+    job.wait_for("trainer-started")
+    job.signal(signal.SIGUSR1)
+    status, stderr = job.finish()
+    assert status == 0, stderr
+    assert planted.is_dir()
+
+
+EVENT_LINE = re.compile(r"ts=\S+Z level=(debug|info|warning|error|critical) event=[a-z_]+( |$)")
+
+
+def test_scancel_signals_the_daemon_and_its_worker_and_nothing_malformed_is_logged(
+    tmp_path: Path,
+) -> None:
+    """scancel sends SIGTERM to every process of the job, the probe worker (a session of its
+    own) too: it died first, and the daemon logged ``probe worker ... exited unexpectedly
+    (-15)`` in words before it stopped. The worker leaves its end to the daemon."""
+    target, home = tmp_path / "ckpt", tmp_path / "daemon"
+    target.mkdir()
+    home.mkdir()
+    config = fast_config(tmp_path / "fsprobe.toml", target)
+    with DaemonProcess(home, "--config", str(config)) as daemon:
+        daemon.wait_for_log("event=status_changed")
+        (worker,) = daemon.workers()
+        worker.send_signal(signal.SIGTERM)  # as Slurm's cgroup does, to each process
+        signalled = time.time()
+        deadline = time.monotonic() + 60
+        while (
+            daemon.value("fsprobe_probe_last_run_timestamp_seconds", probe="statvfs") or 0
+        ) <= signalled + 1:  # a probe made after it: the worker's fate is known by then
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+        assert [process.pid for process in daemon.workers()] == [worker.pid]
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait(30) == 0
+    lines = daemon.log().splitlines()
+    assert lines and all(EVENT_LINE.match(line) for line in lines), lines
+    assert "unexpectedly" not in daemon.log() and "event=stopped" in lines[-1]
+    worker.wait(30)  # gone with the daemon's end of its channel, not left behind

@@ -89,7 +89,8 @@ def test_the_run_it_commands_of_the_readme_work_as_written(tmp_path: Path) -> No
 NOT_HERE = {
     "python3 -m venv /opt/fsprobe": "an install into /opt; tests/test_deploy_systemd.py builds "
     "that venv from the wheel and verifies the unit against it",
-    "pip install torch --index-url": "PyTorch's CPU index is not reachable from the test machines",
+    "pip install torch==2.13.0 '.[torch]' --extra-index-url": "PyTorch's CPU index is not "
+    "reachable from the test machines",
 }
 #: Absolute places the blocks name (a site's /etc, a user's scratch and Lustre directories),
 #: made inside the test's own directory so that running a block changes nothing outside it.

@@ -372,7 +372,7 @@ def test_a_collective_that_fails_for_its_own_cause_names_it_first(tmp_path):
 
 
 def test_the_torch_extra_installs_what_the_object_collectives_need():
-    """``pip install 'fsprobe[torch]'`` must bring numpy (the test above shows why)."""
+    """fsprobe's ``torch`` extra must bring numpy (the test above shows why)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python < 3.11

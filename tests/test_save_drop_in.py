@@ -97,7 +97,8 @@ def test_without_torch_save_names_the_extra_and_the_rest_works(tmp_path):
     status, message = done.stdout.splitlines()
     assert status in ("ok", "degraded")
     assert message == (
-        "fsprobe.save needs torch, which is not installed: pip install 'fsprobe[torch]'"
+        "fsprobe.save needs torch, which is not installed: "
+        "pip install '<fsprobe checkout or wheel>[torch]' (fsprobe is not on PyPI)"
     )
     assert sorted(os.listdir(tmp_path)) == ["plain.bin"]  # nothing half-written for the model
 
@@ -108,7 +109,7 @@ def test_without_torch_the_lightning_integration_names_its_extra(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last == (
         "fsprobe.extras.MissingExtra: fsprobe.integrations.lightning needs torch, which is not "
-        "installed: pip install 'fsprobe[lightning]'"
+        "installed: pip install '<fsprobe checkout or wheel>[lightning]' (fsprobe is not on PyPI)"
     )
 
 
@@ -125,5 +126,5 @@ def test_without_torch_each_integration_names_its_extra(module, needed_by, extra
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         f"fsprobe.extras.MissingExtra: {needed_by} needs torch, which is not installed: "
-        f"pip install 'fsprobe[{extra}]'"
+        f"pip install '<fsprobe checkout or wheel>[{extra}]' (fsprobe is not on PyPI)"
     )

@@ -53,7 +53,7 @@ class _CannotStart(click.ClickException):
     "--web-config",
     metavar="FILE",
     help="TLS and basic auth for /metrics, in the format of Prometheus' exporters "
-    "[env FSPROBE_WEB_CONFIG]. Needs: pip install 'fsprobe[web]'.",
+    "[env FSPROBE_WEB_CONFIG]. Needs fsprobe's web extra (docs/deployment.md).",
 )
 @click.option(
     "--lfs",

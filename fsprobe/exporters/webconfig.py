@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-EXTRA_HINT = "pip install 'fsprobe[web]'"
+from fsprobe.extras import install_hint
+
+EXTRA_HINT = install_hint("web")
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,

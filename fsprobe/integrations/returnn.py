@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fsprobe.extras import extra_imports
+from fsprobe.extras import extra_imports, install_hint
 
 with extra_imports("returnn", __name__, "returnn", "torch"):
     import returnn
@@ -280,7 +280,7 @@ def _check_version() -> None:
             f"fsprobe.integrations.returnn knows RETURNN {', '.join(sorted(RETURNN_VERSIONS))}, "
             f"not {returnn.__version__} ({returnn.__long_version__}): its save code may differ, "
             "and a patch that wrote other files than RETURNN's would break resuming. Install a "
-            "known version (pip install 'fsprobe[returnn]') or ask fsprobe to support this one"
+            f"known version ({install_hint('returnn')}) or ask fsprobe to support this one"
         )
     methods = {
         "Engine._save_model": returnn_engine.Engine._save_model,

@@ -15,6 +15,7 @@ import logging
 import os
 import pickle
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -332,5 +333,10 @@ def _serve(connection: Channel) -> None:
 def main(argv: list[str]) -> None:
     """The worker's entry point (see `worker_command`); `argv` is the channel's fd."""
     children.adopt_orphans()  # what an lfs leaves behind is ours to reap, not init's
+    # The parent ends the worker (it closes the channel). A SIGTERM meant for the whole job
+    # (Slurm's scancel signals every process of the job, other sessions too) would kill it
+    # first, and the parent would report a worker lost before it stops itself. Caught, not
+    # ignored: an `lfs` it starts gets the default back at exec.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
     _serve(Channel(socket.socket(fileno=int(argv[0]))))
     os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer
