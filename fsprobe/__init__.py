@@ -23,6 +23,8 @@ _API = {
     "SaveError": "fsprobe.saving.retry",
     "SaveResult": "fsprobe.saving.retry",
     "SaveOptions": "fsprobe.saving.options",
+    "SaveContext": "fsprobe.saving.preflight",
+    "default_context": "fsprobe.saving.preflight",
     "save_async": "fsprobe.saving.background",
     "wait_saves": "fsprobe.saving.background",
     "locate": "fsprobe.redirect.locate",
@@ -39,6 +41,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from fsprobe.saving.file import save as save
     from fsprobe.saving.options import SaveOptions as SaveOptions
     from fsprobe.saving.preflight import Decision as Decision
+    from fsprobe.saving.preflight import SaveContext as SaveContext
+    from fsprobe.saving.preflight import default_context as default_context
     from fsprobe.saving.preflight import preflight as preflight
     from fsprobe.saving.retry import SaveError as SaveError
     from fsprobe.saving.retry import SaveResult as SaveResult

@@ -9,8 +9,8 @@ import time
 from fsprobe.policy import NEED_INODES, evaluate
 from fsprobe.probing.plan import ProbeSettings, probe_once
 from fsprobe.probing.runner import ProbeRunner
-from fsprobe.probing.worker import shared_runner
 from fsprobe.report import Report
+from fsprobe.saving.preflight import SaveContext, default_context
 
 
 def check(
@@ -28,6 +28,7 @@ def check(
     probe_as: str | None = None,
     settings: ProbeSettings | None = None,
     runner: ProbeRunner | None = None,
+    context: SaveContext | None = None,
 ) -> Report:
     """Probe `path` now (statvfs, quota, `lfs df`, a test write, $TMPDIR) and judge it.
 
@@ -38,7 +39,7 @@ def check(
     account name), see `fsprobe.probing.target.probing_identity`.
     `settings`, when given, is the base that the keyword arguments refine. `need_inodes`
     defaults to one file when `need_bytes` is given (what a save needs, as in `preflight`).
-    `runner` is the probe runner (`fsprobe.probing.worker.shared_runner` unless given).
+    `runner` is the probe runner: `context`'s (`fsprobe.default_context()` unless given).
     """
     if need_inodes is None and need_bytes is not None:
         need_inodes = NEED_INODES
@@ -59,6 +60,8 @@ def check(
         probe_as=probe_as or base.probe_as,
         server_probes=quota,
     )
-    snapshot = probe_once(os.path.abspath(path), effective, runner or shared_runner())
+    snapshot = probe_once(
+        os.path.abspath(path), effective, runner or (context or default_context()).runner()
+    )
     verdict = evaluate(snapshot, effective.policy, time.time(), need_bytes, need_inodes)
     return Report(path, snapshot, verdict, need_bytes, need_inodes)

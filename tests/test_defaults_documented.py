@@ -9,7 +9,6 @@ signature of `fsprobe.save`, the CLI option), and every config key must have a r
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import sys
 from pathlib import Path
@@ -76,12 +75,8 @@ ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
     "listen": lambda config, target: config.listen,
     "log_level": lambda config, target: config.log_level,
     "sync_redirected": lambda config, target: config.sync_redirected,
-    "fsprobe.save(attempts=)": lambda config, target: (
-        inspect.signature(fsprobe.save).parameters["attempts"].default
-    ),
-    "fsprobe.save(max_wait=)": lambda config, target: (
-        inspect.signature(fsprobe.save).parameters["max_wait"].default
-    ),
+    "fsprobe.save(attempts=)": lambda config, target: fsprobe.SaveOptions().attempts,
+    "fsprobe.save(max_wait=)": lambda config, target: fsprobe.SaveOptions().max_wait,
 }
 
 

@@ -20,11 +20,10 @@ import pytest
 import torch
 
 import fsprobe
-from fsprobe.saving import background
-from fsprobe.saving.background import BackgroundSaves
 from fsprobe.saving.cpu_copy import cpu_copy
 from fsprobe.saving.options import Backoff
 from fsprobe.saving.retry import SaveResult
+from fsprobe.saving.writers import BackgroundSaves
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,7 +265,7 @@ def test_arguments_that_the_save_would_refuse_are_refused_at_once(tmp_path):
         fsprobe.save_async({}, tmp_path / "a.pt", atempts=3)
     with open(tmp_path / "file", "wb") as stream, pytest.raises(TypeError, match="needs a path"):
         fsprobe.save_async({}, stream)
-    assert background.SAVES.pending() == []
+    assert fsprobe.default_context().background().pending() == []
 
 
 def test_saves_of_one_path_run_one_at_a_time_in_order_and_other_paths_go_on(faultfs):
@@ -393,11 +392,11 @@ def test_interpreter_exit_waits_for_the_save_and_says_so(faultfs):
 
 _FORKING = """
 import os, sys, torch, fsprobe
-from fsprobe.saving import background
+
 future = fsprobe.save_async({"w": torch.ones(1)}, sys.argv[1])
 pid = os.fork()
 if pid == 0:
-    os._exit(0 if background.SAVES.pending() == [] else 1)
+    os._exit(0 if fsprobe.default_context().background().pending() == [] else 1)
 _, status = os.waitpid(pid, 0)
 future.result(timeout=60)
 print(os.waitstatus_to_exitcode(status))
@@ -422,7 +421,8 @@ def test_the_queue_is_gone_once_a_destination_has_nothing_left(tmp_path):
     futures = [fsprobe.save_async({"i": i}, tmp_path / "a.pt") for i in range(3)]
     fsprobe.wait_saves(timeout=60)
     assert [f.result().attempts for f in futures] == [1, 1, 1]
-    assert background.SAVES._queues == {} and background.SAVES._running == {}
+    saves = fsprobe.default_context().background()
+    assert saves._queues == {} and saves._running == {}
     assert collections.Counter(os.listdir(tmp_path)) == {"a.pt": 1}
 
 

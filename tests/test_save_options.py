@@ -4,24 +4,97 @@ kind of save (docs/design.md §7); the process's state owned by a `SaveContext`,
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import os
+from collections.abc import Callable
 
 import pytest
 
 import fsprobe
 import fsprobe.distributed
-from fsprobe.saving.options import SaveOptions
+from fsprobe.integrations import dcp
+from fsprobe.saving.options import Backoff, SaveOptions
 from fsprobe.saving.preflight import SaveContext
 
-SAVES = {
-    "save": fsprobe.save,
-    "atomic_write": fsprobe.atomic_write,
-    "save_dir": fsprobe.save_dir,
-    "distributed.save_dir": fsprobe.distributed.save_dir,
+#: Every public entry that takes save options: (name, call(path, **options)).
+ENTRIES: dict[str, Callable[..., object]] = {
+    "SaveOptions": lambda path, **options: SaveOptions(**options),
+    "save": lambda path, **options: fsprobe.save({}, path / "a.pt", **options),
+    "atomic_write": lambda path, **options: fsprobe.atomic_write(
+        path / "a.bin", lambda f: f.write(b"x"), **options
+    ),
+    "save_dir": lambda path, **options: fsprobe.save_dir(path / "d", lambda d: None, **options),
+    "distributed.save_dir": lambda path, **options: fsprobe.distributed.save_dir(
+        path / "d", lambda d: None, **options
+    ),
+    "save_async": lambda path, **options: fsprobe.save_async({}, path / "a.pt", **options),
+    "preflight": lambda path, **options: fsprobe.preflight(path / "a.pt", **options),
+    "dcp.FsprobeWriter": lambda path, **options: dcp.FsprobeWriter(path / "d", **options),
+    "dcp.save": lambda path, **options: dcp.save({}, path / "d", **options),
+    "dcp.async_save": lambda path, **options: dcp.async_save({}, path / "d", **options),
 }
-#: Options a save cannot take, and why (none now: the collective save bounds each attempt too).
-NOT_TAKEN: set[tuple[str, str]] = set()
+#: Per option: a value of a wrong type, and a wrong value (None: every value of the type is
+#: right, as for a flag).
+WRONG: dict[str, tuple[object, object]] = {
+    "attempts": ("3", 0),
+    "backoff": (0.2, None),
+    "fallback_dirs": (5, [""]),
+    "max_wait": ("1", -1.0),
+    "need_bytes": (1.5, -1),
+    "need_inodes": ("1", -1),
+    "preflight": ("yes", None),
+    "fsync": (1, None),
+    "redirect": (None, None),
+    "on_unhealthy": (1, "maybe"),
+    "state_dir": (5, ""),
+    "timeout": ("10", 0),
+    "save_timeout": ("1", float("inf")),
+}
+#: What DCP's writer plans or leaves to DCP: refused by name, whatever the value.
+DCP_REFUSED = {"need_bytes", "need_inodes", "fsync", "save_timeout"}
+
+
+def test_every_option_has_a_wrong_type_and_a_wrong_value_to_try():
+    assert set(WRONG) == {field.name for field in dataclasses.fields(SaveOptions)}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@pytest.mark.parametrize(
+    ("option", "kind"),
+    [
+        (option, kind)
+        for option in sorted(WRONG)
+        for kind, wrong in zip(("type", "value"), WRONG[option])
+        if wrong is not None or kind == "type"
+    ],
+)
+def test_a_wrong_option_fails_when_made_naming_the_option_and_writing_nothing(
+    tmp_path, entry, option, kind
+):
+    """Issue 28.3: `backoff=0.2` is a TypeError at the call, not an AttributeError at the
+    first failed attempt, on every entry point; a wrong value is a ValueError."""
+    wrong = WRONG[option][0 if kind == "type" else 1]
+    target = tmp_path / "target"
+    target.mkdir()
+    refused_by_dcp = entry.startswith("dcp.") and option in DCP_REFUSED
+    expected = TypeError if kind == "type" or refused_by_dcp else ValueError
+    with pytest.raises(expected, match=option):
+        ENTRIES[entry](target, **{option: wrong})
+    assert list(target.iterdir()) == []
+
+
+def test_a_wrong_backoff_is_refused_when_made():
+    with pytest.raises(ValueError, match="base"):
+        Backoff(base=-1.0)
+    with pytest.raises(TypeError, match="cap"):
+        Backoff(cap="15")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sleep"):
+        Backoff(sleep=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("entry", sorted(set(ENTRIES) - {"SaveOptions"}))
+def test_a_keyword_that_is_no_option_is_refused_naming_it(tmp_path, entry):
+    with pytest.raises(TypeError, match="atempts"):
+        ENTRIES[entry](tmp_path, atempts=3)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_save_options_is_public_and_frozen():
@@ -30,36 +103,8 @@ def test_save_options_is_public_and_frozen():
         SaveOptions().attempts = 2  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("name", sorted(SAVES))
-def test_every_save_takes_every_option_with_the_same_default(name):
-    parameters = inspect.signature(SAVES[name]).parameters
-    assert parameters["options"].default is None
-    for field in dataclasses.fields(SaveOptions):
-        if (name, field.name) in NOT_TAKEN:
-            assert field.name not in parameters
-            continue
-        assert field.name in parameters, f"{name} does not take {field.name}"
-        default = parameters[field.name].default
-        expected = None if field.name == "backoff" else field.default
-        assert default == expected, f"{name}({field.name}={default!r}), SaveOptions: {expected!r}"
-
-
-def test_preflight_and_check_count_one_inode_by_default():
-    assert inspect.signature(fsprobe.preflight).parameters["need_inodes"].default == 1
+def test_saves_count_one_inode_by_default():
     assert SaveOptions().need_inodes == 1
-
-
-@pytest.mark.parametrize(
-    ("arguments", "message"),
-    [
-        ({"attempts": 0}, "attempts"),
-        ({"save_timeout": 0}, "save_timeout"),
-        ({"on_unhealthy": "maybe"}, "on_unhealthy"),
-    ],
-)
-def test_a_bad_option_is_refused_when_the_options_are_made(arguments, message):
-    with pytest.raises(ValueError, match=message):
-        SaveOptions(**arguments)
 
 
 def test_the_environment_s_fallbacks_are_added_once_after_the_caller_s(tmp_path):
@@ -79,12 +124,29 @@ def test_a_save_takes_its_options_as_one_value(tmp_path):
     assert (tmp_path / "a.bin").read_bytes() == b"x" * 10
 
 
-def test_options_and_keyword_options_together_are_refused(tmp_path):
-    with pytest.raises(TypeError, match="either"):
-        fsprobe.atomic_write(
-            tmp_path / "a.bin", lambda f: f.write(b"x"), options=SaveOptions(), attempts=2
-        )
-    assert not os.path.exists(tmp_path / "a.bin")
+def test_keywords_override_the_options_they_are_given_with(tmp_path):
+    options = SaveOptions(attempts=1, preflight=False)
+    result = fsprobe.atomic_write(
+        tmp_path / "a.bin", lambda f: f.write(b"x"), options=options, need_bytes=1 << 60
+    )
+    assert (result.attempts, (tmp_path / "a.bin").read_bytes()) == (1, b"x")
+    decision = fsprobe.preflight(
+        tmp_path / "b.bin", options=options, need_bytes=1 << 60, state_dir=str(tmp_path / "s")
+    )
+    assert (decision.need_bytes, decision.fits) == (1 << 60, False)
+
+
+def test_a_save_takes_a_context_of_its_own(tmp_path):
+    mine = SaveContext()
+    fsprobe.atomic_write(
+        tmp_path / "a.bin", lambda f: f.write(b"x" * 1000), preflight=False, context=mine
+    )
+    assert mine.expected_need(str(tmp_path / "a.bin")) == 1100
+    assert fsprobe.default_context().expected_need(str(tmp_path / "a.bin")) is None
+    future = fsprobe.save_async({"w": 1}, tmp_path / "b.pt", preflight=False, context=mine)
+    fsprobe.wait_saves(timeout=60, context=mine)
+    assert future.done() and mine.expected_need(str(tmp_path / "b.pt")) is not None
+    assert fsprobe.default_context().background().pending() == []
 
 
 def test_a_save_context_of_its_own_starts_empty_and_keeps_its_sizes_to_itself(tmp_path):

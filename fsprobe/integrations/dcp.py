@@ -15,7 +15,7 @@ import os
 import queue
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,14 +48,12 @@ from fsprobe.posix.tree import open_directory, open_regular, opened
 from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.locate import locate
 from fsprobe.saving.commit import (
-    DEFAULT_ATTEMPTS,
-    DEFAULT_TIMEOUT,
     NEED_MARGIN,
-    Backoff,
     FailedAttempt,
     NextAttempt,
     Progress,
     RetryState,
+    SaveContext,
     SaveError,
     SaveOptions,
     SaveResult,
@@ -64,8 +62,11 @@ from fsprobe.saving.commit import (
     collective_failure,
     committed,
     deciding,
+    default_context,
     failure_of,
+    save_options,
     sha256_of_directory,
+    split_keywords,
     start,
     sync_file_at,
 )
@@ -83,6 +84,10 @@ _SMALL_ITEM_BYTES = 64 * 1024
 #: What DCP queues for each file a rank writes: (its path, its file name, its write items).
 _FileTask = tuple[Path, str, list[WriteItem]]
 _T = TypeVar("_T")
+#: The options a DCP save plans or leaves to DCP (see `FsprobeWriter`).
+_NOT_TAKEN = frozenset({"need_bytes", "need_inodes", "fsync", "save_timeout"})
+#: The background queue of every DCP checkpoint of a context: one at a time, in order.
+_DCP_QUEUE = "torch.distributed.checkpoint"
 
 
 @dataclasses.dataclass
@@ -179,10 +184,12 @@ def _planned_bytes(plans: list[SavePlan]) -> tuple[int, int]:
 class FsprobeWriter(FileSystemWriter):
     """A DCP `StorageWriter` that stages, retries per file, and commits in `finish()`.
 
-    `attempts` and `backoff` bound the retries of a transient error per file (and, through
-    `save`/`async_save`, of the whole checkpoint); `fallback_dirs`, `max_wait`,
-    `on_unhealthy`, `redirect`, `state_dir` and `timeout` are those of `fsprobe.save_dir`
-    (read on the coordinator). Other keyword arguments go to `FileSystemWriter`.
+    `options` and keyword overrides of its fields are those of `fsprobe.save_dir` (read on
+    the coordinator); `attempts` and `backoff` also bound the retries of a transient error per
+    file. What the save needs is planned (`need_bytes`, `need_inodes`), DCP's `sync_files`
+    decides the fsyncs, and an attempt is not bounded (`save_timeout`): those options are
+    refused here. `context` is `fsprobe.saving.commit.default_context()` unless given. Other
+    keyword arguments go to `FileSystemWriter`.
     `last_result` is the `SaveResult` of the last checkpoint committed by this writer (on the
     coordinator; None on the other ranks).
     """
@@ -193,29 +200,19 @@ class FsprobeWriter(FileSystemWriter):
         self,
         path: str | os.PathLike[str],
         *,
-        attempts: int = DEFAULT_ATTEMPTS,
-        backoff: Backoff | None = None,
-        fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-        max_wait: float = 0.0,
-        on_unhealthy: str = "proceed",
-        redirect: bool = True,
-        state_dir: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        **filesystem_writer_kwargs: Any,
+        options: SaveOptions | None = None,
+        context: SaveContext | None = None,
+        **kwargs: Any,
     ) -> None:
+        overrides, filesystem_writer_kwargs = split_keywords(kwargs)
+        refused = sorted(set(overrides) & _NOT_TAKEN)
+        if refused:
+            raise TypeError(f"FsprobeWriter does not take {', '.join(refused)} (see its docstring)")
+        self.options = save_options(options, overrides)  # checked before anything else
+        self.context = context or default_context()
         super().__init__(os.path.abspath(os.fspath(path)), **filesystem_writer_kwargs)
         self.fs = _StagingFileSystem()
         self.fs.checkpoint = Path(self.path)
-        self.options = SaveOptions(
-            attempts=attempts,
-            backoff=backoff or Backoff(),
-            fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
-            redirect=redirect,
-            max_wait=max_wait,
-            on_unhealthy=on_unhealthy,
-            state_dir=state_dir,
-            timeout=timeout,
-        ).resolved()
         self.last_result: SaveResult | None = None
         self._attempts: RetryState | None = None  # the coordinator's, for one checkpoint
         self._staging: Staging | None = None  # the coordinator's, until published or dropped
@@ -279,7 +276,7 @@ class FsprobeWriter(FileSystemWriter):
                 self.options, need_bytes=need_bytes, need_inodes=need_inodes
             )
             # SaveError: not this checkpoint, not anywhere
-            self._attempts = start(str(self.path), options, ranks=len(plans))
+            self._attempts = start(str(self.path), options, len(plans), self.context)
         self._continuing = False
         destination = self._attempts.destination
         try:
@@ -456,6 +453,7 @@ def save(
     process_group: Any = None,
     planner: SavePlanner | None = None,
     writer: FsprobeWriter | None = None,
+    context: SaveContext | None = None,
     **writer_kwargs: Any,
 ) -> SaveResult:
     """`torch.distributed.checkpoint.save` of `state_dict` to `path`, committed whole, retried.
@@ -463,10 +461,11 @@ def save(
     Every rank calls it. A failed attempt (after per-file retries) is retried as a whole, and
     capacity or permanent errors move every rank to a fallback together; returns the same
     `SaveResult` on every rank, or raises `SaveError` (a bug in a rank's state raises DCP's
-    `CheckpointException`). `writer_kwargs` make the `FsprobeWriter` (``fallback_dirs``,
-    ``attempts``, ``backoff``, ``thread_count``...), or pass your own `writer`.
+    `CheckpointException`). `writer_kwargs` and `context` make the `FsprobeWriter`
+    (``options``, ``fallback_dirs``, ``attempts``, ``thread_count``...), or pass your own
+    `writer`.
     """
-    writer = writer or FsprobeWriter(path, **writer_kwargs)
+    writer = writer or FsprobeWriter(path, context=context, **writer_kwargs)
     requested = os.path.abspath(os.fspath(path))
     while True:
         try:
@@ -495,16 +494,13 @@ def save(
         return result
 
 
-#: One background checkpoint at a time per process: the next waits for the one before.
-_background = concurrent.futures.ThreadPoolExecutor(1, "fsprobe-dcp-save")
-
-
 def async_save(
     state_dict: dict[str, Any],
     path: str | os.PathLike[str],
     *,
     process_group: Any = None,
     planner: SavePlanner | None = None,
+    context: SaveContext | None = None,
     **writer_kwargs: Any,
 ) -> concurrent.futures.Future[SaveResult]:
     """`save` in the background: the caller pays for a copy of the tensors to CPU memory only.
@@ -512,14 +508,20 @@ def async_save(
     Every rank calls it; the returned future holds what `save` returns or raises. The writes,
     their retries and redirects, and the collectives run in a thread of their own: give it a
     process group of its own (``dist.new_group(backend="gloo")``) if the training loop runs
-    collectives on the default group meanwhile. Interpreter exit waits for it.
+    collectives on the default group meanwhile. Its thread is one of `context`'s background
+    writers: DCP checkpoints are written one at a time, in order (every rank runs their
+    collectives in the same order), and `fsprobe.wait_saves` and interpreter exit wait for them.
     """
-    writer = FsprobeWriter(path, **writer_kwargs)
-    flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
-    staged = writer.stage(flat)
-    return _background.submit(
-        save, staged, path, process_group=process_group, planner=planner, writer=writer
-    )
+    writer = FsprobeWriter(path, context=context, **writer_kwargs)
+
+    def prepare() -> Callable[[], SaveResult]:
+        flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+        staged = writer.stage(flat)
+        return lambda: save(
+            staged, path, process_group=process_group, planner=planner, writer=writer
+        )
+
+    return writer.context.background().submit(str(writer.path), prepare, queue=_DCP_QUEUE)
 
 
 def load(

@@ -6,7 +6,6 @@ apart from `lightning` because they need the full Lightning and its model-parall
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
@@ -20,17 +19,11 @@ from fsprobe import save_dir
 from fsprobe.errors import errno_code
 from fsprobe.integrations.lightning import FsprobeCheckpointIO
 from fsprobe.redirect.locate import locate
-from fsprobe.saving.commit import SaveResult, failure_of
+from fsprobe.saving.commit import OPTION_NAMES, SaveResult, failure_of
 
 #: What a `FsprobeCheckpointIO` option means for a directory too (a file's own need, its
 #: per-file deadline and the collective's group are not among them).
-_DIRECTORY_OPTIONS = frozenset(inspect.signature(collective.save_dir).parameters) - {
-    "path",
-    "write",
-    "process_group",
-    "need_bytes",
-    "need_inodes",
-}
+_DIRECTORY_OPTIONS = (OPTION_NAMES | {"options", "context"}) - {"need_bytes", "need_inodes"}
 
 
 def _io_error_of(error: CheckpointException, staging: str) -> OSError | None:

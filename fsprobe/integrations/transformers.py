@@ -7,7 +7,6 @@ docs/integrations.md. `FsprobeCallback` never raises.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 import os
@@ -35,7 +34,7 @@ from fsprobe import preflight, save_dir
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
 from fsprobe.redirect.manifest import pending
-from fsprobe.saving.commit import NEED_MARGIN, Decision, SaveResult
+from fsprobe.saving.commit import NEED_MARGIN, OPTION_NAMES, Decision, SaveResult
 
 log = logging.getLogger("fsprobe.transformers")
 
@@ -43,8 +42,8 @@ log = logging.getLogger("fsprobe.transformers")
 CHECKPOINT_PREFIX = PREFIX_CHECKPOINT_DIR
 #: The Trainer's methods that write a checkpoint's files, each given the directory first.
 WRITERS = ("save_model", "_save_optimizer_and_scheduler", "_save_scaler", "_save_rng_state")
-_SAVE_DIR_PARAMETERS = inspect.signature(save_dir).parameters
-_COLLECTIVE_PARAMETERS = inspect.signature(collective.save_dir).parameters
+_SAVE_DIR_PARAMETERS = OPTION_NAMES | {"options", "context"}
+_COLLECTIVE_PARAMETERS = _SAVE_DIR_PARAMETERS | {"process_group"}
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)$")
 _NOT_OPTIONS = ("path", "write")  # what protect() gives save_dir itself
 #: The protected trainers; weakly held, so that a trainer is freed as if never protected.

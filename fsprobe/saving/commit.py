@@ -33,9 +33,11 @@ from fsprobe.saving.options import (
     DEFAULT_ATTEMPTS,
     DEFAULT_TIMEOUT,
     NEED_INODES,
+    OPTION_NAMES,
     Backoff,
     SaveOptions,
     save_options,
+    split_keywords,
 )
 from fsprobe.saving.preflight import NEED_MARGIN, Decision, SaveContext, default_context
 from fsprobe.saving.retry import (
@@ -55,6 +57,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "NEED_INODES",
     "NEED_MARGIN",
+    "OPTION_NAMES",
     "Backoff",
     "Decision",
     "FailedAttempt",
@@ -77,6 +80,7 @@ __all__ = [
     "save_options",
     "sha256_of",
     "sha256_of_directory",
+    "split_keywords",
     "start",
     "sync_file_at",
 ]

@@ -20,23 +20,23 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fsprobe.posix.staging import Staging, open_parent
 from fsprobe.posix.tree import opened, remove_tree
 from fsprobe.redirect.manifest import sha256_of_directory
 from fsprobe.saving.commit import SaveSteps, run_attempts
 from fsprobe.saving.deadline import Progress, bounded
-from fsprobe.saving.options import (
-    DEFAULT_ATTEMPTS,
-    DEFAULT_TIMEOUT,
-    NEED_INODES,
-    Backoff,
-    SaveOptions,
-    save_options,
-)
+from fsprobe.saving.options import SaveOptions, save_options
+from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import FailedAttempt, SaveResult, failure_of
 from fsprobe.saving.stale import clean_directory
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from fsprobe.saving.options import SaveOverrides
 
 log = logging.getLogger("fsprobe.save")
 
@@ -93,19 +93,8 @@ def save_dir(
     write: Callable[[str], object],
     *,
     options: SaveOptions | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    backoff: Backoff | None = None,
-    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-    max_wait: float = 0.0,
-    need_bytes: int | None = None,
-    need_inodes: int | None = NEED_INODES,
-    preflight: bool = True,
-    fsync: bool = True,
-    redirect: bool = True,
-    on_unhealthy: str = "proceed",
-    state_dir: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    save_timeout: float | None = None,
+    context: SaveContext | None = None,
+    **overrides: Unpack[SaveOverrides],
 ) -> SaveResult:
     """Save the directory `path` whole through `write(staging_dir)`, retrying and redirecting.
 
@@ -114,26 +103,11 @@ def save_dir(
     `write` gets the path of an empty hidden directory beside `path` and fills it (any files,
     any sub-directories); it is called again from scratch, with a fresh directory, on every
     attempt. `need_bytes` defaults to the size of the last directory saved there (times 1.1);
-    the other arguments are those of `fsprobe.atomic_write` (`save_timeout` bounds each
-    attempt, `write` included). Raises `SaveError` when every attempt failed; `path` is then
-    as it was before.
+    `options`, the keyword overrides and `context` are those of `fsprobe.atomic_write`
+    (`save_timeout` bounds each attempt, `write` included). Raises `SaveError` when every
+    attempt failed; `path` is then as it was before.
     """
-    chosen = save_options(
-        options,
-        attempts=attempts,
-        backoff=backoff,
-        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
-        max_wait=max_wait,
-        need_bytes=need_bytes,
-        need_inodes=need_inodes,
-        preflight=preflight,
-        fsync=fsync,
-        redirect=redirect,
-        on_unhealthy=on_unhealthy,
-        state_dir=state_dir,
-        timeout=timeout,
-        save_timeout=save_timeout,
-    )
+    chosen = save_options(options, overrides)
     return run_attempts(
         path,
         chosen,
@@ -147,4 +121,5 @@ def save_dir(
             clean=clean_directory,
             digest=sha256_of_directory,
         ),
+        context,
     )

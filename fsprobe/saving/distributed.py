@@ -34,7 +34,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsprobe.extras import extra_imports
 
@@ -46,14 +46,8 @@ from fsprobe.posix.tree import open_directory, opened, sync_file_at, sync_tree
 from fsprobe.redirect.manifest import sha256_of_directory
 from fsprobe.saving.commit import committed, start
 from fsprobe.saving.deadline import TIMEOUT, Progress, bounded
-from fsprobe.saving.options import (
-    DEFAULT_ATTEMPTS,
-    DEFAULT_TIMEOUT,
-    NEED_INODES,
-    Backoff,
-    SaveOptions,
-    save_options,
-)
+from fsprobe.saving.options import SaveOptions, save_options
+from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import (
     FailedAttempt,
     RetryState,
@@ -64,6 +58,11 @@ from fsprobe.saving.retry import (
     failure_of,
 )
 from fsprobe.saving.stale import clean_directory
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from fsprobe.saving.options import SaveOverrides
 
 log = logging.getLogger("fsprobe.save")
 
@@ -257,19 +256,8 @@ def save_dir(
     *,
     process_group: Any = None,
     options: SaveOptions | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    backoff: Backoff | None = None,
-    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-    max_wait: float = 0.0,
-    need_bytes: int | None = None,
-    need_inodes: int | None = NEED_INODES,
-    preflight: bool = True,
-    fsync: bool = True,
-    redirect: bool = True,
-    on_unhealthy: str = "proceed",
-    state_dir: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    save_timeout: float | None = None,
+    context: SaveContext | None = None,
+    **overrides: Unpack[SaveOverrides],
 ) -> SaveResult:
     """Save the directory `path` collectively: every rank of `process_group` calls this.
 
@@ -279,26 +267,11 @@ def save_dir(
     but one fsync per file per rank. `need_bytes` and `need_inodes` are this rank's share
     (summed over the ranks; if any rank leaves `need_bytes` out, the whole directory's last
     size is assumed); `fsync` and `save_timeout` (which bounds this rank's write and fsync,
-    each attempt) count as each rank gives them; the other arguments (or `options`) as the
-    coordinator (rank 0) gives them. Returns the same `SaveResult` on every rank, or raises
-    `SaveError` on every rank.
+    each attempt) count as each rank gives them; the other options (`options` and keyword
+    overrides, as for `fsprobe.save_dir`) and `context` as the coordinator (rank 0) gives
+    them. Returns the same `SaveResult` on every rank, or raises `SaveError` on every rank.
     """
-    chosen = save_options(
-        options,
-        attempts=attempts,
-        backoff=backoff,
-        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
-        max_wait=max_wait,
-        need_bytes=need_bytes,
-        need_inodes=need_inodes,
-        preflight=preflight,
-        fsync=fsync,
-        redirect=redirect,
-        on_unhealthy=on_unhealthy,
-        state_dir=state_dir,
-        timeout=timeout,
-        save_timeout=save_timeout,
-    )
+    chosen = save_options(options, overrides)
     group = _Group(process_group, os.path.abspath(os.fspath(path)))
     needs = group.gather((chosen.need_bytes, chosen.need_inodes))
     if not group.coordinator:
@@ -309,7 +282,7 @@ def save_dir(
         need_inodes=None if any(i is None for _, i in needs) else sum(i for _, i in needs),
     )
     try:
-        tries = start(group.requested, chosen, ranks=group.size)
+        tries = start(group.requested, chosen, ranks=group.size, context=context)
     except SaveError as error:
         group.broadcast(_Order(error=error))
         raise

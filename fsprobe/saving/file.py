@@ -23,23 +23,22 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fsprobe.extras import import_extra
 from fsprobe.posix.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.redirect.manifest import sha256_of
 from fsprobe.saving.commit import SaveSteps, run_attempts
 from fsprobe.saving.deadline import Progress, bounded
-from fsprobe.saving.options import (
-    DEFAULT_ATTEMPTS,
-    DEFAULT_TIMEOUT,
-    NEED_INODES,
-    Backoff,
-    SaveOptions,
-    save_options,
-)
+from fsprobe.saving.options import SaveOptions, save_options, split_keywords
+from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import INTERRUPTS, FailedAttempt, SaveResult, failure_of
 from fsprobe.saving.stale import remove_stale_temps
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from fsprobe.saving.options import SaveKeywords, SaveOverrides
 
 log = logging.getLogger("fsprobe.save")
 
@@ -227,55 +226,29 @@ def atomic_write(
     write: Callable[[AtomicFile], object],
     *,
     options: SaveOptions | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    backoff: Backoff | None = None,
-    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-    max_wait: float = 0.0,
-    need_bytes: int | None = None,
-    need_inodes: int | None = NEED_INODES,
-    preflight: bool = True,
-    fsync: bool = True,
-    redirect: bool = True,
-    on_unhealthy: str = "proceed",
-    state_dir: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    save_timeout: float | None = None,
+    context: SaveContext | None = None,
+    **overrides: Unpack[SaveOverrides],
 ) -> SaveResult:
     """Write `path` atomically through `write(fileobj)`, retrying and redirecting on failure.
 
     `path` is the file to write (the checkpoint itself, not its directory); the preflight
     judges the directory that holds it, where the temp file goes. `write` gets a binary file
     object (the temp file) and writes the whole content; it is called again from scratch on
-    every attempt. The other arguments are `SaveOptions` (or give them as one `options`):
-    `fallback_dirs` (plus ``FSPROBE_FALLBACK_DIRS``) are where the save may be redirected
-    (`redirect=False` never redirects); `max_wait`, `need_bytes`, `need_inodes`,
-    `on_unhealthy`, `state_dir` and `timeout` go to the preflight
-    (`preflight=False` skips it). `save_timeout` bounds each attempt at writing: past it the
-    attempt is abandoned (`fsprobe.saving.deadline`) and the save goes to a fallback, or fails
-    with ``TIMEOUT``. Raises `SaveError` when every attempt failed, or at once for a permanent
-    error with nowhere to redirect; the file at `path` is then as it was before.
+    every attempt. `options` (a `SaveOptions`), with any of its fields given as keywords
+    over it, say how: attempts, backoff, fallbacks, preflight, fsync, `save_timeout` (past it
+    an attempt is abandoned: `fsprobe.saving.deadline`). `context` is what the process keeps
+    between saves (`default_context()` unless given). Raises `SaveError` when every attempt
+    failed, or at once for a permanent error with nowhere to redirect; the file at `path` is
+    then as it was before.
     """
-    chosen = save_options(
-        options,
-        attempts=attempts,
-        backoff=backoff,
-        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
-        max_wait=max_wait,
-        need_bytes=need_bytes,
-        need_inodes=need_inodes,
-        preflight=preflight,
-        fsync=fsync,
-        redirect=redirect,
-        on_unhealthy=on_unhealthy,
-        state_dir=state_dir,
-        timeout=timeout,
-        save_timeout=save_timeout,
-    )
-    return write_file(path, write, chosen)
+    return write_file(path, write, save_options(options, overrides), context)
 
 
 def write_file(
-    path: str | os.PathLike[str], write: Callable[[AtomicFile], object], options: SaveOptions
+    path: str | os.PathLike[str],
+    write: Callable[[AtomicFile], object],
+    options: SaveOptions,
+    context: SaveContext | None = None,
 ) -> SaveResult:
     """`atomic_write` with resolved `options` (`fsprobe.saving.options.save_options`)."""
     return run_attempts(
@@ -291,6 +264,7 @@ def write_file(
             clean=remove_stale_temps,
             digest=sha256_of,
         ),
+        context,
     )
 
 
@@ -299,51 +273,28 @@ def save(
     path: str | os.PathLike[str] | BinaryIO,
     *,
     options: SaveOptions | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-    max_wait: float = 0.0,
-    backoff: Backoff | None = None,
-    need_bytes: int | None = None,
-    need_inodes: int | None = NEED_INODES,
-    preflight: bool = True,
-    fsync: bool = True,
-    redirect: bool = True,
-    on_unhealthy: str = "proceed",
-    state_dir: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    save_timeout: float | None = None,
-    **torch_save_kwargs: Any,
+    context: SaveContext | None = None,
+    **kwargs: Unpack[SaveKeywords],
 ) -> SaveResult:
     """`torch.save(obj, path, **torch_save_kwargs)`, made atomic, retried and redirectable.
 
     `path` is the checkpoint file (``ckpt/model.pt``), as for `torch.save`. A drop-in for
-    `torch.save`; see `atomic_write` for the other arguments. Given a writable file object
-    instead of a path (an ``io.BytesIO``, an open file), it is `torch.save` and nothing more:
-    there is no file of fsprobe's to make atomic, retry or redirect, so the other arguments
-    are ignored; `SaveResult.bytes` is what the stream's position moved by. Without PyTorch
-    it raises `fsprobe.extras.MissingExtra` naming ``fsprobe[torch]``.
+    `torch.save`: keywords that are fields of `SaveOptions` are save options (see
+    `atomic_write`), the others go to `torch.save`. Given a writable file object instead of a
+    path (an ``io.BytesIO``, an open file), it is `torch.save` and nothing more: there is no
+    file of fsprobe's to make atomic, retry or redirect, so the options are checked and
+    ignored; `SaveResult.bytes` is what the stream's position moved by. Without PyTorch it
+    raises `fsprobe.extras.MissingExtra` naming ``fsprobe[torch]``.
     """
     # Imported on use: `import fsprobe` must not import torch.
     torch = import_extra("torch", "torch", "fsprobe.save")
+    overrides, torch_save_kwargs = split_keywords(kwargs)
+    chosen = save_options(options, overrides)
     if not isinstance(path, (str, os.PathLike)):  # what torch.save itself takes for a path
         return _save_to_stream(torch, obj, path, torch_save_kwargs)
-    chosen = save_options(
-        options,
-        attempts=attempts,
-        backoff=backoff,
-        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
-        max_wait=max_wait,
-        need_bytes=need_bytes,
-        need_inodes=need_inodes,
-        preflight=preflight,
-        fsync=fsync,
-        redirect=redirect,
-        on_unhealthy=on_unhealthy,
-        state_dir=state_dir,
-        timeout=timeout,
-        save_timeout=save_timeout,
+    return write_file(
+        path, lambda stream: torch.save(obj, stream, **torch_save_kwargs), chosen, context
     )
-    return write_file(path, lambda stream: torch.save(obj, stream, **torch_save_kwargs), chosen)
 
 
 def _save_to_stream(

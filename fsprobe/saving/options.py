@@ -1,22 +1,54 @@
 """`fsprobe.SaveOptions`: every choice the caller of a save makes, apart from what to write.
 
-One frozen value, checked when it is made, so that a save carries its options as one thing
-from the public function down to each attempt (in the manner of Orbax's options classes).
-`resolved()` adds what the environment says (``FSPROBE_FALLBACK_DIRS``) once, at the start of
-a save: nothing below it reads the environment again.
+One frozen value, checked when it is made (a wrong type or value raises here, naming the option,
+before anything is written); each public save takes it as ``options=`` and keyword overrides of
+its fields (`SaveOverrides`), applied once by `save_options`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fsprobe.policy import NEED_INODES
 from fsprobe.redirect.fallback import all_fallback_dirs
+
+if TYPE_CHECKING:  # typing_extensions is not a dependency: these exist for type checkers only
+    from collections.abc import Iterable
+    from typing import TypedDict
+
+    class SaveOverrides(TypedDict, total=False):
+        """The keyword arguments of a public save: any field of `SaveOptions`."""
+
+        attempts: int
+        backoff: Backoff | None
+        fallback_dirs: Iterable[str | os.PathLike[str]]
+        max_wait: float
+        need_bytes: int | None
+        need_inodes: int | None
+        preflight: bool
+        fsync: bool
+        redirect: bool
+        on_unhealthy: str
+        state_dir: str | os.PathLike[str] | None
+        timeout: float
+        save_timeout: float | None
+
+    class SaveKeywords(SaveOverrides, total=False):
+        """The keyword arguments of `fsprobe.save`: the save options, and `torch.save`'s own."""
+
+        pickle_module: Any
+        pickle_protocol: int
+        _use_new_zipfile_serialization: bool
+        _disable_byteorder_record: bool
+
 
 DEFAULT_ATTEMPTS = 5
 #: How long the preflight may take, its probes included (a hung mount costs this much).
@@ -28,10 +60,71 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "NEED_INODES",
     "ON_UNHEALTHY",
+    "OPTION_NAMES",
     "Backoff",
     "SaveOptions",
     "save_options",
+    "split_keywords",
 ]
+
+
+def _number(name: str, value: object, minimum: float, inclusive: bool) -> None:
+    """TypeError unless `value` is a real number (not a bool), ValueError unless it is finite
+    and at least (or above) `minimum`; both name the option."""
+    if (type(value) is not float and type(value) is not int) and (  # the usual case, fast
+        isinstance(value, bool) or not isinstance(value, numbers.Real)
+    ):
+        raise TypeError(f"{name} takes {_seconds(minimum, inclusive)}, not {value!r}")
+    number = float(value)
+    if not (number >= minimum if inclusive else number > minimum) or not math.isfinite(number):
+        raise ValueError(f"{name} takes {_seconds(minimum, inclusive)}, not {value!r}")
+
+
+def _seconds(minimum: float, inclusive: bool) -> str:
+    return f"a number of seconds {'at least' if inclusive else 'above'} {minimum:g}"
+
+
+def _count(name: str, value: object, minimum: int, optional: bool) -> None:
+    """TypeError unless `value` is an int (not a bool; None if `optional`), ValueError below
+    `minimum`."""
+    if value is None and optional:
+        return
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} takes {_whole(minimum, optional)}, not {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} takes {_whole(minimum, optional)}, not {value!r}")
+
+
+def _whole(minimum: int, optional: bool) -> str:
+    return f"a whole number at least {minimum}" + (" or None" if optional else "")
+
+
+def _flag(name: str, value: object) -> None:
+    if value is not True and value is not False:
+        raise TypeError(f"{name} takes True or False, not {value!r}")
+
+
+def _path(name: str, value: object) -> str:
+    """`value` as a path string; TypeError unless it is a str or an os.PathLike of one."""
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            if not path:
+                raise ValueError(f"{name} takes a non-empty path, not {value!r}")
+            return path
+    raise TypeError(f"{name} takes a path (str or os.PathLike), not {value!r}")
+
+
+def _paths(name: str, value: object) -> tuple[str, ...]:
+    """A list of directories as a tuple of path strings; TypeError for anything else (a single
+    path included: a string would read as a list of one-letter directories)."""
+    if isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"{name} takes a list of directories, not one: {value!r}")
+    try:
+        given: tuple[object, ...] = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} takes a list of directories, not {value!r}") from None
+    return tuple(_path(name, directory) for directory in given)
 
 
 @dataclass(frozen=True)
@@ -48,18 +141,27 @@ class Backoff:
     sleep: Callable[[float], None] = time.sleep
     random: Callable[[], float] = random.random
 
+    def __post_init__(self) -> None:
+        _number("Backoff.base", self.base, 0.0, inclusive=True)
+        _number("Backoff.cap", self.cap, 0.0, inclusive=True)
+        for name in ("sleep", "random"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"Backoff.{name} takes a function, not {getattr(self, name)!r}")
+
     def delay(self, failures: int) -> float:
         """The wait after the `failures`-th failed attempt."""
         return self.random() * min(self.cap, self.base * 2.0 ** (failures - 1))
 
 
+_DEFAULT_BACKOFF = Backoff()
+
+
 @dataclass(frozen=True)
 class SaveOptions:
     """The options of any save (`fsprobe.save`, `atomic_write`, `save_dir`, the collective
-    `fsprobe.distributed.save_dir`, `save_async`); each public save takes them as keyword
-    arguments, or as one `options=SaveOptions(...)`.
+    `fsprobe.distributed.save_dir`, `save_async`, `preflight`, DCP's writer).
 
-    - `attempts`: attempts in all (at least 1); `backoff`: the wait between them.
+    - `attempts`: attempts in all (at least 1); `backoff`: a `Backoff`, the wait between them.
     - `fallback_dirs`: where the save may be redirected, in order (``FSPROBE_FALLBACK_DIRS``
       is added by `resolved`); `redirect=False` never redirects.
     - `max_wait`: how long the preflight may wait for a transiently unhealthy target.
@@ -69,10 +171,12 @@ class SaveOptions:
       refuses it; `state_dir`: the daemon's state directory; `timeout`: the preflight's bound.
     - `save_timeout`: bounds each attempt at writing (past it the attempt is abandoned to a
       fallback, or the save fails with ``TIMEOUT``); `fsync`: make each attempt durable.
+
+    A wrong type is a TypeError, a wrong value a ValueError, when the options are made.
     """
 
     attempts: int = DEFAULT_ATTEMPTS
-    backoff: Backoff = Backoff()
+    backoff: Backoff = _DEFAULT_BACKOFF
     fallback_dirs: tuple[str, ...] = ()
     max_wait: float = 0.0
     need_bytes: int | None = None
@@ -86,31 +190,59 @@ class SaveOptions:
     save_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        if self.save_timeout is not None and not self.save_timeout > 0:
-            raise ValueError("save_timeout must be a positive number of seconds")
-        if self.attempts < 1:
-            raise ValueError("attempts must be at least 1")
+        _count("attempts", self.attempts, 1, optional=False)
+        if self.backoff is None:  # `backoff=None` as a keyword: the default
+            object.__setattr__(self, "backoff", _DEFAULT_BACKOFF)
+        elif not isinstance(self.backoff, Backoff):
+            raise TypeError(f"backoff takes a fsprobe.saving.options.Backoff, not {self.backoff!r}")
+        if self.fallback_dirs != ():
+            object.__setattr__(self, "fallback_dirs", _paths("fallback_dirs", self.fallback_dirs))
+        _number("max_wait", self.max_wait, 0.0, inclusive=True)
+        _count("need_bytes", self.need_bytes, 0, optional=True)
+        _count("need_inodes", self.need_inodes, 0, optional=True)
+        _flag("preflight", self.preflight)
+        _flag("fsync", self.fsync)
+        _flag("redirect", self.redirect)
         if self.on_unhealthy not in ON_UNHEALTHY:
-            raise ValueError(
-                f"on_unhealthy must be one of {ON_UNHEALTHY}, not {self.on_unhealthy!r}"
-            )
-        if self.backoff is None:  # `backoff=None` in the public functions: the default
-            object.__setattr__(self, "backoff", Backoff())
-        object.__setattr__(self, "fallback_dirs", tuple(map(os.fspath, self.fallback_dirs)))
+            kind = ValueError if isinstance(self.on_unhealthy, str) else TypeError
+            raise kind(f"on_unhealthy takes one of {ON_UNHEALTHY}, not {self.on_unhealthy!r}")
+        if self.state_dir is not None:
+            object.__setattr__(self, "state_dir", _path("state_dir", self.state_dir))
+        _number("timeout", self.timeout, 0.0, inclusive=False)
+        if self.save_timeout is not None:
+            _number("save_timeout", self.save_timeout, 0.0, inclusive=False)
 
     def resolved(self, environ: Mapping[str, str] = os.environ) -> SaveOptions:
         """These options with the environment's added: the fallback directories of
-        ``FSPROBE_FALLBACK_DIRS`` after the caller's (none at all when `redirect` is False)."""
+        ``FSPROBE_FALLBACK_DIRS`` after the caller's (none at all when `redirect` is False),
+        each absolute."""
         fallbacks = all_fallback_dirs(self.fallback_dirs, environ) if self.redirect else ()
+        if fallbacks == self.fallback_dirs:
+            return self
         return dataclasses.replace(self, fallback_dirs=fallbacks)
 
 
-def save_options(options: SaveOptions | None, **arguments: object) -> SaveOptions:
-    """The resolved options of a public save: `options` as given, or else built from the
-    keyword arguments; giving both is a TypeError (which of them would count?)."""
-    from_arguments = SaveOptions(**arguments)  # type: ignore[arg-type]
+def save_options(options: SaveOptions | None, overrides: Mapping[str, Any]) -> SaveOptions:
+    """The resolved options of one save: `options` (the defaults if None) with the keyword
+    `overrides` of a public save applied once; an unknown keyword is a TypeError naming it."""
+    unknown = sorted(set(overrides) - OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"not a save option: {', '.join(unknown)} (see fsprobe.SaveOptions)")
     if options is None:
-        return from_arguments.resolved()
-    if from_arguments != SaveOptions():
-        raise TypeError("give the save options either as options=SaveOptions(...) or as keywords")
-    return options.resolved()
+        chosen = SaveOptions(**overrides) if overrides else _DEFAULTS
+    elif not isinstance(options, SaveOptions):
+        raise TypeError(f"options takes a fsprobe.SaveOptions, not {options!r}")
+    else:
+        chosen = dataclasses.replace(options, **overrides) if overrides else options
+    return chosen.resolved()
+
+
+def split_keywords(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keywords of `fsprobe.save` split into the save options and the rest (`torch.save`'s)."""
+    overrides = {k: v for k, v in keywords.items() if k in OPTION_NAMES}
+    return overrides, {k: v for k, v in keywords.items() if k not in OPTION_NAMES}
+
+
+#: The name of every field of `SaveOptions`: the keywords a public save takes as options.
+OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(SaveOptions))
+_DEFAULTS = SaveOptions()

@@ -19,20 +19,24 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fsprobe.model import Snapshot, Status
+from fsprobe.model import FilesystemInfo, ProbeResult, Snapshot, Status
 from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, write_errno
 from fsprobe.probing.plan import ProbeSettings, plan, run_plans
-from fsprobe.probing.runner import ProbeRunner, Run
+from fsprobe.probing.runner import ProbeRunner
 from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.redirect.fallback import redirect_path
 from fsprobe.report import REASON
-from fsprobe.saving.options import DEFAULT_TIMEOUT, NEED_INODES, SaveOptions
+from fsprobe.saving.options import DEFAULT_TIMEOUT, SaveOptions, save_options
+from fsprobe.saving.writers import BackgroundSaves
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
 
 if TYPE_CHECKING:  # a type only: the manifest is not loaded for a save that is not redirected
+    from typing_extensions import Unpack
+
     from fsprobe.redirect.manifest import Entry
+    from fsprobe.saving.options import SaveOverrides
 
 log = logging.getLogger("fsprobe.preflight")
 
@@ -171,9 +175,10 @@ class SaveContext:
     The state readers (one per state directory, so that its parse cache serves every call),
     the verdicts made from the state file, the inline probes' results (reused for
     `INLINE_CACHE_SECONDS`), the size of the last save per file and per directory (the default
-    need of the next one), the warnings said once, and the probe runner that inline probes run
-    in (`fsprobe.probing.worker.shared_runner` unless given). The module functions (`preflight`,
-    every save) use `default_context()`; a test or an embedding builds its own.
+    need of the next one), the warnings said once, the probe runner that inline probes run
+    in (`fsprobe.probing.worker.shared_runner` unless given), and the writer threads of its
+    background saves. Every public function takes one as ``context=``, `default_context()`
+    unless given; a test or an embedding builds its own.
     """
 
     def __init__(
@@ -193,6 +198,14 @@ class SaveContext:
             str, tuple[StateFile, tuple[int | None, int | None], _Judged]
         ] = {}
         self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
+        self._background: BackgroundSaves | None = None
+
+    def background(self) -> BackgroundSaves:
+        """The writer threads of this context's background saves (started on first use)."""
+        with self._lock:
+            if self._background is None:
+                self._background = BackgroundSaves()
+            return self._background
 
     def runner(self) -> ProbeRunner:
         """The probe runner inline probes run in (started on first use)."""
@@ -240,14 +253,8 @@ class SaveContext:
             reader = self._readers.setdefault(directory, StateReader(directory))
         return reader
 
-    def _from_state(
-        self,
-        directory: str,
-        state_dir: str | None,
-        need_bytes: int | None,
-        need_inodes: int | None,
-    ) -> _Judged | None:
-        """The daemon's verdict on `directory` for this save, or None if it has none to give."""
+    def _read_state(self, state_dir: str | None) -> StateFile | None:
+        """The daemon's trusted state file, or None (said once) when there is none to use."""
         reader = self._reader(state_dir)
         try:
             state = reader.read()
@@ -264,6 +271,17 @@ class SaveContext:
                 "probing inline instead",
                 logging.INFO,
             )
+        return state
+
+    def _from_state(
+        self,
+        directory: str,
+        state: StateFile | None,
+        need_bytes: int | None,
+        need_inodes: int | None,
+    ) -> _Judged | None:
+        """The daemon's verdict on `directory` for this save, or None if it has none to give."""
+        if state is None:
             return None
         need = (need_bytes, need_inodes)
         cached = self._state_judgements.get(directory)  # replaced whole, never mutated
@@ -296,6 +314,20 @@ class SaveContext:
             )
             return None
         return judged
+
+    def _exists_in_state(self, directory: str, state: StateFile | None) -> bool | None:
+        """Whether the daemon, watching `directory` itself with a fresh verdict, found it a
+        directory; None when its state cannot say."""
+        if state is None or state.target_for(directory) != directory:
+            return None
+        try:
+            report = state.target(directory).report
+        except StateFileError:
+            return None
+        fs: FilesystemInfo | None = report.snapshot.value("statvfs")
+        if fs is None or not report.verdict.is_fresh(time.time()):
+            return None
+        return fs.target_exists
 
     # -- inline probes --------------------------------------------------------------------------
 
@@ -331,7 +363,7 @@ class SaveContext:
         directories: Iterable[str],
         need_bytes: int | None,
         need_inodes: int | None,
-        state_dir: str | None,
+        state: StateFile | None,
         probe_settings: Callable[[], ProbeSettings],
         fresh: bool = False,
     ) -> dict[str, _Judged]:
@@ -342,7 +374,7 @@ class SaveContext:
         judgements: dict[str, _Judged] = {}
         unanswered = []
         for directory in dict.fromkeys(directories):
-            judged = self._from_state(directory, state_dir, need_bytes, need_inodes)
+            judged = self._from_state(directory, state, need_bytes, need_inodes)
             if judged is None:
                 unanswered.append(directory)
             else:
@@ -356,20 +388,32 @@ class SaveContext:
             judgements[directory] = _Judged(directory, verdict, "probe")
         return judgements
 
-    def _check_existence(self, candidates: Sequence[_Candidate], deadline: float) -> dict[str, Run]:
-        """Start checking that each fallback exists, in the probe runner (a hung fallback must
-        not hang the caller).
+    def _check_existence(
+        self, candidates: Sequence[_Candidate], state: StateFile | None, deadline: float
+    ) -> dict[str, Callable[[], ProbeResult[bool]]]:
+        """Whether each fallback exists, as a call that answers: from the daemon's fresh state
+        where it watches the fallback itself, else from a check started in the probe runner
+        now (a hung fallback must not hang the caller).
 
         A fallback that does not exist is a mistake (a typo, scratch not mounted here) that the
         probes would not notice: they judge the nearest existing ancestor.
         """
-        runner = self.runner()
-        return {
-            c.fallback: runner.submit(
-                c.fallback, "exists", functools.partial(os.path.isdir, c.fallback), deadline
-            )
-            for c in candidates
-        }
+        checks: dict[str, Callable[[], ProbeResult[bool]]] = {}
+        for c in candidates:
+            known = self._exists_in_state(c.fallback, state)
+            if known is not None:
+                checks[c.fallback] = functools.partial(
+                    ProbeResult, "exists", time.time(), 0.0, known
+                )
+            else:
+                checks[c.fallback] = (
+                    self.runner()
+                    .submit(
+                        c.fallback, "exists", functools.partial(os.path.isdir, c.fallback), deadline
+                    )
+                    .result
+                )
+        return checks
 
     def room(self, directory: str, timeout: float) -> int | None:
         """The bytes a new file in `directory` has room for now (None: unknown), from a bounded
@@ -405,27 +449,24 @@ class SaveContext:
         candidates = _candidates(requested, tuple(os.fspath(d) for d in fallback_dirs))
         if not candidates:
             return None
-        existence = self._check_existence(candidates, options.timeout)
+        state = self._read_state(options.state_dir)
+        existence = self._check_existence(candidates, state, options.timeout)
         judgements = self._judge_all(
             [c.directory for c in candidates],
             need,
             options.need_inodes,
-            options.state_dir,
+            state,
             functools.partial(_inline_settings, settings, quota, options.timeout),
             fresh=True,
         )
         return _first_acceptable(candidates, existence, judgements, requested)
 
-    def judged_directory(self, requested: str, state_dir: str | None, timeout: float) -> str:
+    def _judged_directory(self, requested: str, state: StateFile | None, timeout: float) -> str:
         """`requested` if it is a directory, else its parent; decided without touching the
         filesystem when the daemon watches `requested` itself or, as usual, judges both the
         same way (then the parent), and otherwise in the probe runner (a hung mount must not
         hang the caller): an inline probe comes next anyway."""
         parent = os.path.dirname(requested)
-        try:
-            state = self._reader(state_dir).read()
-        except (StateFileError, OSError):
-            state = None
         if state is not None:
             watched = state.target_for(requested)
             if watched == requested:
@@ -443,18 +484,21 @@ class SaveContext:
         path: str | os.PathLike[str],
         options: SaveOptions,
         *,
-        directory: str | None = None,
+        directory_itself: bool = False,
         quota: ServerProbeSettings | None = None,
         settings: ProbeSettings | None = None,
     ) -> Decision:
         """The decision on a save of `path` with resolved `options` (`SaveOptions.resolved`:
         their fallback directories are the candidates for a redirect, as they are), judged by
-        `directory`: by default the parent of `path`, where a save's temp file or staging
-        directory goes, whether or not `path` exists yet."""
-        timeout, state_dir = options.timeout, options.state_dir
-        need_inodes = options.need_inodes
+        the parent of `path`, where a save's temp file or staging directory goes, whether or
+        not `path` exists yet; with `directory_itself`, by `path` when it is a directory."""
+        timeout, need_inodes = options.timeout, options.need_inodes
         requested = os.path.abspath(os.fspath(path))
-        directory = directory or os.path.dirname(requested)
+        state = self._read_state(options.state_dir)  # once: every answer below is from it
+        if directory_itself:
+            directory = self._judged_directory(requested, state, timeout)
+        else:
+            directory = os.path.dirname(requested)
         need = options.need_bytes
         if need is None:
             need = self.expected_need(requested)
@@ -463,20 +507,20 @@ class SaveContext:
         # Fallbacks are worked out only when needed: the common case, a healthy target in a
         # fresh state file, pays for none of it.
         candidates: list[_Candidate] | None = None
-        existence: dict[str, Run] | None = None
-        target = self._from_state(directory, state_dir, need, need_inodes)
+        existence: dict[str, Callable[[], ProbeResult[bool]]] | None = None
+        target = self._from_state(directory, state, need, need_inodes)
         if target is None:
             # The target has to be probed: the fallbacks are judged alongside it, so that a
             # hung target costs `timeout` once, not once more for the fallbacks. When the
             # daemon's state answers, nothing is probed and no fallback judged unless a
             # redirect is needed.
             candidates = _candidates(requested, options.fallback_dirs)
-            existence = self._check_existence(candidates, timeout)
+            existence = self._check_existence(candidates, state, timeout)
             judged = self._judge_all(
                 [directory, *(c.directory for c in candidates)],
                 need,
                 need_inodes,
-                state_dir,
+                state,
                 probe_settings,
             )
             target = judged[directory]
@@ -486,7 +530,7 @@ class SaveContext:
             def judge_again(deadline: float) -> _Judged:
                 again = functools.partial(_inline_settings, settings, quota, min(timeout, deadline))
                 return self._judge_all(
-                    [directory], need, need_inodes, state_dir, again, fresh=True
+                    [directory], need, need_inodes, self._read_state(options.state_dir), again, True
                 )[directory]
 
             target, waited = _wait_for_recovery(target, options.max_wait, judge_again)
@@ -496,9 +540,9 @@ class SaveContext:
         if not verdict.can_take_save and candidates is None:
             candidates = _candidates(requested, options.fallback_dirs)
         if not verdict.can_take_save and candidates:
-            existence = existence or self._check_existence(candidates, timeout)
+            existence = existence or self._check_existence(candidates, state, timeout)
             judgements = self._judge_all(  # from the state, or what was probed above (cached)
-                [c.directory for c in candidates], need, need_inodes, state_dir, probe_settings
+                [c.directory for c in candidates], need, need_inodes, state, probe_settings
             )
             found = _first_acceptable(candidates, existence, judgements, requested)
             if found is not None:
@@ -548,13 +592,13 @@ def _candidates(requested: str, fallback_dirs: Sequence[str]) -> list[_Candidate
 
 def _first_acceptable(
     candidates: Sequence[_Candidate],
-    existence: Mapping[str, Run],
+    existence: Mapping[str, Callable[[], ProbeResult[bool]]],
     judgements: Mapping[str, _Judged],
     requested: str,
 ) -> str | None:
     for candidate in candidates:
         verdict = judgements[candidate.directory].verdict
-        exists = existence[candidate.fallback].result()
+        exists = existence[candidate.fallback]()
         if exists.ok and exists.value and verdict.acceptable_destination:
             return candidate.path
         if not (exists.ok and exists.value):
@@ -593,24 +637,19 @@ _DEFAULT = SaveContext()
 
 
 def default_context() -> SaveContext:
-    """The process's `SaveContext`, which the module functions use (as client_python's
-    ``REGISTRY``)."""
+    """The process's `SaveContext`, which every public function uses unless handed one
+    (``context=``), as client_python's ``REGISTRY``."""
     return _DEFAULT
 
 
 def preflight(
     path: str | os.PathLike[str],
-    need_bytes: int | None = None,
-    need_inodes: int | None = NEED_INODES,
-    max_wait: float = 0.0,
-    fallback_dirs: Iterable[str | os.PathLike[str]] = (),
+    options: SaveOptions | None = None,
     *,
-    state_dir: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_unhealthy: str = "proceed",
-    redirect: bool = True,
+    context: SaveContext | None = None,
     quota: ServerProbeSettings | None = None,
     settings: ProbeSettings | None = None,
+    **overrides: Unpack[SaveOverrides],
 ) -> Decision:
     """Decide, right before writing the checkpoint `path`, whether and where to write it.
 
@@ -618,27 +657,20 @@ def preflight(
     it) or a checkpoint directory (as `save_dir` takes it). What is judged is the directory
     that will hold it, its parent; but a `path` that is an existing directory is judged
     itself (`preflight(CKPT_DIR)` asks about CKPT_DIR, not about the directory above it).
-    `need_bytes` defaults to the size of the last successful save into the same directory
-    times 1.1 (no fit check before the first one). `fallback_dirs` (and
+    `options` and keyword overrides are a save's (`SaveOptions`; those of the preflight
+    count): `need_bytes` defaults to the size of the last successful save into the same
+    directory times 1.1 (no fit check before the first one); `fallback_dirs` (and
     ``FSPROBE_FALLBACK_DIRS``, colon-separated) are tried in order for a redirect, unless
-    `redirect` is False. `on_unhealthy="fail"` turns "attempt it anyway" into ``fail``.
+    `redirect` is False; `on_unhealthy="fail"` turns "attempt it anyway" into ``fail``.
     `quota`/`settings` configure the inline probe (no quota by default: `lfs quota` costs a
-    metadata-server RPC per save).
+    metadata-server RPC per save). `context` is `default_context()` unless given.
     """
-    options = SaveOptions(
-        fallback_dirs=tuple(os.fspath(d) for d in fallback_dirs),
-        max_wait=max_wait,
-        need_bytes=need_bytes,
-        need_inodes=need_inodes,
-        redirect=redirect,
-        on_unhealthy=on_unhealthy,
-        state_dir=state_dir,
-        timeout=timeout,
-    ).resolved()
-    requested = os.path.abspath(os.fspath(path))
-    directory = _DEFAULT.judged_directory(requested, state_dir, timeout)
-    return _DEFAULT.preflight(
-        requested, options, directory=directory, quota=quota, settings=settings
+    return (context or _DEFAULT).preflight(
+        path,
+        save_options(options, overrides),
+        directory_itself=True,
+        quota=quota,
+        settings=settings,
     )
 
 
