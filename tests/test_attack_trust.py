@@ -14,6 +14,7 @@ from pathlib import Path
 from fsprobe.events.emit import report
 from fsprobe.events.event import SaveEvent
 from tests.daemon_process import clean_environment, run_fsprobe
+from tests.support.capability import need_command
 from tests.support.users import share
 from tests.test_save_events import PROBING_DAEMON, start_daemon
 
@@ -71,7 +72,8 @@ def test_a_team_member_whose_acl_entry_is_read_only_cannot_mark_the_team_target(
     team = local_users.group()
     alice, mallory = local_users.user(team), local_users.user(team)
     target = _made(tmp_path / "team-ckpt", alice, team, 0o2770)
-    subprocess.run(["setfacl", "-m", f"g::r-x,u:{alice.uid}:rwx", str(target)], check=True)
+    setfacl = need_command("setfacl", "acl")
+    subprocess.run([setfacl, "-m", f"g::r-x,u:{alice.uid}:rwx", str(target)], check=True)
     assert target.stat().st_mode & 0o070 == 0o070  # the mask: it looks team-writable
     with start_daemon(tmp_path, target) as daemon:
         _open_to_users(daemon)
@@ -140,11 +142,11 @@ def test_a_users_own_eacces_in_her_subdirectory_is_her_saves_outcome_only(tmp_pa
 
 @contextlib.contextmanager
 def _immutable(path: Path):
-    subprocess.run(["chattr", "+i", str(path)], check=True)
+    subprocess.run([need_command("chattr", "e2fsprogs"), "+i", str(path)], check=True)
     try:
         yield
     finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
+        subprocess.run([need_command("chattr", "e2fsprogs"), "-i", str(path)], check=True)
 
 
 def test_saves_never_stand_for_a_write_probe_that_fails(tmp_path, local_users):
@@ -218,3 +220,34 @@ def test_hostile_fields_reach_no_reader_raw(tmp_path, local_users):
         assert "\\u202egp.exe\\u2028forged line.pt" in text
         (line,) = [line for line in log.splitlines() if "event=save " in line]
         assert '"node1\\r\\x1b[2Kforged ts=0 level=info event=ok\\u009b31m"' in line
+
+
+def test_a_hung_mount_holds_only_its_own_events_and_never_the_receiver(
+    tmp_path, faultfs, local_users
+):
+    """Admission asks the kernel, and the kernel waits on a hung mount: the check of Alice's
+    target on it hangs, her event there is refused as unverified after the check's deadline,
+    while her saves into her other target are counted as they come; once the mount is back,
+    the check answers and her saves there count again."""
+    share(tmp_path)
+    share(faultfs.mountpoint)
+    alice = local_users.user()
+    hung = _made(faultfs.mountpoint / "ckpt", alice, alice.gid, 0o755)
+    fine = _made(tmp_path / "ckpt", alice, alice.gid, 0o755)
+    with start_daemon(tmp_path, hung, fine) as daemon:
+        _open_to_users(daemon)
+        rule = faultfs.ctl.block("getattr", path="/ckpt")
+        try:
+            _forge(alice, daemon, hung / "model.pt", "ok")
+            for n in range(1, 4):  # her other target's saves are counted meanwhile
+                _forge(alice, daemon, fine / "model.pt", "ok")
+                daemon.wait_for_value("fsprobe_saves_total", float(n), path=str(fine), outcome="ok")
+            daemon.wait_for_value("fsprobe_save_events_dropped_total", 1.0, reason="unverified")
+            assert daemon.value("fsprobe_saves_total", path=str(hung), outcome="ok") == 0.0
+        finally:
+            faultfs.ctl.remove(rule)
+        deadline = time.monotonic() + 60
+        while not daemon.value("fsprobe_saves_total", path=str(hung), outcome="ok"):
+            _forge(alice, daemon, hung / "model.pt", "ok")  # refused while the check is out
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.5)

@@ -19,13 +19,21 @@ import pytest
 
 import fsprobe
 from fsprobe.daemon.store import Store, TargetSpec
-from fsprobe.events.admission import Sender, may_write
+from fsprobe.events.admission import (
+    NOT_PERMITTED,
+    PARKED,
+    TTL,
+    Admission,
+    Sender,
+    may_write,
+)
 from fsprobe.events.emit import SOCKET_NAME, own_socket_name, report
 from fsprobe.events.event import OUTCOMES, Failure, Goodbye, MalformedEvent, SaveEvent, decode
 from fsprobe.model import ProbeResult, WriteProbeResult
 from fsprobe.policy import Policy
 from fsprobe.saving.options import Backoff
 from tests.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
+from tests.support.capability import need_command
 from tests.support.ranks import run_ranks
 from tests.support.users import share
 
@@ -394,7 +402,8 @@ def test_the_kernel_decides_where_a_user_may_report(tmp_path, local_users):
     teams = made(root / "team", alice, team, 0o2770)
     acl = made(root / "acl", alice, team, 0o2770)
     # The team reads it, Alice writes it: the mask (the union, rwx) is what the group bits show.
-    subprocess.run(["setfacl", "-m", f"g::r-x,u:{alice.uid}:rwx", str(acl)], check=True)
+    setfacl = need_command("setfacl", "acl")
+    subprocess.run([setfacl, "-m", f"g::r-x,u:{alice.uid}:rwx", str(acl)], check=True)
     assert stat.S_IMODE(acl.stat().st_mode) & 0o070 == 0o070  # the mask: looks team-writable
     private = made(root / "alice", alice, alice.gid, 0o700)
     inside = made(private / "open", alice, alice.gid, 0o777)
@@ -782,3 +791,38 @@ def test_a_stopped_trainer_is_still_expected_to_save(tmp_path):
         finally:
             trainer.kill()
             trainer.wait()
+
+
+def test_admission_decisions_are_kept_for_their_ttl_and_at_most_so_many():
+    """Each (sender, target) is asked of the kernel once per TTL (30 s), and at most
+    `max_decisions` answers are kept, the oldest forgotten first."""
+    now, asked, back = [0.0], [], threading.Event()
+
+    def check(identity, target: str) -> bool:
+        asked.append((identity.uid, target))
+        return target != "/denied"
+
+    admission: Admission[str] = Admission(
+        back.set, daemon_uid=1, check=check, clock=lambda: now[0], max_decisions=2
+    )
+
+    def ask(uid: int, target: str) -> str | None:
+        said = admission.ask(Sender(uid, uid, 9, frozenset({uid})), target, "event")
+        if said != PARKED:
+            return said
+        deadline = time.monotonic() + 60
+        while not (decided := admission.decided()):
+            assert back.wait(max(0.0, deadline - time.monotonic())), "no check came back"
+            back.clear()
+        ((item, said),) = decided
+        assert item == "event"
+        return said
+
+    assert ask(1000, "/ckpt") is None and ask(1000, "/denied") == NOT_PERMITTED
+    assert ask(1000, "/ckpt") is None and len(asked) == 2  # from the cache
+    assert ask(0, "/denied") is None and ask(1, "/denied") is None  # root, the daemon's user
+    now[0] += TTL
+    assert ask(1000, "/ckpt") is None and len(asked) == 3  # asked again after its TTL
+    for uid in (1001, 1002, 1003):
+        ask(uid, "/ckpt")
+    assert ask(1000, "/ckpt") is None and asked[-1] == (1000, "/ckpt")  # forgotten: asked again

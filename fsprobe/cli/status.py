@@ -310,6 +310,6 @@ def status(state_dir: str | None, as_json: bool) -> int:
         )
     else:
         age = short_age(now - state.generated_at)
-        click.echo(f"{_describe(state.writer)}, state written {age} ago\n")
+        click.echo(f"{escaped(_describe(state.writer))}, state written {age} ago\n")
     click.echo(render_table(targets, now))
     return int(assessment.status)
