@@ -26,7 +26,7 @@ from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.probing.plan import ProbeSettings
-from fsprobe.redirect.fallback import prepare_directory, redirect_path
+from fsprobe.redirect.fallback import fallback_of, prepare_directory, redirect_path
 from fsprobe.redirect.manifest import MAX_AREA_ENTRIES, new_entry, pending, record
 from fsprobe.redirect.sync import fair_order
 from fsprobe.view import TargetView
@@ -306,3 +306,62 @@ def test_each_sync_round_of_the_daemon_starts_with_another_user():
     runs = [("/scratch", 1001), ("/scratch", 1002), ("/scratch", 1003)]
     firsts = [fair_order(runs, round_["rotation"])[0][1] for round_ in rounds]
     assert firsts == [1001, 1002, 1003]
+
+
+def test_a_redirect_its_save_event_reports_is_counted_without_configuring_the_fallback(
+    tmp_path, tmpfs, monkeypatch
+):
+    """The trainer's own fallback (the admin never configured it): its redirected save's event
+    says where it landed, and the daemon counts that fallback for the target from then on."""
+    target = tmpfs(size="8M", nr_inodes=200).path
+    fallback = tmp_path / "trainer-fallback"
+    fallback.mkdir()
+    config = daemon_config(tmp_path, target)  # no fallback_dirs
+    home = tmp_path / "daemon"
+    home.mkdir()
+    env = clean_environment(TMPDIR=str(target))
+    with DaemonProcess(home, "--config", str(config), env=env) as daemon:
+        assert daemon.value("fsprobe_redirected_pending_bytes", path=str(target)) is None
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        payload = os.urandom(200_000)
+        redirected_save(target, fallback, payload)
+        daemon.wait_for_value(
+            "fsprobe_redirected_pending_bytes", float(len(payload)), path=str(target)
+        )
+
+
+def test_root_syncs_only_the_fallbacks_the_admin_configured():
+    """A fallback seen in save events is counted, never synced by root (`sync_redirected`
+    covers the configured ones alone: a trainer's own fallback is hers to sync)."""
+    seen = {"/ckpt": ("/home/alice/fallback",)}
+    opted_in = TargetConfig("/ckpt", ProbeSettings(), {}, sync_redirected=True)
+    snapshot = Snapshot("/ckpt")
+    view = TargetView("/ckpt", snapshot, evaluate(snapshot, Policy(), time.time(), None, None))
+    tasks = planned_tasks(opted_in, lambda path: seen.get(path, ()))
+    assert set(tasks) == {"count"}
+    count = tasks["count"].work(view)
+    assert count is not None and count.args[0] == ("/home/alice/fallback",)
+    assert planned_tasks(opted_in)["count"].work(view) is None  # nothing seen: nothing to do
+    configured = TargetConfig(
+        "/ckpt", ProbeSettings(), {}, fallback_dirs=("/scratch",), sync_redirected=True
+    )
+    tasks = planned_tasks(configured, lambda path: seen.get(path, ()))
+    assert tasks["sync"].work(view).args[0] == ("/scratch",)
+    assert tasks["count"].work(view).args[0] == ("/scratch", "/home/alice/fallback")
+
+
+def test_a_save_event_names_its_fallback_only_through_an_area_of_its_sender():
+    requested = "/lustre/ckpt/step-1.pt"
+    assert fallback_of(requested, "/scratch/fb/uid-1000/lustre/ckpt/step-1.pt", 1000) == (
+        "/scratch/fb"
+    )
+    private = "/scratch/fb/uid-1000.0123456789abcdef/lustre/ckpt/step-1.pt"
+    assert fallback_of(requested, private, 1000) == "/scratch/fb"
+    for landed, uid in (
+        ("/scratch/fb/uid-1000/lustre/ckpt/step-1.pt", 1001),  # someone else's area
+        ("/scratch/fb/other/lustre/ckpt/step-1.pt", 1000),  # not an area
+        ("/scratch/fb/uid-1000/lustre/ckpt/step-2.pt", 1000),  # not this save's copy
+        ("/uid-1000/lustre/ckpt/step-1.pt", 1000),  # no fallback above the area
+        ("/scratch/../fb/uid-1000/lustre/ckpt/step-1.pt", 1000),  # not normal
+    ):
+        assert fallback_of(requested, landed, uid) is None, landed

@@ -319,6 +319,8 @@ def test_a_redirected_save_reaches_a_person_with_where_it_landed(tmp_path, fault
     run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 1.0)
     faultfs.ctl.fail("write", "ENOSPC", path="/ckpt/*step-7*", times=None)
     assert _save_once(target, run.daemon.state_dir, fallback) == "saved"
+    # The daemon was never told of this fallback: the save's event said where it landed.
+    run.prometheus.wait_for(f'fsprobe_redirected_pending_bytes{{path="{path}"}}', 4096.0)
     (alert,) = run.settle(path, [("FsprobeSaveRedirected", "warning")])
     says_what_to_do(alert, path, f"{target}/step-7.pt", "ENOSPC", f"landed ({fallback}")
     assert "fsprobe sync" in alert["annotations"]["action"]

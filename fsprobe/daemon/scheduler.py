@@ -260,6 +260,9 @@ class Scheduler:
             current = self.store.view(message.view.path)
             if current is not None:
                 changed[current.path] = current
+            last = message.view.saves.last
+            if last is not None and last.outcome == "redirected":
+                self.tasks.count_soon(message.view.path, time.monotonic())
         elif isinstance(message, _TaskDone):
             view = self.tasks.finished(message.key, message.future)
             if view is not None:

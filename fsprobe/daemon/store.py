@@ -32,10 +32,13 @@ from fsprobe.model import (
 )
 from fsprobe.policy import Policy, Verdict, evaluate, unjudged
 from fsprobe.posix.paths import is_under
+from fsprobe.redirect.fallback import fallback_of
 from fsprobe.view import Histogram, LastSave, SaveProblem, SaveStats, TargetView
 
 #: Things a target remembers having reported once (squatted areas, superseded copies).
 MAX_SEEN_KEPT = 10_000
+#: Fallback directories a target remembers from its redirected saves (the first ones seen).
+MAX_SEEN_FALLBACKS = 8
 #: Successful saves whose gaps give a target's regular save interval (their median).
 INTERVAL_SAVES = 9
 #: While a target is saved at a regular interval, a landed save stands for the write probe for
@@ -76,6 +79,7 @@ class _Target:
     probed_at: float | None = None  # when the write probe last ran
     skipped: Counter = field(default_factory=Counter)  # probe -> runs left out (`take`)
     savers: Savers = field(default_factory=Savers)  # the processes expected to save again
+    seen_fallbacks: dict = field(default_factory=dict)  # where its redirected saves landed
     bug: tuple[str, str] | None = None  # (stage, summary) of a bug caught handling a result
 
     def take(self, result: ProbeResult, probed: bool = True) -> None:
@@ -312,7 +316,18 @@ class Store:
                 target.take(evidence, probed=False)
                 if evidence.ok:
                     target.written_at = now
+            if save.outcome == "redirected" and save.landed is not None:
+                fallback = fallback_of(save.requested, save.landed, sender.uid)
+                if fallback is not None and len(target.seen_fallbacks) < MAX_SEEN_FALLBACKS:
+                    target.seen_fallbacks[fallback] = None
             return None, self._publish(target)
+
+    def seen_fallbacks(self, path: str) -> tuple[str, ...]:
+        """The fallback directories that saves redirected away from `path` landed in, as
+        their events said (at most `MAX_SEEN_FALLBACKS`): counted like configured ones."""
+        with self._lock:
+            target = self._targets.get(path)
+            return tuple(target.seen_fallbacks) if target is not None else ()
 
     def goodbye(self, sender: Sender, goodbye: Goodbye) -> list[TargetView]:
         """A saving process exits cleanly: expect no more saves from it; the changed views."""

@@ -40,13 +40,18 @@ class PlannedTask:
 
     interval: float
     deadline: float
-    work: Callable[[TargetView], Callable[[], object]]
+    work: Callable[[TargetView], Callable[[], object] | None]  # None: nothing to do now
 
 
-def _count(target: TargetConfig, _view: TargetView) -> Callable[[], object]:
-    return functools.partial(
-        count_fallbacks, target.fallback_dirs, target.path, max_entries=MAX_AREA_ENTRIES
-    )
+def _count(
+    target: TargetConfig, seen: Callable[[str], tuple[str, ...]], _view: TargetView
+) -> Callable[[], object] | None:
+    """Count the configured fallbacks and those the target's redirected saves landed in
+    (`Store.seen_fallbacks`); nothing while there are none."""
+    fallbacks = tuple(dict.fromkeys((*target.fallback_dirs, *seen(target.path))))
+    if not fallbacks:
+        return None
+    return functools.partial(count_fallbacks, fallbacks, target.path, max_entries=MAX_AREA_ENTRIES)
 
 
 def _sync(target: TargetConfig, rounds: Iterator[int], view: TargetView) -> Callable[[], object]:
@@ -64,19 +69,22 @@ def _sync(target: TargetConfig, rounds: Iterator[int], view: TargetView) -> Call
     )
 
 
-def planned_tasks(target: TargetConfig) -> dict[str, PlannedTask]:
-    """The tasks of `target`, sync before count; none without fallback directories."""
-    if not target.fallback_dirs:
-        return {}
+def planned_tasks(
+    target: TargetConfig, seen: Callable[[str], tuple[str, ...]] = lambda path: ()
+) -> dict[str, PlannedTask]:
+    """The tasks of `target`, sync before count. The count also covers the fallbacks `seen`
+    in its redirected saves' events; the sync (root's, opt-in) only the configured ones."""
     tasks = {}
-    if target.sync_redirected:
+    if target.sync_redirected and target.fallback_dirs:
         tasks["sync"] = PlannedTask(
             target.redirect_interval,
             SYNC_DEADLINE,
             functools.partial(_sync, target, itertools.count()),
         )
     tasks["count"] = PlannedTask(
-        target.redirect_interval, target.settings.deadline, functools.partial(_count, target)
+        target.redirect_interval,
+        target.settings.deadline,
+        functools.partial(_count, target, seen),
     )
     return tasks
 
@@ -196,7 +204,7 @@ class Tasks:
         self._tasks = {
             (target.path, kind): task
             for target in targets
-            for kind, task in planned_tasks(target).items()
+            for kind, task in planned_tasks(target, self.store.seen_fallbacks).items()
         }
         for key, task in self._tasks.items():
             if key in self._schedule:
@@ -212,8 +220,11 @@ class Tasks:
             view = self.store.view(key[0])
             if key in self._running or view is None:
                 continue
+            work = self._tasks[key].work(view)
+            if work is None:
+                continue
             task = self._tasks[key]
-            future = self._executor.submit(key[1], task.work(view))
+            future = self._executor.submit(key[1], work)
             self._running[key] = _Run(task.deadline, now, future)
             future.add_done_callback(functools.partial(done, key))
 
@@ -246,6 +257,11 @@ class Tasks:
                     deadline=run.deadline,
                 )
 
+    def count_soon(self, path: str, now: float) -> None:
+        """Count `path`'s fallbacks at the next turn (a save was just redirected)."""
+        if (path, "count") in self._schedule:
+            self._schedule.run_now((path, "count"), now)
+
     def wake_times(self) -> list[float]:
         """When the scheduler must look again: the next due task and the next deadline (of a
         run not yet reported overdue: one that was has nothing more to wake for)."""
@@ -262,11 +278,12 @@ def run_tasks_once(targets: Iterable[TargetConfig], store: Store, executor: Exec
     """Every task of every target once, each bounded by its deadline: for `fsprobe run
     --once`, after the probes (a sync judges readiness from them)."""
     for target in targets:
-        for kind, task in planned_tasks(target).items():
+        for kind, task in planned_tasks(target, store.seen_fallbacks).items():
             view = store.view(target.path)
-            if view is None:
+            work = task.work(view) if view is not None else None
+            if work is None:
                 continue
-            future = executor.submit(kind, task.work(view))
+            future = executor.submit(kind, work)
             try:
                 result: ProbeResult = future.result(timeout=task.deadline)
             except FutureTimeout:

@@ -85,6 +85,19 @@ def redirect_path(fallback: str, requested: str) -> str:
     return os.path.join(claim_area(fallback).path, mirrored(requested))
 
 
+def fallback_of(requested: str, landed: str, uid: int) -> str | None:
+    """The fallback directory a save of `requested` by `uid` landed in at `landed` (the
+    inverse of `redirect_path`), or None if `landed` is not in an area of that user's."""
+    relative = "/" + mirrored(requested)
+    if not landed.endswith(relative) or os.path.normpath(landed) != landed:
+        return None
+    area, name = os.path.split(landed[: -len(relative)])
+    match = AREA_NAME.match(name)
+    if match is None or int(match["uid"]) != uid or area == "/" or not area.startswith("/"):
+        return None
+    return area
+
+
 def open_root(fallback: str) -> int:
     """Open a fallback directory itself, as configured; refuse one others could rearrange.
 
