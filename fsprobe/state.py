@@ -333,7 +333,7 @@ class StateReader:
             )
         try:
             document = json.loads(raw)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
             raise CorruptStateFile(
                 f"state file {self.path} is not valid JSON ({error}); it is rewritten by "
                 "`fsprobe run` after every probe"

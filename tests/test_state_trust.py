@@ -147,6 +147,7 @@ def test_a_symlink_in_place_of_the_file_is_refused(state_dir, tmp_path):
         (b'{"schema": 1, "generated_at": 17000', "not valid JSON"),  # truncated
         (b"", "not valid JSON"),
         (b"\x00\xff garbage", "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),  # nested too deep: no RecursionError
         (b'{"schema": 2, "targets": {}}', "has schema 2"),
         (b'["schema", 1]', "has schema None"),
         (b'{"schema": 1, "generated_at": 1, "targets": []}', "'targets' is not an object"),
