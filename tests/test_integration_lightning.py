@@ -163,3 +163,42 @@ def test_a_fit_whose_saves_the_state_file_answers_starts_no_probe_worker(tmp_pat
 def test_a_misspelt_option_fails_when_the_plugin_is_made():
     with pytest.raises(TypeError, match="max_wiat"):
         FsprobeCheckpointIO(max_wiat=30)
+
+
+@pytest.mark.parametrize(
+    "options", [{"attempts": 0}, {"on_unhealthy": "ignore"}, {"save_timeout": 0}]
+)
+def test_a_wrong_option_value_fails_when_the_plugin_is_made(options):
+    with pytest.raises(ValueError):
+        FsprobeCheckpointIO(**options)
+
+
+def test_lightning_gets_the_path_the_caller_gave_and_names_it_so(tmp_path, monkeypatch):
+    """Lightning's tests hand a `Path` and a relative name, and expect them back: a `Path`
+    stays a `Path`, "not existing" stays relative in the message (no redirected copy)."""
+    given: list[object] = []
+
+    class Recording(TorchCheckpointIO):
+        """What the plugin hands Lightning's own implementation."""
+
+        def load_checkpoint(self, path, *args, **kwargs):
+            given.append(path)
+            return super().load_checkpoint(path, *args, **kwargs)
+
+        def remove_checkpoint(self, path):
+            given.append(path)
+            return super().remove_checkpoint(path)
+
+    class RecordingFsprobe(FsprobeCheckpointIO, Recording):
+        pass
+
+    monkeypatch.chdir(tmp_path)
+    plugin = RecordingFsprobe()
+    path = tmp_path / "epoch=0.ckpt"
+    plugin.save_checkpoint({"epoch": 0}, path)
+    assert plugin.load_checkpoint(path)["epoch"] == 0
+    plugin.remove_checkpoint(path)
+    assert given == [path, path]
+    assert all(type(p) is type(path) for p in given)
+    with pytest.raises(FileNotFoundError, match=r"^Checkpoint file not found: not existing$"):
+        plugin.load_checkpoint("not existing")

@@ -6,12 +6,12 @@ Lightning's own implementation. Needs only ``lightning.fabric``.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from fsprobe import atomic_write
+from fsprobe import SaveOptions, atomic_write
 from fsprobe.extras import import_extra, is_missing, missing_extra
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
@@ -40,9 +40,10 @@ def _is_local(path: str | os.PathLike[str]) -> bool:
 class FsprobeCheckpointIO(TorchCheckpointIO):
     """Save, load and remove checkpoints the fsprobe way; `last_result` is the last save's.
 
-    `attempts`, `fallback_dirs` and `max_wait` mean what they mean for `fsprobe.save`; further
-    keyword arguments (``backoff``, ``state_dir``, ``timeout``, ``on_unhealthy``...) are passed
-    to `fsprobe.atomic_write` as they are.
+    `attempts`, `fallback_dirs`, `max_wait` and the further keyword arguments (``backoff``,
+    ``state_dir``, ``timeout``, ``on_unhealthy``...) are `fsprobe.SaveOptions`, made here: a
+    wrong one is a TypeError or ValueError now, not at the first checkpoint hours into the
+    run. Lightning gets the paths it gave (a `Path` stays a `Path`), but for a redirected copy.
     """
 
     def __init__(
@@ -53,55 +54,49 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
         **atomic_write_kwargs: Any,
     ) -> None:
         super().__init__()
-        # A misspelt option must fail here, not at the first checkpoint hours into the run.
-        inspect.signature(atomic_write).bind_partial(
-            attempts=attempts, fallback_dirs=fallback_dirs, max_wait=max_wait, **atomic_write_kwargs
-        )
-        self.attempts = attempts
-        self.fallback_dirs = tuple(os.fspath(d) for d in fallback_dirs)
-        self.max_wait = max_wait
-        self.atomic_write_kwargs = atomic_write_kwargs
+        self._given = {
+            "attempts": attempts,
+            "fallback_dirs": tuple(os.fspath(d) for d in fallback_dirs),
+            "max_wait": max_wait,
+            **atomic_write_kwargs,
+        }
+        self.options = SaveOptions(**self._given)
         self.last_result: SaveResult | None = None
 
     def save_checkpoint(
         self,
         checkpoint: dict[str, Any],
-        path: str | os.PathLike[str],
+        path: str | Path,
         storage_options: Any | None = None,
     ) -> None:
         if storage_options is not None or not _is_local(path):
             # Lightning's own refusal of storage_options (its wording), or a remote path.
-            super().save_checkpoint(checkpoint, os.fspath(path), storage_options=storage_options)
+            super().save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.last_result = atomic_write(
-            path, lambda stream: torch.save(checkpoint, stream), **self.save_options()
+            path, lambda stream: torch.save(checkpoint, stream), options=self.options
         )
 
     def save_options(self) -> dict[str, Any]:
-        """The keyword arguments of every save made through this plugin."""
-        return {
-            "attempts": self.attempts,
-            "fallback_dirs": self.fallback_dirs,
-            "max_wait": self.max_wait,
-            **self.atomic_write_kwargs,
-        }
+        """The options given to this plugin, as keyword arguments of a save."""
+        return dict(self._given)
 
     def load_checkpoint(
         self,
-        path: str | os.PathLike[str],
+        path: str | Path,
         map_location: Callable[..., Any] | Any | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Load `path`, or its redirected copy when that one is newer (not yet synced back)."""
         if _is_local(path):
-            path = locate(path, fallback_dirs=self.fallback_dirs)
-        return super().load_checkpoint(
-            os.fspath(path), map_location=map_location, weights_only=weights_only
-        )
+            where = locate(path, fallback_dirs=self.options.fallback_dirs)
+            if where != os.path.abspath(path):
+                path = where
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
-    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+    def remove_checkpoint(self, path: str | Path) -> None:
         """Remove `path` and any redirected copy of it, with its manifest entry."""
-        super().remove_checkpoint(os.fspath(path))
+        super().remove_checkpoint(path)
         if _is_local(path):
-            forget(os.fspath(path), all_fallback_dirs(self.fallback_dirs))
+            forget(os.fspath(path), all_fallback_dirs(self.options.fallback_dirs))
