@@ -22,12 +22,14 @@ need_module("accelerate")
 
 from transformers import GPT2LMHeadModel, Trainer, TrainerCallback  # noqa: E402
 
+from fsprobe import SaveOptions  # noqa: E402
 from fsprobe.integrations.transformers import (  # noqa: E402
     last_checkpoint,
     protect,
     protected_results,
 )
 from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
+from fsprobe.redirect import manifest  # noqa: E402
 from fsprobe.saving.options import Backoff  # noqa: E402
 from tests.support.durability import assert_directory_saved  # noqa: E402
 from tests.support.torchrun import torchrun_job  # noqa: E402
@@ -324,3 +326,135 @@ def test_last_checkpoint_is_the_newest_at_the_output_dir_without_redirects(tmp_p
     trainer.train()
     (tmp_path / "run" / "checkpoint-x").mkdir()  # not a checkpoint name
     assert last_checkpoint(tmp_path / "run") == str(tmp_path / "run" / "checkpoint-2")
+
+
+def redirect_checkpoint(faultfs, step: int) -> int:
+    """Every write into the staging directory of ``run/checkpoint-<step>`` fails with EDQUOT:
+    that checkpoint goes to the fallback, whole; the others stay at the target."""
+    staging = f"/run/.fsprobe~*checkpoint-{step}.tmp/*"
+    return faultfs.ctl.fail("write", "EDQUOT", path=staging, times=None)
+
+
+def everywhere(output: Path, fallback: Path) -> list[str]:
+    """The checkpoint names of `output`, at the target or redirected (not synced back)."""
+    redirected = [
+        os.path.basename(entry.requested)
+        for entry in manifest.pending([str(fallback)], mine=True)
+        if os.path.dirname(entry.requested) == str(output)
+    ]
+    return sorted(checkpoints(output) + redirected)
+
+
+#: Evaluated every step; the best is the *worst* loss, an early checkpoint, so that the end
+#: loads a checkpoint other than the last.
+BEST_EARLY = dict(
+    max_steps=5,
+    eval_strategy="steps",
+    eval_steps=1,
+    save_total_limit=2,
+    load_best_model_at_end=True,
+    metric_for_best_model="loss",
+    greater_is_better=True,
+)
+
+
+@pytest.mark.parametrize("redirected", ["best", "others"])
+def test_the_best_model_and_the_rotation_count_the_target_and_the_fallback_together(
+    faultfs, tmp_path, redirected
+):
+    """The run ends with the best model wherever it landed, keeps save_total_limit
+    checkpoints in target and fallback together (the rest deleted from both), and its state
+    is the unprotected run's."""
+    plain = tiny_trainer(tmp_path / "plain", **BEST_EARLY)
+    plain.train()
+    best = plain.state.best_global_step
+    assert best not in (None, 5)  # the end loads an earlier checkpoint
+    steps = [best] if redirected == "best" else [s for s in range(1, 5) if s != best]
+
+    output, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    for step in steps:
+        redirect_checkpoint(faultfs, step)
+    protected = protect(
+        tiny_trainer(output, **BEST_EARLY), fallback_dirs=[fallback], backoff=quick()
+    )
+    protected.train()
+    results = protected_results(protected)
+    assert [int(r.requested_path.rsplit("-", 1)[1]) for r in results if r.redirected] == steps
+
+    for name, tensor in weights(protected).items():  # the best model, loaded at the end
+        assert torch.equal(tensor, weights(plain)[name]), name
+    assert everywhere(output, fallback) == checkpoints(tmp_path / "plain")
+    assert protected.state.best_global_step == best
+    assert relative(protected.state.best_model_checkpoint, output) == relative(
+        plain.state.best_model_checkpoint, tmp_path / "plain"
+    )
+    newest = Path(last_checkpoint(output, fallback_dirs=[fallback]))
+    state, reference = (
+        json.loads((d / "trainer_state.json").read_text())
+        for d in (newest, tmp_path / "plain" / "checkpoint-5")
+    )
+    assert relative(state.pop("best_model_checkpoint"), output) == relative(
+        reference.pop("best_model_checkpoint"), tmp_path / "plain"
+    )
+    assert comparable(state) == comparable(reference)
+    copies = {e.actual for e in manifest.pending([str(fallback)], mine=True)}
+    assert {
+        os.path.join(parent, name)
+        for parent, names, _ in os.walk(fallback)
+        for name in names
+        if name.startswith("checkpoint-")
+    } == copies  # what the rotation deleted is gone from the fallback too
+
+
+def test_a_resume_finds_the_newest_checkpoint_in_the_fallback_and_keeps_a_redirected_best(
+    faultfs, tmp_path
+):
+    """``resume_from_checkpoint=True`` resumes from a redirected newest checkpoint, and the
+    best checkpoint it names stays the best though it is not at its path: the run ends as the
+    one never interrupted, best model loaded."""
+
+    class Interrupt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                raise KeyboardInterrupt("the job's time is up")
+
+    arguments = {**BEST_EARLY, "save_total_limit": None}
+    whole = tiny_trainer(tmp_path / "whole", **arguments)
+    whole.train()
+    best = whole.state.best_global_step
+    assert best not in (None, 3, 5)
+
+    output, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    for step in sorted({best, 3}):
+        redirect_checkpoint(faultfs, step)
+    interrupted = protect(
+        tiny_trainer(output, callbacks=[Interrupt()], **arguments),
+        fallback_dirs=[fallback],
+        backoff=quick(),
+    )
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    assert "checkpoint-3" not in checkpoints(output)
+
+    resumed = protect(tiny_trainer(output, **arguments), fallback_dirs=[fallback])
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 5
+    for name, tensor in weights(resumed).items():
+        assert torch.equal(tensor, weights(whole)[name]), name
+    assert resumed.state.best_global_step == best
+    assert relative(resumed.state.best_model_checkpoint, output) == relative(
+        whole.state.best_model_checkpoint, tmp_path / "whole"
+    )
+
+
+def test_protect_makes_its_options_at_once(tmp_path):
+    trainer = tiny_trainer(tmp_path / "run")
+    with pytest.raises(ValueError, match="attempts"):
+        protect(trainer, attempts=0)
+    with pytest.raises(ValueError, match="attempts"):
+        protect(trainer, options=SaveOptions(attempts=3), attempts=0)
+    with pytest.raises(TypeError, match="backoff"):
+        protect(trainer, backoff=0.2)
+    protect(trainer, options=SaveOptions(attempts=2))

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -27,14 +28,21 @@ with extra_imports("transformers", __name__, "torch", "transformers", "accelerat
         TrainerState,
         TrainingArguments,
     )
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from fsprobe import SaveOptions, preflight, save_dir
 from fsprobe import distributed as collective
-from fsprobe import preflight, save_dir
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
-from fsprobe.redirect.manifest import pending
-from fsprobe.saving.commit import NEED_MARGIN, OPTION_NAMES, Decision, SaveResult
+from fsprobe.redirect.manifest import forget, pending
+from fsprobe.saving.commit import (
+    NEED_MARGIN,
+    OPTION_NAMES,
+    Decision,
+    SaveContext,
+    SaveResult,
+    save_options,
+)
 
 log = logging.getLogger("fsprobe.transformers")
 
@@ -190,10 +198,11 @@ class FsprobeCallback(TrainerCallback):
 def protect(trainer: Trainer, **save_dir_kwargs: Any) -> Trainer:
     """Make every checkpoint `trainer` writes a directory save; returns `trainer`.
 
-    `save_dir_kwargs` are those of `fsprobe.save_dir` (``fallback_dirs``, ``attempts``,
-    ``max_wait``, ``backoff``, ``state_dir``...), checked now rather than at the first
-    checkpoint. Works on an instance of `Trainer` or of any subclass (TRL's, a user's), before
-    or after ``train()`` started; see the module docstring for what it changes.
+    `save_dir_kwargs` are the options of `fsprobe.save_dir` (``fallback_dirs``, ``attempts``,
+    ``max_wait``, ``backoff``, ``state_dir``..., or one ``options=SaveOptions(...)``), made
+    now: a wrong one fails here rather than at the first checkpoint. Works on an instance of
+    `Trainer` or of any subclass (TRL's, a user's), before or after ``train()`` started; see
+    the module docstring for what it changes.
     """
     unknown = [k for k in save_dir_kwargs if k not in _SAVE_DIR_PARAMETERS or k in _NOT_OPTIONS]
     if unknown:
@@ -202,9 +211,12 @@ def protect(trainer: Trainer, **save_dir_kwargs: Any) -> Trainer:
         alone = [k for k in save_dir_kwargs if k not in _COLLECTIVE_PARAMETERS]
         if alone:
             raise TypeError(f"a save by many ranks takes no {', '.join(alone)}")
+    given = dict(save_dir_kwargs)
+    context = given.pop("context", None)
+    options = save_options(given.pop("options", None), given)
     if trainer in _PROTECTED:
         raise ValueError("this trainer's checkpoints are protected already")
-    _PROTECTED[trainer] = _ProtectedCheckpoints(trainer, save_dir_kwargs)
+    _PROTECTED[trainer] = _ProtectedCheckpoints(trainer, options, context)
     return trainer
 
 
@@ -219,8 +231,18 @@ def last_checkpoint(
     `output_dir`; pass this instead: ``resume_from_checkpoint=last_checkpoint(out, [fb])``.
     A redirected copy counts only if `fsprobe.locate` trusts it (this user's, checksum intact).
     """
-    output_dir = os.path.abspath(os.fspath(output_dir))
     fallbacks = all_fallback_dirs(fallback_dirs)
+    for checkpoint in reversed(_checkpoints_in(output_dir, fallbacks)):
+        found = locate(checkpoint, fallback_dirs=fallbacks)
+        if os.path.isdir(found):
+            return found
+    return None
+
+
+def _checkpoints_in(output_dir: str | os.PathLike[str], fallbacks: tuple[str, ...]) -> list[str]:
+    """The ``checkpoint-N`` paths of `output_dir` (absolute, oldest step first) that exist
+    there or redirected to `fallbacks` (not synced back yet)."""
+    output_dir = os.path.abspath(os.fspath(output_dir))
     names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
     names += [
         os.path.basename(entry.requested)
@@ -228,13 +250,7 @@ def last_checkpoint(
         if os.path.dirname(entry.requested) == output_dir
     ]
     steps = {step for step in map(_step_of, names) if step is not None}
-    for step in sorted(steps, reverse=True):
-        found = locate(
-            os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"), fallback_dirs=fallbacks
-        )
-        if os.path.isdir(found):
-            return found
-    return None
+    return [os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}") for step in sorted(steps)]
 
 
 def _step_of(name: str) -> int | None:
@@ -272,9 +288,15 @@ def _files_in(directory: str) -> set[str]:
 class _ProtectedCheckpoints:
     """What `protect` installs on one trainer: its checkpoints, staged and committed whole."""
 
-    def __init__(self, trainer: Trainer, save_dir_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, trainer: Trainer, options: SaveOptions, context: SaveContext | None
+    ) -> None:
         self.trainer = weakref.proxy(trainer)  # the trainer holds this, not the other way
-        self.save_dir_kwargs = save_dir_kwargs
+        self.options, self.context = options, context
+        self.fallbacks = all_fallback_dirs(options.fallback_dirs)
+        #: The best checkpoint that the state a resume loads names (the Trainer forgets it
+        #: when it is not at its path: redirected).
+        self.resumed_best: str | None = None
         #: (the checkpoint's absolute path, its staging directory) while the Trainer writes.
         self.staging: tuple[str, str] | None = None
         self.push: Callable[[str], object] | None = None  # the Hub push, deferred to the commit
@@ -301,6 +323,15 @@ class _ProtectedCheckpoints:
         )
         replacements["_save_checkpoint"] = functools.partial(
             self.save_checkpoint, trainer._save_checkpoint
+        )
+        replacements["_load_best_model"] = functools.partial(
+            self.load_best_model, trainer._load_best_model
+        )
+        replacements["train"] = functools.wraps(trainer.train)(
+            functools.partial(self.train, trainer.train)
+        )
+        replacements["_load_callback_state"] = functools.partial(
+            self.load_callback_state, trainer._load_callback_state
         )
         for name, replacement in replacements.items():
             setattr(trainer, name, replacement)  # this trainer's own methods, not its class's
@@ -366,8 +397,10 @@ class _ProtectedCheckpoints:
             return sorted(_files_in(staging) - before) if collective_save else None
 
         if collective_save:
-            return collective.save_dir(checkpoint, write, **self.save_dir_kwargs)
-        return save_dir(checkpoint, write, **self.save_dir_kwargs)
+            return collective.save_dir(
+                checkpoint, write, options=self.options, context=self.context
+            )
+        return save_dir(checkpoint, write, options=self.options, context=self.context)
 
     def _write_into(
         self, checkpoint: str, staging: str, run_original: Callable[[], object]
@@ -400,12 +433,85 @@ class _ProtectedCheckpoints:
                 result.path,
             )
         if args.should_save:  # the Trainer's rotation ran before this checkpoint existed
-            rotate_checkpoints(
-                output_dir=run_dir,
-                save_total_limit=args.save_total_limit,
-                best_model_checkpoint=state.best_model_checkpoint,
-                use_mtime=True,
-            )
+            self._rotate(run_dir, args.save_total_limit, state.best_model_checkpoint)
         if self.push is not None:
             push, self.push = self.push, None
             push(result.path)
+
+    def _rotate(self, run_dir: str, limit: int | None, best: str | None) -> None:
+        """The Trainer's rotation (``save_total_limit``: the newest and the best kept), over
+        the checkpoints at the target and in the fallbacks together: what it deletes goes from
+        both, with its manifest entries."""
+        if limit is None or limit <= 0:
+            return
+        checkpoints = _checkpoints_in(run_dir, self.fallbacks)
+        if len(checkpoints) <= limit:
+            return
+        kept = {checkpoints[-1], *([os.path.abspath(best)] if best else [])}
+        remaining = len(checkpoints)
+        for checkpoint in checkpoints:
+            if remaining <= max(limit, len(kept)):
+                break
+            if checkpoint in kept:
+                continue
+            log.info("fsprobe: deleting %s (save_total_limit=%d)", checkpoint, limit)
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            forget(checkpoint, self.fallbacks)
+            remaining -= 1
+
+    # -- loading: what the Trainer looks for at a checkpoint's path, wherever it landed -------
+
+    def train(
+        self,
+        original: Callable[..., Any],
+        resume_from_checkpoint: str | bool | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """`Trainer.train`, resuming from the newest checkpoint wherever it landed
+        (``resume_from_checkpoint=True``) or from the newest copy of the one named."""
+        output_dir = cast(str, self.trainer.args.output_dir)
+        if resume_from_checkpoint is True:
+            found = last_checkpoint(output_dir, self.fallbacks)
+            if found is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
+            resume_from_checkpoint = found
+        elif isinstance(resume_from_checkpoint, (str, os.PathLike)):
+            where = locate(resume_from_checkpoint, fallback_dirs=self.fallbacks)
+            if where != os.path.abspath(resume_from_checkpoint):
+                resume_from_checkpoint = where
+        self.resumed_best = None
+        if isinstance(resume_from_checkpoint, (str, os.PathLike)):
+            self.resumed_best = _best_named_in(resume_from_checkpoint)
+        return original(resume_from_checkpoint, *args, **kwargs)
+
+    def load_callback_state(self, original: Callable[[], None]) -> None:
+        """Runs right after the Trainer loaded a resumed state and dropped a best checkpoint
+        that is not at its path: kept when it was redirected."""
+        state, best = self.trainer.state, self.resumed_best
+        redirected = best is not None and os.path.isdir(locate(best, fallback_dirs=self.fallbacks))
+        if state.best_model_checkpoint is None and redirected:
+            state.best_model_checkpoint = best
+            log.info("fsprobe: the best checkpoint %s is a redirected copy: kept", best)
+        original()
+
+    def load_best_model(self, original: Callable[[], None]) -> None:
+        """`Trainer._load_best_model` from the newest copy of the best checkpoint."""
+        state = self.trainer.state
+        best = state.best_model_checkpoint
+        if best is not None:
+            state.best_model_checkpoint = locate(best, fallback_dirs=self.fallbacks)
+        try:
+            original()
+        finally:
+            state.best_model_checkpoint = best
+
+
+def _best_named_in(checkpoint: str | os.PathLike[str]) -> str | None:
+    """The best checkpoint that `checkpoint`'s saved trainer state names, if any."""
+    try:
+        state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    except (OSError, ValueError):
+        return None
+    best: str | None = state.best_model_checkpoint
+    return best
