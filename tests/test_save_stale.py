@@ -280,3 +280,34 @@ def test_a_temp_name_swapped_for_a_symlink_to_it_is_not_removed(tmp_path):
     temp.discard()
     assert os.path.islink(temp.name)
     assert (tmp_path / "kept").exists()
+
+
+@pytest.mark.parametrize("next_save", ["file", "directory"])
+def test_a_staging_directory_its_attempt_could_not_remove_goes_with_the_next_save(
+    faultfs, next_save
+):
+    """A failed attempt of a directory save whose staging directory the filesystem would not
+    let go (rmdir EBUSY, as a FUSE server holding a hidden file of it) leaves it behind; the
+    next save in that directory, of either kind, removes it at once, not 60 s later."""
+    run = faultfs.mountpoint / "run"
+    run.mkdir()
+    failing = faultfs.ctl.fail("write", "EIO", path="/run/.fsprobe~*/a.bin", times=None)
+    busy = faultfs.ctl.fail("rmdir", "EBUSY", path="/run/.fsprobe~*", times=1)
+
+    def write(staging):
+        with open(os.path.join(staging, "a.bin"), "wb") as f:
+            f.write(b"x" * 4096)
+
+    with pytest.raises(OSError):
+        fsprobe.save_dir(run / "ckpt", write, attempts=1, redirect=False)
+    assert faultfs.ctl.rule(busy)["hits"] == 1
+    [left] = os.listdir(run)
+    assert parse_temp_name(left) and os.listdir(run / left) == []
+
+    faultfs.ctl.remove(failing)
+    if next_save == "file":
+        fsprobe.atomic_write(run / "other.bin", lambda f: f.write(b"y"))
+        assert os.listdir(run) == ["other.bin"]
+    else:
+        fsprobe.save_dir(run / "ckpt", write)
+        assert os.listdir(run) == ["ckpt"]

@@ -35,11 +35,13 @@ _MAX_BASE = 96
 class Claims:
     """(st_dev, st_ino) of the temp files and staging directories this process is writing: its
     own threads' saves. A lock is no proof of life within one process on NFS (whose flock is a
-    per-process POSIX lock), so cleanup asks this too. One per process (`CLAIMS`). No lock:
-    a set's add, discard and lookup are atomic, and a lock held at a fork would stay held."""
+    per-process POSIX lock), so cleanup asks this too. Also those it gave up and could not
+    remove (`abandoned`): certainly dead, whatever their age. One per process (`CLAIMS`). No
+    lock: a set's add, discard and lookup are atomic, and a lock held at a fork would stay held."""
 
     def __init__(self) -> None:
         self._live: set[tuple[int, int]] = set()
+        self.abandoned: set[tuple[int, int]] = set()
 
     def add(self, identity: tuple[int, int]) -> None:
         self._live.add(identity)

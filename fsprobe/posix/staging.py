@@ -12,7 +12,7 @@ import os
 import stat
 from collections.abc import Callable
 
-from fsprobe.posix.atomic import claim, temp_name, unclaim
+from fsprobe.posix.atomic import CLAIMS, claim, temp_name, unclaim
 from fsprobe.posix.swap import exchange, replace_if_unchanged, replace_in_two_steps
 from fsprobe.posix.tree import (
     TreeSize,
@@ -154,20 +154,24 @@ class Staging:
         if replaced is not None:
             self.remove(replaced)
 
-    def remove(self, name: str) -> None:
-        """Remove `name` (the staging dir, or the replaced checkpoint) beside the destination.
+    def remove(self, name: str) -> bool:
+        """Remove `name` (the staging dir, or the replaced checkpoint) beside the destination;
+        whether it is gone.
 
         Never raises: what cannot be removed now is logged, and the next save's cleanup of
         crashed saves gets another chance.
         """
         try:
-            if not remove_tree(self.parent_fd, name):
-                log.warning("could not remove all of %s in %s", name, self.parent)
+            if remove_tree(self.parent_fd, name):
+                return True
+            log.warning("could not remove all of %s in %s", name, self.parent)
         except OSError as error:
             log.warning("could not remove %s in %s: %s", name, self.parent, error)
+        return False
 
     def close(self) -> None:
         """Close the descriptors; the staging directory is removed unless it was published."""
+        identity = self.claimed
         for claimed in (self.claimed, self.replaced):
             if claimed is not None:
                 unclaim(claimed)
@@ -179,7 +183,9 @@ class Staging:
             os.close(self.fd)
             self.fd = None
         if self.created and not self.published:
-            self.remove(self.staging)
+            if not self.remove(self.staging) and identity is not None:
+                # Left by this very attempt: the next save here removes it, however young.
+                CLAIMS.abandoned.add(identity)
             self.created = False
         if self.parent_fd >= 0:
             os.close(self.parent_fd)

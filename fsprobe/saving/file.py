@@ -33,7 +33,7 @@ from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options, split_keywords
 from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import INTERRUPTS, FailedAttempt, SaveResult, failure_of
-from fsprobe.saving.stale import remove_stale_temps
+from fsprobe.saving.stale import clean_directory
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -261,7 +261,7 @@ def write_file(
                     destination, write, options.fsync, progress
                 ),
             ),
-            clean=remove_stale_temps,
+            clean=clean_directory,
             digest=sha256_of,
         ),
         context,

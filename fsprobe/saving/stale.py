@@ -28,7 +28,14 @@ import os
 import stat
 import time
 
-from fsprobe.posix.atomic import LOCK_UNSUPPORTED, TempName, hostname, is_live_here, parse_temp_name
+from fsprobe.posix.atomic import (
+    CLAIMS,
+    LOCK_UNSUPPORTED,
+    TempName,
+    hostname,
+    is_live_here,
+    parse_temp_name,
+)
 from fsprobe.posix.staging import open_parent
 from fsprobe.posix.swap import parse_retired_name, restore_or_remove_retired
 from fsprobe.posix.tree import measure_tree, open_directory, opened, remove_tree
@@ -141,7 +148,9 @@ def remove_stale_staging(directory: str) -> None:
     checkpoints they retired (restored if nothing took their place, removed otherwise).
 
     The authorship rule of temp files (`fsprobe.saving.stale`), applied to directories owned by
-    this user; from another host, the newest write anywhere in the tree counts. Never raises.
+    this user; from another host, the newest write anywhere in the tree counts. One that an
+    attempt of this process gave up and could not remove (`CLAIMS.abandoned`) goes at once,
+    whatever its age. Never raises.
     """
     this_host, now, euid = hostname(), time.time(), os.geteuid()
     try:
@@ -159,16 +168,20 @@ def remove_stale_staging(directory: str) -> None:
                 info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
                 if not stat.S_ISDIR(info.st_mode) or info.st_uid != euid:
                     continue
+                identity = (info.st_dev, info.st_ino)
                 with opened(open_directory(name, parent_fd)) as fd:
                     alive = True if is_live_here(os.fstat(fd)) else writer_alive(fd)
                     mtime = info.st_mtime
                     if writer.host != this_host:
                         mtime = measure_tree(fd).newest_mtime
-                if not is_stale(writer, mtime, alive, now):
+                mine = writer.pid == os.getpid() and writer.host == this_host
+                abandoned = mine and identity in CLAIMS.abandoned and not alive
+                if not abandoned and not is_stale(writer, mtime, alive, now):
                     continue
                 if retired:
                     restore_or_remove_retired(parent_fd, name, retired[1])
                 elif remove_tree(parent_fd, name):
+                    CLAIMS.abandoned.discard(identity)
                     log.info(
                         "removed %s in %s, left by a crashed save (pid %d on %s)",
                         name,
