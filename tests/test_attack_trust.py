@@ -251,3 +251,22 @@ def test_a_hung_mount_holds_only_its_own_events_and_never_the_receiver(
             _forge(alice, daemon, hung / "model.pt", "ok")  # refused while the check is out
             assert time.monotonic() < deadline, daemon.log()
             time.sleep(0.5)
+
+
+def test_a_target_not_made_yet_in_open_scratch_is_nobodys_to_report(tmp_path, local_users):
+    """Alice's job will save into /scratch/alice-run, not made yet, in a sticky 1777 scratch
+    that everyone may write: admission asked about its nearest existing parent, so Mallory's
+    forged EROFS there made the target unhealthy before the job started, and its preflight
+    refused to run. No save has landed in a directory that does not exist: refused."""
+    share(tmp_path)
+    mallory = local_users.user()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    os.chmod(scratch, 0o1777)
+    target = scratch / "alice-run"
+    with start_daemon(tmp_path, target) as daemon:
+        _open_to_users(daemon)
+        _forge(mallory, daemon, target / "model.pt", "EROFS")
+        daemon.wait_for_value("fsprobe_save_events_dropped_total", 1.0, reason="not_permitted")
+        assert daemon.value("fsprobe_saves_total", path=str(target), outcome="failed") == 0.0
+        assert daemon.value("fsprobe_health_status", path=str(target)) != 2.0

@@ -76,7 +76,7 @@ def start_daemon(tmp_path: Path, *targets: Path, defaults: str = QUIET_DAEMON) -
                 time.sleep(0.05)
         assert (daemon.state_dir / SOCKET_NAME).is_socket()
         if os.geteuid() == 0:
-            for owner in {os.stat(target).st_uid for target in targets}:
+            for owner in {os.stat(t).st_uid for t in targets if os.path.exists(t)}:
                 own = daemon.state_dir / own_socket_name(owner)
                 deadline = time.monotonic() + 60
                 while not _socket_of(own, owner):  # bound, then given to her
@@ -385,7 +385,8 @@ def test_the_kernel_decides_where_a_user_may_report(tmp_path, local_users):
     """The admission rule is the kernel's answer for the sender (`may_write`), case by case:
     hers, her team's, a group-writable directory her ACL entry makes read-only (its group
     bits show the ACL mask, rwx), an open directory inside a 0700 one of someone else's, a
-    read-only bind mount, and a target not made yet (its nearest existing parent)."""
+    read-only bind mount, and a target not made yet (no save landed there, whoever may make
+    it)."""
     share(tmp_path)
     team = local_users.group()
     alice, mallory = local_users.user(team), local_users.user(team)
@@ -428,7 +429,7 @@ def test_the_kernel_decides_where_a_user_may_report(tmp_path, local_users):
         subprocess.run(["umount", str(readonly)], check=True)
     assert decided == {
         "own": True,
-        "own, not made yet": True,
+        "own, not made yet": False,
         "team": True,
         "acl r-x": False,
         "0777 in a 0700": False,

@@ -27,6 +27,8 @@ MAX_DECISIONS = 4096
 #: How long a check may take before its events are refused (a hung mount).
 DEADLINE = 5.0
 MAX_CHECKS = 32
+#: Checks of one target at once: a hung mount holds at most these threads, never every slot.
+MAX_CHECKS_PER_TARGET = 4
 MAX_PARKED = 16
 #: What `Admission.ask` and `decided` say besides None (admitted): the reasons an event is
 #: refused (the kernel says no; no check could decide) and that it waits for its check.
@@ -77,25 +79,17 @@ def groups_of(pid: int, uid: int, gid: int, proc: str = "/proc") -> frozenset[in
 
 
 def may_write(identity: Identity, directory: str) -> bool:
-    """Whether the kernel lets `identity` create a file in `directory`, or in its nearest
-    existing parent if it does not exist yet. Acts as `identity` in the calling thread
-    (root only); OSError(ENOSYS) on a kernel without faccessat2."""
-    path = os.path.abspath(directory)
+    """Whether the kernel lets `identity` create a file in `directory` (which must exist: in
+    a target not made yet no save has landed, whoever may make it). Acts as `identity` in the
+    calling thread (root only); OSError(ENOSYS) on a kernel without faccessat2."""
+    path = os.fsencode(os.path.abspath(directory))
     with acting_as(identity):
-        while True:
-            if (
-                _libc.syscall(
-                    _FACCESSAT2, _AT_FDCWD, os.fsencode(path), os.W_OK | os.X_OK, _AT_EACCESS
-                )
-                == 0
-            ):
-                return True
-            code = ctypes.get_errno()
-            if code == errno.ENOSYS:
-                raise OSError(code, "faccessat2: not in this kernel (Linux 5.8 and later)")
-            if code != errno.ENOENT or path == "/":
-                return False
-            path = os.path.dirname(path)
+        if _libc.syscall(_FACCESSAT2, _AT_FDCWD, path, os.W_OK | os.X_OK, _AT_EACCESS) == 0:
+            return True
+        code = ctypes.get_errno()
+    if code == errno.ENOSYS:
+        raise OSError(code, "faccessat2: not in this kernel (Linux 5.8 and later)")
+    return False
 
 
 Key = tuple[int, int, frozenset[int], str]
@@ -150,14 +144,23 @@ class Admission(Generic[Item]):
             check.parked.append(item)
             return PARKED
         with self._lock:
-            if key in self._running or len(self._running) >= self._max_checks:
-                return UNVERIFIED  # a hung check of this one, or too many at once
+            if (
+                key in self._running  # its check hangs still
+                or len(self._running) >= self._max_checks
+                or sum(k[3] == target for k in self._running) >= MAX_CHECKS_PER_TARGET
+            ):
+                return UNVERIFIED
             self._running.add(key)
-        self._checks[key] = _Check(now, [item])
         thread = threading.Thread(
             target=self._run, args=(key, sender.identity()), name="fsprobe-admission", daemon=True
         )
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: nothing decided
+            with self._lock:
+                self._running.discard(key)
+            return UNVERIFIED
+        self._checks[key] = _Check(now, [item])
         return PARKED
 
     def decided(self) -> list[tuple[Item, str | None]]:
