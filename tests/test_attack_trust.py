@@ -270,3 +270,38 @@ def test_a_target_not_made_yet_in_open_scratch_is_nobodys_to_report(tmp_path, lo
         daemon.wait_for_value("fsprobe_save_events_dropped_total", 1.0, reason="not_permitted")
         assert daemon.value("fsprobe_saves_total", path=str(target), outcome="failed") == 0.0
         assert daemon.value("fsprobe_health_status", path=str(target)) != 2.0
+
+
+BURST = """
+import sys, time
+from fsprobe.events.emit import report
+from fsprobe.events.event import SaveEvent
+state_dir, requested, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sent, give_up = 0, time.monotonic() + 60
+while sent < count and time.monotonic() < give_up:  # as fast as the kernel's queue takes them
+    if report(SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1), state_dir):
+        sent += 1
+    else:
+        time.sleep(0.001)
+print(sent)
+"""
+
+
+def test_a_first_burst_waits_for_its_check_and_loses_nothing(tmp_path, faultfs, local_users):
+    """Alice's first saves come in a burst while her admission check is slow (the mount takes
+    a second per lookup): the events wait for it, all of them (16 waited, the rest of a burst
+    was refused as unverified)."""
+    share(tmp_path)
+    share(faultfs.mountpoint)
+    alice = local_users.user()
+    target = _made(faultfs.mountpoint / "ckpt", alice, alice.gid, 0o755)
+    with start_daemon(tmp_path, target) as daemon:
+        _open_to_users(daemon)
+        rule = faultfs.ctl.delay("getattr", 1.0, path="/ckpt")
+        try:
+            done = alice.python(BURST, str(daemon.state_dir), str(target / "m.pt"), "40")
+            assert (done.returncode, done.stdout.strip()) == (0, "40"), done.stderr
+            daemon.wait_for_value("fsprobe_saves_total", 40.0, path=str(target), outcome="ok")
+        finally:
+            faultfs.ctl.remove(rule)
+        assert daemon.value("fsprobe_save_events_dropped_total", reason="unverified") is None

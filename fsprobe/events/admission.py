@@ -29,7 +29,9 @@ DEADLINE = 5.0
 MAX_CHECKS = 32
 #: Checks of one target at once: a hung mount holds at most these threads, never every slot.
 MAX_CHECKS_PER_TARGET = 4
-MAX_PARKED = 16
+#: Events waiting for one check: more than a sender's whole burst and its rate until the
+#: deadline (receive.BURST 100 + 5 s x RATE 5), so a first burst loses nothing to its check.
+MAX_PARKED = 128
 #: What `Admission.ask` and `decided` say besides None (admitted): the reasons an event is
 #: refused (the kernel says no; no check could decide) and that it waits for its check.
 NOT_PERMITTED = "not_permitted"
