@@ -22,6 +22,7 @@ def check(
     write_probe: bool = True,
     quota_provider: str = "auto",
     lfs: str | None = None,
+    lctl: str | None = None,
     user: int | None = None,
     group: int | None = None,
     project: int | None = None,
@@ -32,6 +33,7 @@ def check(
 ) -> Report:
     """Probe `path` now (statvfs, quota, `lfs df`, a test write, $TMPDIR) and judge it.
 
+    `lfs` and `lctl` name the Lustre tools (else $FSPROBE_LFS, $FSPROBE_LCTL, then PATH).
     Every probe runs in parallel and is bounded by its deadline; `timeout` caps all of them, so
     on a hung mount this returns after about `timeout` seconds with a `mount_stuck` reason.
     The probes run in a worker process, so a stuck probe never keeps this process from exiting.
@@ -48,6 +50,7 @@ def check(
         base.server_probes,
         provider=quota_provider if quota_provider != "auto" else base.server_probes.provider,
         lfs=lfs or base.server_probes.lfs,
+        lctl=lctl or base.server_probes.lctl,
         user=user if user is not None else base.server_probes.user,
         group=group if group is not None else base.server_probes.group,
         project=project if project is not None else base.server_probes.project,

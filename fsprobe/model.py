@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 #: The probe kinds, in the order in which they are shown and exported.
-PROBE_KINDS = ("statvfs", "quota", "lfs_df", "write", "tmpdir")
+PROBE_KINDS = ("statvfs", "quota", "lfs_df", "imports", "write", "tmpdir")
 
 #: The error name a probe reports when it overran its deadline (an errno name otherwise).
 TIMEOUT = "TIMEOUT"
@@ -226,6 +226,32 @@ class LustreTarget:
     flags: str = ""
     pools: tuple[str, ...] = ()
     in_layout: bool = True
+
+
+#: The import states that carry this node's requests: FULL, and IDLE (an idle import,
+#: disconnected on purpose after `idle_timeout`, reconnects on the next request).
+CONNECTED_STATES = frozenset({"FULL", "IDLE"})
+
+
+@dataclass(frozen=True)
+class LustreImport:
+    """This node's connection (import) to one MDT or OST, as `lctl get_param *.state` shows it.
+
+    `state` is the kernel's name (``FULL``, ``DISCONN``, ``EVICTED`` ...); `lost_at` is when
+    the import left FULL/IDLE for the state it is in (None while connected), `last_eviction`
+    the latest EVICTED in the state history.
+    """
+
+    name: str  # FSNAME-OST0007
+    kind: str  # MDT | OST
+    index: int
+    state: str
+    lost_at: float | None = None
+    last_eviction: float | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.state in CONNECTED_STATES
 
 
 WRITE_STEPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink")

@@ -16,6 +16,7 @@ from fsprobe.model import (
     TIMEOUT,
     FilesystemInfo,
     Level,
+    LustreImport,
     LustreTarget,
     ProbeResult,
     QuotaEntry,
@@ -29,6 +30,7 @@ from fsprobe.model import (
 )
 from fsprobe.units import (
     format_bytes,
+    format_clock,
     format_count,
     format_duration,
     format_percent,
@@ -40,6 +42,7 @@ DEFAULT_INTERVALS: Mapping[str, float] = {
     "write": 60.0,
     "quota": 300.0,
     "lfs_df": 300.0,
+    "imports": 15.0,
     "tmpdir": 60.0,
 }
 
@@ -99,6 +102,14 @@ _SEVERITY_STATUS = {
     Severity.DEGRADED: Status.DEGRADED,
     Severity.UNHEALTHY: Status.UNHEALTHY,
 }
+
+
+#: Passing trouble that only degrades a target and yet stands in the way of a save's writes:
+#: a file striped on a target this node has lost waits for the reconnection. A save waits for
+#: it (up to `max_wait`), then goes elsewhere.
+IN_THE_WAY = frozenset({"lustre_target_disconnected"})
+#: How long an eviction in an import's state history is worth a notice.
+RECENT_EVICTION_SECONDS = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -175,8 +186,10 @@ class Verdict:
     @functools.cached_property
     def can_take_save(self) -> bool:
         """Whether a save should be written here now: nothing refuses it, nothing passing is
-        bad enough (unhealthy) to write elsewhere instead."""
-        return not self.refusing and not any(r.severity is Severity.UNHEALTHY for r in self.passing)
+        bad enough (unhealthy, or in the way of its writes) to write elsewhere instead."""
+        return not self.refusing and not any(
+            r.severity is Severity.UNHEALTHY or r.code in IN_THE_WAY for r in self.passing
+        )
 
     @property
     def worth_waiting(self) -> bool:
@@ -508,6 +521,59 @@ def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Rea
     ]
 
 
+def _short(name: str) -> str:
+    """``lustre-OST0007`` -> ``OST0007``: the target as an admin names it."""
+    return name.rpartition("-")[2] or name
+
+
+def reached_imports(
+    imports: Iterable[LustreImport], targets: Iterable[LustreTarget]
+) -> list[LustreImport]:
+    """The imports of the targets a new file can meet: every MDT, and every OST but those that
+    `lfs df` marks as out of the layout's reach (all of them where it did not run)."""
+    outside = {t.name for t in targets if t.kind == "OST" and not t.in_layout}
+    return [t for t in imports if t.kind != "OST" or t.name not in outside]
+
+
+def _import_reasons(meets: list[LustreImport], now: float) -> list[Reason]:
+    """This node's connection to the targets a new file can meet: a lost one degrades the
+    target until it is back (waiting may cure it); an eviction of the last day is a notice with
+    its time (the writes in flight then failed with EIO)."""
+    reasons = []
+    lost = [t for t in meets if not t.connected]
+    if lost:
+        worst = lost[0]  # MDTs first, then by index
+        at = f" at {format_clock(worst.lost_at, now)}" if worst.lost_at is not None else ""
+        others = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
+        reasons.append(
+            Reason(
+                "lustre_target_disconnected",
+                Severity.DEGRADED,
+                f"this node lost its connection to {_short(worst.name)}{at} ({worst.state})"
+                f"{others}: a file it holds waits until the node reconnects",
+                transient=True,
+            )
+        )
+    evicted = [
+        t
+        for t in meets
+        if t.last_eviction is not None and now - t.last_eviction <= RECENT_EVICTION_SECONDS
+    ]
+    if evicted:
+        latest = max(evicted, key=lambda t: t.last_eviction or 0.0)
+        assert latest.last_eviction is not None
+        reasons.append(
+            Reason(
+                "lustre_target_evicted",
+                Severity.NOTICE,
+                f"{_short(latest.name)} evicted this node at "
+                f"{format_clock(latest.last_eviction, now)}: the writes it had in flight then "
+                "failed with EIO",
+            )
+        )
+    return reasons
+
+
 def _write_reasons(
     latest: ProbeResult, recent_errors: tuple[str | None, ...], policy: Policy
 ) -> list[Reason]:
@@ -610,6 +676,9 @@ def evaluate(
     reasons += fit_reasons
     reasons += _quota_probe_reasons(fresh.get("quota"), quota, untrusted, policy, now)
     reasons += _lustre_reasons(_value(fresh, "lfs_df") or (), policy)
+    reasons += _import_reasons(
+        reached_imports(_value(fresh, "imports") or (), _value(fresh, "lfs_df") or ()), now
+    )
     reasons += _write_probe_reasons(
         fresh.get("write"), untrusted, snapshot.recent_write_errors, policy
     )

@@ -18,6 +18,7 @@ from fsprobe.model import (
     QUOTA_TYPES,
     FilesystemInfo,
     LastSave,
+    LustreImport,
     LustreTarget,
     ProbeResult,
     QuotaEntry,
@@ -52,6 +53,9 @@ LUSTRE_TARGET = Form(
     LustreTarget,
     f"name kind index size_bytes avail_bytes {_INODES} active flags pools? in_layout?",
     renamed=_OLD_INODES,
+)
+LUSTRE_IMPORT = Form(  # connected is derived from the state
+    LustreImport, "name kind index state connected! lost_at last_eviction"
 )
 WRITE_PROBE = Form(WriteProbeResult, "ok bytes latency_seconds step errno message")
 TMPDIR = Form(TmpdirInfo, "path same_device")
@@ -99,6 +103,7 @@ class _Document:
     probes: Mapping[str, ProbeResult[Any]]
     exists: bool | None = None  # absent in earlier versions: taken as existing
     quota_notes: tuple[str, ...] = ()  # absent before pools
+    lustre_imports: tuple[LustreImport, ...] | None = None  # absent before the imports probe
 
     @property
     def judged_path(self) -> str | None:
@@ -112,8 +117,8 @@ class _Document:
 DOCUMENT = Form(
     _Document,
     "path exists? judged_path! status reasons filesystem quota quota_provider quota_errors"
-    " quota_notes? lustre_targets headroom write_probe tmpdir need fits probed_at! fresh_until"
-    " probes",
+    " quota_notes? lustre_targets lustre_imports? headroom write_probe tmpdir need fits"
+    " probed_at! fresh_until probes",
     name="report",
 )
 
@@ -157,6 +162,7 @@ class Report:
             quota_errors=quota.errors if quota is not None else (),
             quota_notes=quota.notes if quota is not None else (),
             lustre_targets=snapshot.value("lfs_df"),
+            lustre_imports=snapshot.value("imports"),
             headroom=verdict.headroom,
             write_probe=write.value if write is not None else None,
             tmpdir=snapshot.value("tmpdir"),
@@ -181,6 +187,7 @@ class Report:
             "write": read.write_probe,
             "tmpdir": read.tmpdir,
             "lfs_df": read.lustre_targets,
+            "imports": read.lustre_imports,
         }
         if read.quota_provider is not None:
             entries = read.quota or ()

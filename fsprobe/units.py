@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtpe]?)(i?b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
@@ -76,3 +77,10 @@ def format_seconds(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds:.1f} s"
+
+
+def format_clock(at: float, now: float) -> str:
+    """A moment for a person, in local time: ``"14:02"`` within the last day, else with its date
+    (``"2026-11-30 14:02"``)."""
+    layout = "%H:%M" if 0 <= now - at < 86400 else "%Y-%m-%d %H:%M"
+    return time.strftime(layout, time.localtime(at))

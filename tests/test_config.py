@@ -43,6 +43,7 @@ def test_a_path_alone_needs_no_file(tmp_path):
         "write": 60.0,
         "quota": 300.0,
         "lfs_df": 300.0,
+        "imports": 15.0,
         "tmpdir": 60.0,
     }
     assert target.redirect_interval == 60.0  # the daemon's tasks, not a probe: never judged

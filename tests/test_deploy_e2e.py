@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.daemon_process import DaemonProcess, clean_environment
-from tests.support.fakes.fake_lfs import FAKE_LFS
+from tests.support.fakes.fake_lfs import FAKE_LCTL, FAKE_LFS
 from tests.support.prometheus import Prometheus
 from tests.support.tmpfs import fill_inodes
 
@@ -108,6 +108,7 @@ def test_lustre_target_alert_only_for_the_osts_a_new_file_can_meet(tmp_path, pro
     )
     env = clean_environment(
         FSPROBE_LFS=str(FAKE_LFS),
+        FSPROBE_LCTL=str(FAKE_LCTL),
         FAKE_LFS_STATE=str(state),
         PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
         TMPDIR=str(tmp_path),

@@ -9,8 +9,10 @@ probe that failed once, a fallback directory. Renaming a metric in the exporter,
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import deploy_metrics
@@ -18,7 +20,7 @@ import deploy_metrics
 import fsprobe
 from fsprobe.saving.options import Backoff
 from tests.daemon_process import DaemonProcess, clean_environment
-from tests.support.fakes.fake_lfs import FAKE_LFS
+from tests.support.fakes.fake_lfs import FAKE_LCTL, FAKE_LFS
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 RULES = DEPLOY / "prometheus" / "fsprobe.rules.yml"
@@ -43,8 +45,15 @@ def test_rules_and_dashboard_use_only_metrics_the_daemon_exports(tmp_path, fault
         f'[[targets]]\npath = "{target}"\nuser = 1000\ngroup = 1000\n'
         f'fallback_dirs = ["{fallback}"]\n'
     )
+    # OST0001 evicted this node an hour ago and took it back: the eviction's series.
+    evicted = tmp_path / "lctl.json"
+    hour_ago = int(time.time()) - 3600
+    history = [[hour_ago - 60, "FULL"], [hour_ago, "EVICTED"], [hour_ago + 1, "FULL"]]
+    evicted.write_text(json.dumps({"targets": {"OST0001": {"state": "FULL", "history": history}}}))
     env = clean_environment(
         FSPROBE_LFS=str(FAKE_LFS),
+        FSPROBE_LCTL=str(FAKE_LCTL),
+        FAKE_LCTL_STATE=str(evicted),
         FAKE_LFS_VERSION="2.16",
         FAKE_LFS_CONTROL=str(faultfs.ctl.socket_path),
         FAKE_LFS_PROJECT="4242",
@@ -60,6 +69,7 @@ def test_rules_and_dashboard_use_only_metrics_the_daemon_exports(tmp_path, fault
             "fsprobe_redirected_pending_bytes",
             "fsprobe_tmpdir_same_device",
             "fsprobe_quota_soft_limit_bytes",
+            "fsprobe_lustre_target_last_eviction_timestamp_seconds",
         ):
             daemon.wait_for_present(name)
         daemon.wait_for_value("fsprobe_probe_errors_total", 1.0, probe="write", errno="EIO")

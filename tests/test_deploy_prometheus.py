@@ -32,6 +32,7 @@ RUNBOOK_URL = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["u
 
 #: docs/design.md §6, "Alert names".
 DESIGN_ALERTS = {
+    "FsprobeLustreTargetDisconnected",
     "FsprobeSpaceHeadroomLow",
     "FsprobeInodeHeadroomLow",
     "FsprobeSpaceFillingUp",

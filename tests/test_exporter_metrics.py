@@ -25,6 +25,7 @@ from fsprobe.exporters.metrics import (
 from fsprobe.exporters.textfile import TEXTFILE_NAME, open_textfile_dir, write_textfile
 from fsprobe.model import (
     FilesystemInfo,
+    LustreImport,
     LustreTarget,
     ProbeResult,
     QuotaEntry,
@@ -70,7 +71,15 @@ CONTRACT = {
     "fsprobe_quota_exceeded": {"path", "type", "id", "resource"},
     **{
         f"fsprobe_lustre_target_{suffix}": {"path", "target"}
-        for suffix in ("avail_bytes", "size_bytes", "inodes_free", "inodes", "in_layout")
+        for suffix in (
+            "avail_bytes",
+            "size_bytes",
+            "inodes_free",
+            "inodes",
+            "in_layout",
+            "connected",
+            "last_eviction_timestamp_seconds",
+        )
     },
     "fsprobe_headroom_bytes": {"path"},
     "fsprobe_headroom_inodes": {"path"},
@@ -138,6 +147,10 @@ OSTS = (
     LustreTarget("scratch-MDT0000", "MDT", 0, 2**40, 2**39, 1_000_000, 600_000),
     LustreTarget("scratch-OST0001", "OST", 1, 5 * 2**40, 3 * 2**40, None, None),
 )
+IMPORTS = (
+    LustreImport("scratch-MDT0000", "MDT", 0, "FULL"),
+    LustreImport("scratch-OST0001", "OST", 1, "FULL", last_eviction=NOW - 600),
+)
 WRITE = WriteProbeResult(
     ok=True,
     bytes=1 << 20,
@@ -159,7 +172,14 @@ def result(probe: str, value=None, error: str | None = None, stuck: bool = False
 
 def full_store(path: str = "/lustre/ckpt") -> Store:
     store = Store(clock=lambda: NOW + 1)
-    intervals = {"statvfs": 15.0, "quota": 300.0, "lfs_df": 300.0, "write": 60.0, "tmpdir": 60.0}
+    intervals = {
+        "statvfs": 15.0,
+        "quota": 300.0,
+        "lfs_df": 300.0,
+        "imports": 15.0,
+        "write": 60.0,
+        "tmpdir": 60.0,
+    }
     store.configure([TargetSpec(path, Policy(intervals=intervals), intervals)])
     for failures in ((), (Failure("EIO", "write"),), ()):  # real saves, before the probes
         saved = SaveEvent(f"{path}/a.pt", f"{path}/a.pt", 100, 2.0, 1, failures, NOW, "h", 1)
@@ -167,6 +187,7 @@ def full_store(path: str = "/lustre/ckpt") -> Store:
     store.record(path, result("statvfs", FS))
     store.record(path, result("quota", QUOTA))
     store.record(path, result("lfs_df", OSTS))
+    store.record(path, result("imports", IMPORTS))
     store.record(path, result("write", error="EIO"))
     store.record(path, result("write", WRITE))
     store.record(path, result("tmpdir", TmpdirInfo("/tmp", same_device=False)))

@@ -24,6 +24,7 @@ from fsprobe.model import (
     TIMEOUT,
     WRITE_STEPS,
     FilesystemInfo,
+    LustreImport,
     LustreTarget,
     ProbeResult,
     QuotaEntry,
@@ -117,6 +118,18 @@ lustre_targets = st.lists(
     ),
     max_size=4,
 ).map(tuple)
+lustre_imports = st.lists(
+    st.builds(
+        LustreImport,
+        name=texts,
+        kind=st.sampled_from(["MDT", "OST"]),
+        index=amounts,
+        state=st.sampled_from(["FULL", "IDLE", "DISCONN", "EVICTED", "<UNKNOWN>"]) | texts,
+        lost_at=st.none() | moments,
+        last_eviction=st.none() | moments,
+    ),
+    max_size=4,
+).map(tuple)
 write_probes = st.builds(
     WriteProbeResult,
     ok=st.booleans(),
@@ -131,6 +144,7 @@ VALUES = {
     "statvfs": filesystems,
     "quota": st.none() | quota_reports,
     "lfs_df": st.none() | lustre_targets,
+    "imports": st.none() | lustre_imports,
     "write": write_probes,
     "tmpdir": tmpdirs,
 }

@@ -18,7 +18,7 @@ from fsprobe.daemon.config import (
 )
 from fsprobe.daemon.scheduler import planned_probes
 from tests.daemon_process import DaemonProcess, clean_environment, run_fsprobe
-from tests.support.fakes.fake_lfs import FAKE_LFS
+from tests.support.fakes.fake_lfs import FAKE_LCTL, FAKE_LFS
 
 
 @pytest.mark.parametrize(
@@ -57,6 +57,7 @@ def sidecar(tmp_path, name, target, rank, control) -> DaemonProcess:
     )
     env = clean_environment(
         FSPROBE_LFS=str(FAKE_LFS),
+        FSPROBE_LCTL=str(FAKE_LCTL),
         FAKE_LFS_VERSION="2.16",
         FAKE_LFS_CONTROL=control,
         FAKE_LFS_LOG=str(home / "lfs.log"),
@@ -127,6 +128,7 @@ def test_check_on_a_rank_other_than_zero_asks_no_lfs_and_says_so(tmp_path, fault
     log = tmp_path / "lfs.log"
     env = clean_environment(
         FSPROBE_LFS=str(FAKE_LFS),
+        FSPROBE_LCTL=str(FAKE_LCTL),
         FAKE_LFS_VERSION="2.16",
         FAKE_LFS_CONTROL=str(faultfs.ctl.socket_path),
         FAKE_LFS_LOG=str(log),

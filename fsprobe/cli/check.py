@@ -9,7 +9,7 @@ import time
 import click
 
 from fsprobe.checking import check as run_check
-from fsprobe.cli.options import DIRECTORY, PROBE_AS, SECONDS, SIZE, quota_options
+from fsprobe.cli.options import DIRECTORY, PROBE_AS, SECONDS, SIZE, absolute_lfs, quota_options
 from fsprobe.cli.render import render_report
 from fsprobe.daemon.config import ConfigError, load_target, server_probes_elsewhere
 
@@ -42,6 +42,15 @@ from fsprobe.daemon.config import ConfigError, load_target, server_probes_elsewh
     help="Who probes, when run as root: the directory's owner (default, so that the test "
     "write meets their quota and permissions), root, or this account.",
 )
+@click.option(
+    "--lctl",
+    "lctl",
+    metavar="BIN",
+    envvar="FSPROBE_LCTL",
+    callback=absolute_lfs,
+    help="The lctl binary, for this node's connection to each Lustre target "
+    "[env FSPROBE_LCTL; default: lctl on PATH].",
+)
 @quota_options
 def check(
     path: str,
@@ -54,6 +63,7 @@ def check(
     config_file: str | None,
     quota_provider: str,
     lfs: str | None,
+    lctl: str | None,
     user: int | None,
     group: int | None,
     project: int | None,
@@ -95,6 +105,7 @@ def check(
         write_probe=not no_write_probe,
         quota_provider="none" if no_quota else quota_provider,
         lfs=lfs,
+        lctl=lctl,
         user=user,
         group=group,
         project=project,

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import click
 
-from fsprobe.model import FilesystemInfo, QuotaEntry, QuotaReport, QuotaState, QuotaUsage
-from fsprobe.policy import Headroom, Reason
+from fsprobe.model import (
+    FilesystemInfo,
+    LustreImport,
+    QuotaEntry,
+    QuotaReport,
+    QuotaState,
+    QuotaUsage,
+)
+from fsprobe.policy import Headroom, Reason, reached_imports
 from fsprobe.posix.paths import escaped
 from fsprobe.report import Report
 from fsprobe.units import (
     format_bytes,
+    format_clock,
     format_count,
     format_duration,
     format_percent,
@@ -156,6 +164,27 @@ def _write_line(report: Report) -> list[str]:
     return [_line("write", click.style(escaped(write.message or "failed"), fg="red"))]
 
 
+def _connection_line(report: Report, now: float) -> list[str]:
+    """This node's connection to the Lustre targets a new file can meet (the imports probe)."""
+    imports: tuple[LustreImport, ...] | None = report.snapshot.value("imports")
+    if not imports:
+        return []
+    meets = reached_imports(imports, report.snapshot.value("lfs_df") or ())
+    lost = [t for t in meets if not t.connected]
+    text = f"{len(meets) - len(lost)} of {len(meets)} targets connected"
+    if lost:
+        names = ", ".join(
+            f"{escaped(t.name)} {escaped(t.state)}"
+            + (f" since {format_clock(t.lost_at, now)}" if t.lost_at is not None else "")
+            for t in lost[:3]
+        )
+        text = click.style(f"{text}; lost: {names}", fg="yellow")
+    evicted = [t.last_eviction for t in meets if t.last_eviction is not None]
+    if evicted:
+        text += f"; last evicted at {format_clock(max(evicted), now)}"
+    return [_line("lustre", text)]
+
+
 def _need_line(report: Report) -> list[str]:
     if report.need_bytes is None and report.need_inodes is None:
         return []
@@ -207,6 +236,7 @@ def render_report(report: Report, now: float) -> str:
     if quota is not None and quota.entries:
         lines += quota_lines(quota.entries, now)
     lines += _write_line(report)
+    lines += _connection_line(report, now)
     tmpdir = report.snapshot.value("tmpdir")
     if tmpdir is not None:
         same = "same filesystem" if tmpdir.same_device else "another filesystem"

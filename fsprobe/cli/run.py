@@ -62,6 +62,13 @@ class _CannotStart(click.ClickException):
     help="The lfs binary [env FSPROBE_LFS; default: lfs on PATH].",
 )
 @click.option(
+    "--lctl",
+    metavar="BIN",
+    callback=absolute_lfs,
+    help="The lctl binary, for this node's connection to each Lustre target "
+    "[env FSPROBE_LCTL; default: lctl on PATH].",
+)
+@click.option(
     "--sync-redirected",
     is_flag=True,
     default=None,
@@ -86,6 +93,7 @@ def run(
     textfile_dir: str | None,
     web_config: str | None,
     lfs: str | None,
+    lctl: str | None,
     sync_redirected: bool | None,
     once: bool,
     verbose: bool,
@@ -118,6 +126,7 @@ def run(
         textfile_dir=textfile_dir,
         web_config=web_config,
         lfs=lfs,
+        lctl=lctl,
         log_level="debug" if verbose else None,
         sync_redirected=sync_redirected,
     )

@@ -115,6 +115,7 @@ class Overrides:
     textfile_dir: str | None = None
     web_config: str | None = None
     lfs: str | None = None
+    lctl: str | None = None
     log_level: str | None = None
     sync_redirected: bool | None = None
 
@@ -274,6 +275,7 @@ _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
     "quota_probe": _choice(*QUOTA_PROBE_MODES),
     "lfs_df_probe": _bool,
     "lfs": _string,
+    "lctl": _string,
 }
 _THRESHOLD_KEYS: dict[str, Callable[[Any], Any]] = {
     "headroom_degraded_ratio": _ratio,
@@ -442,8 +444,9 @@ def _read_file(file: str) -> _FileSettings:
     defaults = reader.table(document.get("defaults", {}), ("defaults",))
     default_values = reader.fields(defaults, ("defaults",), _PROBE_KEYS, tables=("thresholds",))
     base_dir = os.path.dirname(file) or "."
-    if "lfs" in default_values:  # a relative path in the file: relative to the file
-        default_values["lfs"] = absolute_binary(default_values["lfs"], base_dir)
+    for tool in ("lfs", "lctl"):  # a relative path in the file: relative to the file
+        if tool in default_values:
+            default_values[tool] = absolute_binary(default_values[tool], base_dir)
     default_thresholds = reader.fields(
         reader.table(defaults.get("thresholds", {}), ("defaults", "thresholds")),
         ("defaults", "thresholds"),
@@ -460,8 +463,9 @@ def _read_file(file: str) -> _FileSettings:
         if "path" not in values:
             raise reader.error(path, "a target needs a path")
         values["path"] = _absolute(values["path"], base_dir)
-        if "lfs" in values:
-            values["lfs"] = absolute_binary(values["lfs"], base_dir)
+        for tool in ("lfs", "lctl"):
+            if tool in values:
+                values[tool] = absolute_binary(values[tool], base_dir)
         if "fallback_dirs" in values:
             values["fallback_dirs"] = tuple(_absolute(d, base_dir) for d in values["fallback_dirs"])
         thresholds = reader.fields(
@@ -555,6 +559,7 @@ def _target(
     values: Mapping[str, Any],
     thresholds: Mapping[str, Any],
     lfs_override: str | None,
+    lctl_override: str | None,
     environ: Mapping[str, str],
     sync_redirected: bool,
 ) -> TargetConfig:
@@ -567,6 +572,7 @@ def _target(
         base_quota,
         provider=values.get("quota_provider", base_quota.provider),
         lfs=lfs_override or values.get("lfs") or base_quota.lfs,
+        lctl=lctl_override or values.get("lctl") or base_quota.lctl,
         user=values.get("user"),
         group=values.get("group"),
         project=values.get("project"),
@@ -612,9 +618,15 @@ def load_target(
         if values["path"] == absolute:
             merged = {**file.defaults, **values}
             return _target(
-                absolute, merged, {**file.default_thresholds, **thresholds}, None, environ, False
+                absolute,
+                merged,
+                {**file.default_thresholds, **thresholds},
+                None,
+                None,
+                environ,
+                False,
             )
-    return _target(absolute, file.defaults, file.default_thresholds, None, environ, False)
+    return _target(absolute, file.defaults, file.default_thresholds, None, None, environ, False)
 
 
 def _from_environment(environ: Mapping[str, str], name: str, check: Callable[[Any], Any]) -> Any:
@@ -652,6 +664,7 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
         return in_file
 
     lfs = absolute_binary(overrides.lfs or environ.get("FSPROBE_LFS") or None)
+    lctl = absolute_binary(overrides.lctl or environ.get("FSPROBE_LCTL") or None)
     sync_redirected = bool(
         overrides.sync_redirected
         if overrides.sync_redirected is not None
@@ -663,6 +676,7 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
             {**file.defaults, **values},
             {**file.default_thresholds, **thresholds},
             lfs,
+            lctl,
             environ,
             sync_redirected,
         )
@@ -677,7 +691,13 @@ def load(overrides: Overrides, environ: Mapping[str, str] = os.environ) -> Confi
             listed.add(absolute)
             targets.append(
                 _target(
-                    absolute, file.defaults, file.default_thresholds, lfs, environ, sync_redirected
+                    absolute,
+                    file.defaults,
+                    file.default_thresholds,
+                    lfs,
+                    lctl,
+                    environ,
+                    sync_redirected,
                 )
             )
     if not targets:

@@ -18,6 +18,7 @@ from fsprobe.exporters.contained import STAGES
 from fsprobe.model import (
     PROBE_KINDS,
     FilesystemInfo,
+    LustreImport,
     LustreTarget,
     QuotaReport,
     QuotaState,
@@ -205,6 +206,20 @@ FAMILIES: tuple[Family, ...] = (
         ("path", "target"),
     ),
     Family(
+        "fsprobe_lustre_target_connected",
+        "gauge",
+        "1 when this node's import of a Lustre target of the path's mount is FULL (or IDLE), 0 "
+        "when it is lost (DISCONN, CONNECTING, EVICTED, ...); lctl get_param.",
+        ("path", "target"),
+    ),
+    Family(
+        "fsprobe_lustre_target_last_eviction_timestamp_seconds",
+        "gauge",
+        "Unix time of the latest eviction of this node by that target in its import's state "
+        "history (absent when none).",
+        ("path", "target"),
+    ),
+    Family(
         "fsprobe_headroom_bytes",
         "gauge",
         "Bytes a new file in the target can still take (filesystem and quota).",
@@ -359,7 +374,7 @@ INTERNAL_ERRORS = Family(
 
 #: The probes that decide themselves whether they apply: a successful run without a value is
 #: "nothing to ask here" (no quota provider for this filesystem), not a probe that ran.
-_SELF_SELECTING = frozenset({"quota", "lfs_df"})
+_SELF_SELECTING = frozenset({"quota", "lfs_df", "imports"})
 
 
 def _label(text: str) -> str:
@@ -443,6 +458,7 @@ def target_samples(view: TargetView) -> dict[str, list[Sample]]:
         if quota is not None:
             _add_quota(samples, quota)
         _add_lustre(samples, snapshot.value("lfs_df") or ())
+        _add_imports(samples, snapshot.value("imports") or ())
         _add_headroom(samples, view)
         _add_headroom_limits(samples, view.verdict.headroom, quota)
         tmpdir: TmpdirInfo | None = snapshot.value("tmpdir")
@@ -603,6 +619,15 @@ def _add_headroom_limits(samples: _Samples, headroom: Headroom, quota: QuotaRepo
             if entry.pool:
                 labels["pool"] = _label(entry.pool)
             samples.add("fsprobe_headroom_limit", 1.0, **labels)
+
+
+def _add_imports(samples: _Samples, imports: tuple[LustreImport, ...]) -> None:
+    for target in imports:
+        labels = {"target": _label(target.name)}
+        samples.add("fsprobe_lustre_target_connected", float(target.connected), **labels)
+        if target.last_eviction is not None:
+            family = "fsprobe_lustre_target_last_eviction_timestamp_seconds"
+            samples.add(family, target.last_eviction, **labels)
 
 
 def _add_headroom(samples: _Samples, view: TargetView) -> None:

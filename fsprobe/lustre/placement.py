@@ -14,7 +14,7 @@ from fsprobe.lustre.pools import (
     OLDEST_VERSION,
     POOL_QUOTA_VERSION,
     fsname_from_mount,
-    parse_getname,
+    parse_getname_instance,
     parse_pool_members,
     parse_printed_version,
     too_old,
@@ -63,7 +63,7 @@ class Placements:
 
     def __init__(self) -> None:
         self._layouts: SingleFlight[Layout | ProbeFailure] = SingleFlight()
-        self._names: SingleFlight[str | ProbeFailure] = SingleFlight()
+        self._names: SingleFlight[tuple[str, str] | ProbeFailure] = SingleFlight()
         self._members: SingleFlight[frozenset[str] | ProbeFailure] = SingleFlight()
         self._versions: SingleFlight[tuple[tuple[int, int], str] | ProbeFailure] = SingleFlight()
 
@@ -107,12 +107,8 @@ class Placements:
         if not layout.pools:
             return Placement(layout)
         filesystem = _filesystem_key(directory, mount)
-        fsname = fsname_from_mount(mount) or self._get(
-            self._names,
-            (filesystem, binary),
-            lambda: self._run(("getname", directory), binary, deadline, parse_getname),
-            ttl,
-            deadline,
+        fsname = (
+            fsname_from_mount(mount) or self.instance(directory, mount, binary, ttl, deadline)[0]
         )
         members = {
             pool: self._get(
@@ -130,6 +126,18 @@ class Placements:
             for pool in layout.pools
         }
         return Placement(layout, members)
+
+    def instance(
+        self, directory: str, mount: Mount | None, binary: str, ttl: float, deadline: Deadline
+    ) -> tuple[str, str]:
+        """(fsname, instance) of the mount of `directory` (``lfs getname``, no RPC)."""
+        return self._get(
+            self._names,
+            (_filesystem_key(directory, mount), binary),
+            lambda: self._run(("getname", directory), binary, deadline, parse_getname_instance),
+            ttl,
+            deadline,
+        )
 
     def _layout(self, directory: str, binary: str, ttl: float, deadline: Deadline) -> Layout:
         return self._get(

@@ -20,7 +20,7 @@ _SOURCE = re.compile(r":/([A-Za-z0-9_-]{1,8})(?:/.*)?$")
 _POOL_HEADER = re.compile(r"^Pool: (\S+)$")
 _MEMBER = re.compile(r"^(\S+)_UUID$")
 _VERSION = re.compile(r"^lfs (\d+)\.(\d+)(?:[.\w+~-]*)$")
-_GETNAME = re.compile(r"^(\S+)-[0-9a-f]+ \S.*$")
+_GETNAME = re.compile(r"^(\S+)-([0-9a-f]+) \S.*$")
 
 
 def _failed(run: LfsRun) -> ProbeFailure:
@@ -38,13 +38,18 @@ def fsname_from_mount(mount: Mount | None) -> str | None:
 
 def parse_getname(run: LfsRun) -> str:
     """The filesystem name from ``lfs getname DIR``."""
+    return parse_getname_instance(run)[0]
+
+
+def parse_getname_instance(run: LfsRun) -> tuple[str, str]:
+    """The filesystem name and the mount's instance from ``lfs getname DIR``."""
     if run.status != 0:
         raise _failed(run)
     lines = run.stdout.splitlines()
     match = _GETNAME.match(lines[0]) if len(lines) == 1 else None
     if match is None:
-        raise ProbeFailure(PARSE, f"{run.command}: cannot read {run.stdout.strip()!r}")
-    return match.group(1)
+        raise ProbeFailure(PARSE, f"{run.command}: cannot read {run.stdout.strip()[:200]!r}")
+    return match.group(1), match.group(2)
 
 
 def parse_pool_members(run: LfsRun, fsname: str, pool: str) -> frozenset[str]:

@@ -92,15 +92,15 @@ def absolute_binary(binary: str | None, base: str | None = None) -> str | None:
     return os.path.abspath(os.path.join(base, expanded) if base else expanded)
 
 
-def resolve(binary: str) -> str:
+def resolve(binary: str, how_to_fix: str = _HOW_TO_FIX) -> str:
     """The path of `binary`, searched on PATH unless it has a slash; OSError when missing."""
     if os.sep in binary:
         if not os.path.exists(binary):
-            raise FileNotFoundError(errno.ENOENT, f"{binary} does not exist; {_HOW_TO_FIX}", binary)
+            raise FileNotFoundError(errno.ENOENT, f"{binary} does not exist; {how_to_fix}", binary)
         return binary
     found = shutil.which(binary)
     if found is None:
-        raise FileNotFoundError(errno.ENOENT, f"{binary!r} is not on PATH; {_HOW_TO_FIX}", binary)
+        raise FileNotFoundError(errno.ENOENT, f"{binary!r} is not on PATH; {how_to_fix}", binary)
     return found
 
 
@@ -185,7 +185,12 @@ def _wait_then_finish(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_lfs(
-    args: Sequence[str], *, binary: str, timeout: float, identity: Identity | None = None
+    args: Sequence[str],
+    *,
+    binary: str,
+    timeout: float,
+    identity: Identity | None = None,
+    how_to_fix: str = _HOW_TO_FIX,
 ) -> LfsRun:
     """Run ``binary args...`` with stdin closed and the C locale, within `timeout` seconds.
 
@@ -197,7 +202,7 @@ def run_lfs(
     ProbeFailure("TIMEOUT") when the deadline passed and ProbeFailure("E2BIG") when it printed
     more than the caps allow; either way after the process group was killed.
     """
-    argv = (resolve(binary), *args)
+    argv = (resolve(binary, how_to_fix), *args)
     if timeout <= 0:
         raise ProbeFailure(TIMEOUT, f"no time left to run {shlex.join(argv)}")
     environment = {**os.environ, "LC_ALL": "C"}  # English messages: they are parsed
@@ -214,7 +219,7 @@ def run_lfs(
         )
     except PermissionError as error:
         raise PermissionError(
-            error.errno, f"cannot run {argv[0]}: {error.strerror}; {_HOW_TO_FIX}", argv[0]
+            error.errno, f"cannot run {argv[0]}: {error.strerror}; {how_to_fix}", argv[0]
         ) from None
     try:
         stdout, stderr = _read_output(process, started + timeout)

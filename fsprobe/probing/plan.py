@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fsprobe.model import ProbeResult, Snapshot
 from fsprobe.policy import Policy
+from fsprobe.probing.imports import probe_imports
 from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
 from fsprobe.probing.runner import ProbeRunner, Run
@@ -66,6 +67,9 @@ def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
         )
         probes["lfs_df"] = PlannedProbe(
             functools.partial(probe_lfs_df, target, settings.server_probes), lfs_deadline
+        )
+        probes["imports"] = PlannedProbe(
+            functools.partial(probe_imports, target, settings.server_probes), lfs_deadline
         )
     return probes
 

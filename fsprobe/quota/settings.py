@@ -31,6 +31,7 @@ class ServerProbeSettings:
 
     provider: str = "auto"  # auto | lfs | none ; auto = lfs iff fstype == "lustre"
     lfs: str | None = None  # binary; else $FSPROBE_LFS; else "lfs" on PATH
+    lctl: str | None = None  # binary; else $FSPROBE_LCTL; else "lctl" on PATH
     user: int | None = None  # replace the derived IDs (--user/--group/--project)
     group: int | None = None
     project: int | None = None

@@ -33,6 +33,7 @@ import pytest
 from fsprobe.lustre.placement import PLACEMENTS
 
 FAKE_LFS = Path(__file__).resolve().with_name("lfs")
+FAKE_LCTL = Path(__file__).resolve().with_name("lctl")
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lfs"
 #: What the children a hanging or escaping fake starts run (see `hang` and `escape` in
 #: tests/support/fakes/lfs): they sleep forever.
@@ -58,12 +59,15 @@ class FakeLfs:
         self.workdir = workdir
         self.log = workdir / "fake-lfs.log"
         self.pidfile = workdir / "fake-lfs.pids"
+        self.lctl_log = workdir / "fake-lctl.log"
         for name in list(os.environ):
-            if name.startswith("FAKE_LFS_"):
+            if name.startswith(("FAKE_LFS_", "FAKE_LCTL_")):
                 monkeypatch.delenv(name)
         interpreter_dir = os.path.dirname(sys.executable)
         monkeypatch.setenv("PATH", interpreter_dir + os.pathsep + os.environ.get("PATH", ""))
         monkeypatch.setenv("FSPROBE_LFS", str(FAKE_LFS))
+        monkeypatch.setenv("FSPROBE_LCTL", str(FAKE_LCTL))
+        monkeypatch.setenv("FAKE_LCTL_LOG", str(self.lctl_log))
         monkeypatch.setenv("FAKE_LFS_LOG", str(self.log))
         monkeypatch.setenv("FAKE_LFS_PIDFILE", str(self.pidfile))
 
@@ -79,8 +83,13 @@ class FakeLfs:
         limited_types: str | None = None,
         project: int | None = None,
         osts: int | None = None,
+        imports: dict[str, Any] | None = None,
+        lctl_fail: str | None = None,
     ) -> FakeLfs:
         """Set the fake's behaviour (None leaves a variable unset); returns self.
+
+        `imports` is the fake `lctl`'s state ({"targets": {"OST0001": {"state", "history"}},
+        "now"}), `lctl_fail` its failure (hang, garbage, flood); see tests/support/fakes/lctl.
 
         The layouts, pools and versions this process remembers (`PLACEMENTS`) are forgotten:
         the fake now plays another filesystem, maybe of another version.
@@ -100,12 +109,24 @@ class FakeLfs:
             state_file = self.workdir / "fake-lfs-state.json"
             state_file.write_text(json.dumps(state))
             values["STATE"] = state_file
-        for name, value in values.items():
-            if value is None:
-                self._monkeypatch.delenv(f"FAKE_LFS_{name}", raising=False)
-            else:
-                self._monkeypatch.setenv(f"FAKE_LFS_{name}", str(value))
+        lctl: dict[str, Any] = {"FAIL": lctl_fail}
+        if imports is not None:
+            lctl_file = self.workdir / "fake-lctl-state.json"
+            lctl_file.write_text(json.dumps(imports))
+            lctl["STATE"] = lctl_file
+        for prefix, settings in (("FAKE_LFS_", values), ("FAKE_LCTL_", lctl)):
+            for name, value in settings.items():
+                if value is None:
+                    self._monkeypatch.delenv(f"{prefix}{name}", raising=False)
+                else:
+                    self._monkeypatch.setenv(f"{prefix}{name}", str(value))
         return self
+
+    def lctl_calls(self) -> list[dict[str, Any]]:
+        """Every invocation of the fake `lctl` so far: ``{"argv", "time"}``."""
+        if not self.lctl_log.exists():
+            return []
+        return [json.loads(line) for line in self.lctl_log.read_text().splitlines()]
 
     def calls(self) -> list[dict[str, Any]]:
         """Every invocation so far: ``{"argv", "pid", "time"}``."""
@@ -151,4 +172,5 @@ def is_fake_process(pid: int) -> bool:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return str(FAKE_LFS).encode() in command or SLEEP_FOREVER.encode() in command
+    fakes = (str(FAKE_LFS).encode(), str(FAKE_LCTL).encode(), SLEEP_FOREVER.encode())
+    return any(fake in command for fake in fakes)

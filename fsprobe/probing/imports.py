@@ -1,0 +1,39 @@
+"""The import-state probe: this node's connection to every MDT and OST of the target's mount.
+
+One ``lctl get_param`` (no RPC) reads the imports of every mount; the target's is the only one
+of its filesystem, or else the one ``lfs getname`` names (kept like the layout). The policy
+judges the OSTs that the `lfs df` probe marks as reached by the layout.
+"""
+
+from __future__ import annotations
+
+from fsprobe.lustre.df import lfs_df_applies
+from fsprobe.lustre.imports import lctl_binary, own_mount, read_states
+from fsprobe.lustre.placement import PLACEMENTS
+from fsprobe.lustre.pools import fsname_from_mount
+from fsprobe.lustre.runner import lfs_binary
+from fsprobe.model import LustreImport
+from fsprobe.probing.quota import locate
+from fsprobe.quota.provider import Deadline
+from fsprobe.quota.settings import ServerProbeSettings
+
+
+def probe_imports(target: str, settings: ServerProbeSettings) -> tuple[LustreImport, ...] | None:
+    """The import of every MDT and OST of the target's mount; None when not on Lustre.
+
+    Raises ProbeFailure (ENOENT for a missing `lctl`, or a missing `lfs` where it is needed, the
+    errno name of an exit status, TIMEOUT, E2BIG, PARSE, ENODEV) when they cannot be read.
+    """
+    directory, mount, _identity = locate(target)  # any user may read them: root asks
+    if not lfs_df_applies(settings, mount):
+        return None
+    deadline = Deadline.after(settings.timeout)
+    mounts = read_states(lctl_binary(settings.lctl), deadline)
+    fsname = fsname_from_mount(mount)
+    try:
+        return own_mount(mounts, fsname, None)
+    except ValueError:  # several mounts of the filesystem: ask which one is the target's
+        binary = lfs_binary(settings.lfs)
+        ttl = max(settings.cache_seconds, settings.timeout)
+        fsname, instance = PLACEMENTS.instance(directory, mount, binary, ttl, deadline)
+        return own_mount(mounts, fsname, instance)
