@@ -675,3 +675,32 @@ def test_a_copy_grown_since_its_save_is_not_copied_back_past_its_recorded_size(s
     assert code != 0 and entry["action"] == "failed", entry
     assert "EFBIG" in entry["message"]
     assert os.listdir(setup.target) == []  # nothing published, nothing left behind
+
+
+def test_sync_of_a_fallback_directory_that_does_not_exist_is_an_error(setup, tmp_path):
+    """A typo in --fallback-dir used to print "nothing to sync" and exit 0; the fallback that
+    does exist is synced all the same."""
+    setup.save_redirected(model_state())
+    typo = tmp_path / "fallbak"
+    done = subprocess.run(
+        [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(typo)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "FSPROBE_FALLBACK_DIRS"},
+        timeout=120,
+    )
+    assert done.returncode == 2, done
+    assert f"the fallback directory {typo} does not exist" in done.stderr
+    assert "nothing to sync" not in done.stdout
+    code, report = sync_cli(
+        "--fallback-dir",
+        str(typo),
+        "--fallback-dir",
+        str(setup.fallback),
+        "--state-dir",
+        str(setup.state),
+    )
+    assert code == 2 and report["missing"] == [str(typo)]
+    assert [e["action"] for e in report["entries"]] == ["synced"]
+    assert (setup.target / "model.pt").exists()

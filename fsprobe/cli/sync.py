@@ -40,9 +40,12 @@ def _line(outcome: SyncOutcome) -> str:
 
 def exit_status(report: SyncReport) -> int:
     """0: nothing left; 1: entries still pending (target not ready, newer original); 2: trouble,
-    a user root could not act for, or a fallback whose areas root could not all list."""
+    a user root could not act for, a fallback whose areas root could not all list, or a
+    fallback directory that does not exist."""
     outcomes = report.outcomes
-    if report.failures or report.crowded or any(o.action in _TROUBLE for o in outcomes):
+    if report.failures or report.crowded or report.missing:
+        return 2
+    if any(o.action in _TROUBLE for o in outcomes):
         return 2
     if any(o.action in _LEFT for o in outcomes):
         return 1
@@ -109,8 +112,8 @@ def sync(
 
     \b
     Exit status: 0 nothing left to do, 1 entries still pending, 2 a copy failed or did not
-    match its checksum, or (as root) a user's checkpoints could not be synced as that user,
-    64 usage error.
+    match its checksum, a fallback directory does not exist, or (as root) a user's
+    checkpoints could not be synced as that user, 64 usage error.
 
     \b
     Examples:
@@ -138,12 +141,19 @@ def sync(
             "entries": [outcome.to_dict() for outcome in report],
             "failures": [failure.to_dict() for failure in report.failures],
             "crowded": report.crowded,
+            "missing": report.missing,
         }
         click.echo(json.dumps(document, indent=2))
     elif report.outcomes:
         click.echo("\n".join(_line(outcome) for outcome in report))
-    elif not report.failures and not report.crowded:
+    elif not report.failures and not report.crowded and not report.missing:
         click.echo(f"nothing to sync in {', '.join(map(escaped, directories))}")
+    for missing in report.missing:
+        click.echo(
+            f"fsprobe sync: the fallback directory {escaped(missing)} does not exist "
+            "(a typo, or not mounted here?): nothing can have been redirected there",
+            err=True,
+        )
     for crowded in report.crowded:
         click.echo(f"fsprobe sync: not every area was synced: {escaped(crowded)}", err=True)
     for failure in report.failures:  # one line per user, also under --json

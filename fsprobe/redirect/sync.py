@@ -137,6 +137,7 @@ class SyncReport:
     outcomes: list[SyncOutcome] = field(default_factory=list)
     failures: list[UnsyncedUser] = field(default_factory=list)
     crowded: list[str] = field(default_factory=list)  # root's listings that left areas out
+    missing: list[str] = field(default_factory=list)  # fallback directories that do not exist
 
     def __iter__(self) -> Iterator[SyncOutcome]:
         return iter(self.outcomes)
@@ -409,11 +410,15 @@ def sync(
     share is killed with its process group and is a failure of that user for this round, and
     the users after it are synced all the same. They go in the order of `fair_order`: the
     daemon passes its round's number as `rotation`, so that each round another goes first.
+    A fallback directory that does not exist is in the report's `missing`.
     """
     options: dict[str, Any] = {"dry_run": dry_run, "prune_superseded": prune_superseded}
     report = SyncReport()
     runs: list[tuple[str, int]] = []  # (fallback, uid) of the other users' areas
     for fallback in dict.fromkeys(os.path.abspath(d) for d in fallback_dirs):
+        if not os.path.isdir(fallback):  # a typo, or not mounted here: never "nothing to sync"
+            report.missing.append(fallback)
+            continue
         for area in own_areas(fallback):
             report.outcomes += _sync_area(area, under, clean, max_entries, ready=ready, **options)
         if os.geteuid() == 0:

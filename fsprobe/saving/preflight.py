@@ -13,6 +13,7 @@ import functools
 import logging
 import math
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -231,6 +232,33 @@ class SaveContext:
             last = self._last_sizes.get(path, self._last_sizes.get(os.path.dirname(path)))
         return math.ceil(last * NEED_MARGIN) if last is not None else None
 
+    def saved_into(self, directory: str) -> bool:
+        """Whether a save of this process landed in `directory` (or saved it, a checkpoint
+        directory) and is still remembered: the directory existed in this process."""
+        with self._lock:
+            return os.path.abspath(directory) in self._last_sizes
+
+    def warn_missing_fallbacks(self, options: SaveOptions) -> None:
+        """Say once per process, at the first save that names it, which fallback directory of
+        `options` does not exist (checked in the probe runner, bounded by `options.timeout`):
+        a save could never be redirected there."""
+        with self._lock:
+            new = [f for f in options.fallback_dirs if f"fallback:{f}" not in self._warned]
+        if not new:
+            return
+        checks = self._check_existence(new, self._read_state(options.state_dir), options.timeout)
+        for fallback, check in checks.items():
+            exists = check()
+            if exists.ok and exists.value:
+                with self._lock:
+                    self._warned.add(f"fallback:{fallback}")
+                continue
+            why = exists.message or "it does not exist"
+            self._warn_once(
+                f"fallback:{fallback}",
+                f"the fallback directory {fallback} cannot take a redirected save: {why}",
+            )
+
     def remembered(self) -> int:
         """How many sizes are remembered (files and directories): bounded by `memory_entries`."""
         with self._lock:
@@ -389,7 +417,7 @@ class SaveContext:
         return judgements
 
     def _check_existence(
-        self, candidates: Sequence[_Candidate], state: StateFile | None, deadline: float
+        self, fallbacks: Iterable[str], state: StateFile | None, deadline: float
     ) -> dict[str, Callable[[], ProbeResult[bool]]]:
         """Whether each fallback exists, as a call that answers: from the daemon's fresh state
         where it watches the fallback itself, else from a check started in the probe runner
@@ -399,17 +427,15 @@ class SaveContext:
         probes would not notice: they judge the nearest existing ancestor.
         """
         checks: dict[str, Callable[[], ProbeResult[bool]]] = {}
-        for c in candidates:
-            known = self._exists_in_state(c.fallback, state)
+        for fallback in fallbacks:
+            known = self._exists_in_state(fallback, state)
             if known is not None:
-                checks[c.fallback] = functools.partial(
-                    ProbeResult, "exists", time.time(), 0.0, known
-                )
+                checks[fallback] = functools.partial(ProbeResult, "exists", time.time(), 0.0, known)
             else:
-                checks[c.fallback] = (
+                checks[fallback] = (
                     self.runner()
                     .submit(
-                        c.fallback, "exists", functools.partial(os.path.isdir, c.fallback), deadline
+                        fallback, "exists", functools.partial(_is_directory, fallback), deadline
                     )
                     .result
                 )
@@ -434,8 +460,10 @@ class SaveContext:
         *,
         quota: ServerProbeSettings | None = None,
         settings: ProbeSettings | None = None,
+        skipped: dict[str, str] | None = None,
     ) -> str | None:
-        """Where in the first fallback that can take it a save of `path` should go, or None.
+        """Where in the first fallback that can take it a save of `path` should go, or None;
+        why each fallback before it could not is put in `skipped` (by fallback directory).
 
         For a save whose target just failed with a capacity or permanent error: whatever the
         target looked like a moment ago, it cannot take this write, so only the fallbacks are
@@ -450,7 +478,7 @@ class SaveContext:
         if not candidates:
             return None
         state = self._read_state(options.state_dir)
-        existence = self._check_existence(candidates, state, options.timeout)
+        existence = self._check_existence([c.fallback for c in candidates], state, options.timeout)
         judgements = self._judge_all(
             [c.directory for c in candidates],
             need,
@@ -459,7 +487,7 @@ class SaveContext:
             functools.partial(_inline_settings, settings, quota, options.timeout),
             fresh=True,
         )
-        return _first_acceptable(candidates, existence, judgements, requested)
+        return _first_acceptable(candidates, existence, judgements, requested, skipped)
 
     def _judged_directory(self, requested: str, state: StateFile | None, timeout: float) -> str:
         """`requested` if it is a directory, else its parent; decided without touching the
@@ -515,7 +543,7 @@ class SaveContext:
             # daemon's state answers, nothing is probed and no fallback judged unless a
             # redirect is needed.
             candidates = _candidates(requested, options.fallback_dirs)
-            existence = self._check_existence(candidates, state, timeout)
+            existence = self._check_existence([c.fallback for c in candidates], state, timeout)
             judged = self._judge_all(
                 [directory, *(c.directory for c in candidates)],
                 need,
@@ -540,7 +568,9 @@ class SaveContext:
         if not verdict.can_take_save and candidates is None:
             candidates = _candidates(requested, options.fallback_dirs)
         if not verdict.can_take_save and candidates:
-            existence = existence or self._check_existence(candidates, state, timeout)
+            existence = existence or self._check_existence(
+                [c.fallback for c in candidates], state, timeout
+            )
             judgements = self._judge_all(  # from the state, or what was probed above (cached)
                 [c.directory for c in candidates], need, need_inodes, state, probe_settings
             )
@@ -566,6 +596,15 @@ class SaveContext:
         )
         _log_decision(decision)
         return decision
+
+
+def _is_directory(path: str) -> bool:
+    """Whether `path` is a directory: False if it does not exist; any other error (EACCES: a
+    fallback this user cannot reach) is raised, for the result to say."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -595,7 +634,10 @@ def _first_acceptable(
     existence: Mapping[str, Callable[[], ProbeResult[bool]]],
     judgements: Mapping[str, _Judged],
     requested: str,
+    skipped: dict[str, str] | None = None,
 ) -> str | None:
+    """The path in the first candidate that can take the save; why each one before could not
+    is logged, and put in `skipped` when given."""
     for candidate in candidates:
         verdict = judgements[candidate.directory].verdict
         exists = existence[candidate.fallback]()
@@ -606,6 +648,8 @@ def _first_acceptable(
         else:
             trouble = verdict.refusing + verdict.passing
             why = "; ".join(r.message for r in trouble) or verdict.status.label
+        if skipped is not None:
+            skipped[candidate.fallback] = why
         # A fallback someone pointed elsewhere (target_untrusted) is an attack, not weather.
         untrusted = any(r.code == "target_untrusted" for r in verdict.reasons)
         log.log(

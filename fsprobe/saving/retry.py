@@ -22,6 +22,9 @@ save it is, so that `fsprobe sync` finds it.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import itertools
 import logging
 import os
 import re
@@ -84,6 +87,31 @@ class SaveError(OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes (DDP, multiprocessing)
         return (type(self), (self.filename, self.attempts, self.strerror))
+
+
+class MissingDirectory(SaveError, FileNotFoundError):
+    """A save into a directory that does not exist and never did in this process (a typo):
+    refused at once, never redirected. A `SaveError` and a `FileNotFoundError`."""
+
+
+#: Steps at which ENOENT means that the directory to save into is missing (no temp file or
+#: staging directory could be made in it).
+_MAKING_STEPS = frozenset({"create", "mkdir"})
+#: How many names of the nearest existing directory are looked at for one that the missing
+#: one was likely meant to be.
+SUGGESTION_NAMES = 4096
+
+
+def nearest_existing(directory: str) -> tuple[str, str, list[str]]:
+    """For a missing `directory`: its nearest existing ancestor, the first missing name under
+    it, and up to three directories there with a name close to that one (`difflib`)."""
+    missing, parent = directory, os.path.dirname(directory)
+    while parent != missing and not os.path.isdir(parent):
+        missing, parent = parent, os.path.dirname(parent)
+    name = os.path.basename(missing)
+    with os.scandir(parent) as entries:
+        names = [e.name for e in itertools.islice(entries, SUGGESTION_NAMES) if e.is_dir()]
+    return parent, name, difflib.get_close_matches(name, names, n=3)
 
 
 @dataclass(frozen=True)
@@ -247,11 +275,15 @@ class RetryState:
         self.failures: list[FailedAttempt] = []
         self._in_fallback: list[bool] = []  # per failure: made in a fallback, not the target
         self._given_up: set[str] = set()  # fallbacks that failed for capacity or for good
+        self._skipped: dict[str, str] = {}  # why each fallback could not take the save
+        self._missing: str | None = None  # the directory to save into is gone: why, in words
+        self._never_existed = False  # ... and it never existed in this process: a typo
         self._start = time.monotonic()
 
     def preflight(self) -> Decision | None:
         """Ask the preflight where the first attempt goes; `SaveError` if it says ``fail``."""
         options = self.options
+        self.context.warn_missing_fallbacks(options)
         if not options.preflight:
             return None
         decision = self.context.preflight(self.requested, options)
@@ -304,6 +336,10 @@ class RetryState:
         self.failures.append(failure.bare())
         self._in_fallback.append(fallback is not None)
         kind = classify(failure.errno, failure.step)
+        missing = fallback is None and failure.errno == "ENOENT" and failure.step in _MAKING_STEPS
+        if missing and not self._directory_gone():
+            self._log(failure, kind, f"giving up: {self._missing}")
+            return None
         if self.number == self.options.attempts:
             self._log(failure, kind, "giving up")
             return None
@@ -315,6 +351,7 @@ class RetryState:
                 self.requested,
                 [f for f in self.options.fallback_dirs if f not in self._given_up],
                 self.options,
+                skipped=self._skipped,
             )
             if alternative is not None:
                 plan = NextAttempt(alternative, 0.0)
@@ -329,7 +366,51 @@ class RetryState:
         if plan.destination != self.destination:
             what = f"redirecting to {plan.destination}, {what}"
         self._log(failure, kind, what)
+        if self._missing is not None and plan.destination != self.requested:
+            log.warning(
+                "save %s: %s; redirected to %s (`fsprobe sync` brings it back once the "
+                "directory is there again)",
+                self.requested,
+                self._missing,
+                plan.destination,
+            )
         return plan
+
+    def _directory_gone(self) -> bool:
+        """After ENOENT making the temp file or staging directory at the target: whether its
+        directory existed in this process (a save landed there: purged since, so the save may
+        be redirected), else False (never there: a typo, refused at once, `_never_existed`).
+        Says why in `_missing` either way."""
+        directory = os.path.dirname(self.requested)
+        if self.context.saved_into(directory):
+            self._missing = (
+                f"its directory {directory}, where this process saved before, is gone "
+                "(removed, or purged from scratch?)"
+            )
+            return True
+        found = (
+            self.context.runner()
+            .submit(
+                directory,
+                "exists",
+                functools.partial(nearest_existing, directory),
+                self.options.timeout,
+            )
+            .result()
+        )
+        hint = ""
+        if found.ok and isinstance(found.value, tuple):
+            parent, name, close = found.value
+            hint = f": there is no {name}/ in {parent}"
+            if close:
+                hint += ", did you mean " + " or ".join(f"{c}/" for c in close) + "?"
+        self._missing = (
+            f"the directory {directory} does not exist and never did in this process{hint} "
+            "(a save into a directory that never existed is not redirected: create it first, "
+            "os.makedirs)"
+        )
+        self._never_existed = True
+        return False
 
     def follow(self, plan: NextAttempt) -> None:
         """Wait as planned; the next attempt goes where planned."""
@@ -339,14 +420,17 @@ class RetryState:
         self.number += 1
 
     def error(self) -> SaveError:
-        """The error for a save that gave up."""
+        """The error for a save that gave up: a `MissingDirectory` for a directory that never
+        existed in this process; its message says why each fallback could not take it."""
         summary = ", ".join(f"{f.errno} at {f.step}" for f in self.failures)
         self._report(None, 0)
-        return SaveError(
-            self.requested,
-            self.failures,
-            f"saving {self.requested} failed after {len(self.failures)} attempt(s): {summary}",
-        )
+        message = f"saving {self.requested} failed after {len(self.failures)} attempt(s): {summary}"
+        if self._missing is not None:
+            message += f"; {self._missing}"
+        for fallback, why in self._skipped.items():
+            message += f"; fallback {fallback} skipped: {why}"
+        kind = MissingDirectory if self._never_existed else SaveError
+        return kind(self.requested, self.failures, message)
 
     def succeeded(self, nbytes: int, digest_of: Callable[[str], str]) -> SaveResult:
         """The current attempt succeeded with `nbytes` written: enter a redirect in the
