@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fsprobe.events.emit import SOCKET_NAME
-from fsprobe.events.event import decode
+from fsprobe.events.event import SaveEvent, decode
 from tests.support.crash import REPO, leftovers
 
 #: The trainer: one small save first (its event proves the socket is heard), then a large one.
@@ -62,13 +62,16 @@ def written_temp(directory: Path) -> bool:
 
 
 def events(listener: socket.socket) -> list[str]:
-    """The requested paths of the save events queued on the daemon's socket."""
+    """The requested paths of the save events queued on the daemon's socket (a process's
+    goodbye is no save)."""
     heard = []
     while True:
         try:
-            heard.append(decode(listener.recv(65536)).requested)
+            event = decode(listener.recv(65536))
         except BlockingIOError:
             return heard
+        if isinstance(event, SaveEvent):
+            heard.append(event.requested)
 
 
 @pytest.mark.parametrize(
