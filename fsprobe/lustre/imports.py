@@ -102,7 +102,10 @@ def parse_states(stdout: str) -> Mounts:
     for number, line in enumerate(stdout.splitlines(), 1):
         if not line.strip():
             continue
-        header, state, entry = _PARAM.match(line), _CURRENT.match(line), _HISTORY.match(line)
+        # One rule per line, told by how it starts: most lines are history entries.
+        entry = _HISTORY.match(line) if line.startswith(" - [") else None
+        state = _CURRENT.match(line) if entry is None and line.startswith("current_") else None
+        header = _PARAM.match(line) if line.endswith(".state=") else None
         if header is not None:
             finish()
             param, current, history = header, None, []
