@@ -10,6 +10,7 @@ names the path, the cause and the first thing to do.
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import signal
@@ -168,6 +169,12 @@ def says_what_to_do(alert: dict, path: str, *cause: str) -> None:
     assert "/d/fsprobe-overview/" in annotations["dashboard_url"]
 
 
+def _watched(directory: Path, start: Callable[..., Pipeline], **env: str) -> Pipeline:
+    """A pipeline watching `directory` (made here)."""
+    directory.mkdir()
+    return start(directory, env=clean_environment(**env))
+
+
 def fill_to(path: Path, free_ratio: float) -> None:
     """Write filler files into `path` until about `free_ratio` of it is free."""
     st = os.statvfs(path)
@@ -185,8 +192,7 @@ def test_a_full_filesystem_reaches_a_person_as_one_alert_warning_then_critical(
     tmp_path, tmpfs, pipeline
 ):
     target = tmpfs(size="8M").path
-    run = pipeline(target, env=clean_environment(TMPDIR=str(target)))
-    path = str(target)
+    run, path = pipeline(target, env=clean_environment(TMPDIR=str(target))), str(target)
     fill_to(target, 0.06)  # under 10 % left: the warning
     run.settle(path, [("FsprobeSpaceHeadroomLow", "warning")])
     fill_to(target, 0.02)  # under 3 %: the critical one (the warning is inhibited)
@@ -204,9 +210,7 @@ def test_a_full_filesystem_reaches_a_person_as_one_alert_warning_then_critical(
 
 def test_a_hung_mount_reaches_a_person_as_one_alert(faultfs, pipeline):
     target = faultfs.mountpoint / "ckpt"
-    target.mkdir()
-    run = pipeline(target, env=clean_environment(TMPDIR=str(faultfs.mountpoint)))
-    path = str(target)
+    run, path = _watched(target, pipeline, TMPDIR=str(faultfs.mountpoint)), str(target)
     run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 1.0)
     rule = faultfs.ctl.block("*", path="/ckpt*")
     try:
@@ -224,9 +228,7 @@ def test_a_hung_mount_reaches_a_person_as_one_alert(faultfs, pipeline):
 def test_a_job_that_ended_reaches_nobody(tmp_path, pipeline):
     """The trainer saved every 0.2 s and exited: its checkpoint is not overdue."""
     target = tmp_path / "ckpt"
-    target.mkdir()
-    run = pipeline(target)
-    path = str(target)
+    run, path = _watched(target, pipeline), str(target)
     trainer = run_trainer(target, run.daemon.state_dir, "exit")
     assert trainer.wait(PATIENCE) == 0
     ended = time.time()
@@ -245,17 +247,15 @@ def test_a_job_that_ended_reaches_nobody(tmp_path, pipeline):
 def _last_alert_evaluation(prometheus: Prometheus) -> float:
     groups = prometheus.api("/api/v1/rules")["data"]["groups"]
     (alerts,) = [group for group in groups if group["name"] == "fsprobe.alerts"]
-    stamp = alerts["lastEvaluation"]  # RFC 3339 with nanoseconds
+    stamp = alerts["lastEvaluation"]  # RFC 3339 in UTC, with nanoseconds
     whole, _, fraction = stamp.rstrip("Z").partition(".")
-    seconds = time.mktime(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
     return seconds + float(f"0.{fraction[:6] or 0}")
 
 
 def test_a_live_trainer_that_stopped_saving_reaches_a_person(tmp_path, pipeline):
     target = tmp_path / "ckpt"
-    target.mkdir()
-    run = pipeline(target)
-    path = str(target)
+    run, path = _watched(target, pipeline), str(target)
     trainer = run_trainer(target, run.daemon.state_dir, "stop")
     try:
         assert trainer.stdout.readline() == "saved\n"  # then SIGSTOPped: alive, silent
@@ -297,9 +297,7 @@ def _save_once(target: Path, state_dir: Path, *fallback: Path) -> str:
 
 def test_a_failed_save_reaches_a_person_with_file_user_errno_and_fallback(faultfs, pipeline):
     target = faultfs.mountpoint / "ckpt"
-    target.mkdir()
-    run = pipeline(target, env=clean_environment(TMPDIR=str(faultfs.mountpoint)))
-    path = str(target)
+    run, path = _watched(target, pipeline, TMPDIR=str(faultfs.mountpoint)), str(target)
     run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 1.0)
     faultfs.ctl.fail("write", "EIO", path="/ckpt/*step-7*", times=None)
     assert _save_once(target, run.daemon.state_dir).startswith("failed")
@@ -311,11 +309,9 @@ def test_a_failed_save_reaches_a_person_with_file_user_errno_and_fallback(faultf
 
 def test_a_redirected_save_reaches_a_person_with_where_it_landed(tmp_path, faultfs, pipeline):
     target = faultfs.mountpoint / "ckpt"
-    target.mkdir()
     fallback = tmp_path / "fallback"
     fallback.mkdir(mode=0o700)
-    run = pipeline(target, env=clean_environment(TMPDIR=str(faultfs.mountpoint)))
-    path = str(target)
+    run, path = _watched(target, pipeline, TMPDIR=str(faultfs.mountpoint)), str(target)
     run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 1.0)
     faultfs.ctl.fail("write", "ENOSPC", path="/ckpt/*step-7*", times=None)
     assert _save_once(target, run.daemon.state_dir, fallback) == "saved"

@@ -8,20 +8,14 @@ receivers pointed at the webhook and its timers compressed, and answers its API.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
-import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
-from tests.daemon_process import free_port
 from tests.support.capability import need_command
-
-#: Times Alertmanager is started on another port when the free one was taken meanwhile.
-PORT_ATTEMPTS = 5
+from tests.support.server import LocalServer
 
 
 class Webhook:
@@ -72,67 +66,28 @@ def compressed_config(shipped: Path, webhook: Webhook) -> str:
     return yaml.safe_dump(config)
 
 
-class Alertmanager:
+class Alertmanager(LocalServer):
+    name = "alertmanager"
+
     def __init__(self, home: Path, config: str) -> None:
+        super().__init__(home)
         self.binary = need_command("prometheus-alertmanager", "prometheus-alertmanager")
-        self.home = home
         self.config = home / "alertmanager.yml"
         self.config.write_text(config)
-        self.log = home / "alertmanager.log"
         self._start()
 
-    def _start(self) -> None:
-        self.port = free_port()
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={self.config}",
-                    f"--storage.path={self.home / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--cluster.listen-address=",  # alone: no gossip port to find
-                    "--log.level=warn",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        attempts = 1
-        while True:
-            try:
-                url = f"http://{self.address}/-/ready"
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            exited = self.proc.poll() is not None
-            taken = exited and "address already in use" in self.log.read_text()
-            if taken and attempts < PORT_ATTEMPTS:
-                attempts += 1
-                self._start()
-                continue
-            if exited or time.monotonic() > deadline:
-                raise AssertionError(f"alertmanager did not start:\n{self.log.read_text()}")
-            time.sleep(0.1)
+    def command(self, port: int) -> list[str]:
+        return [
+            self.binary,
+            f"--config.file={self.config}",
+            f"--storage.path={self.home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",  # alone: no gossip port to find
+            "--log.level=warn",
+        ]
 
     def alerts(self) -> list[dict]:
         """Every alert Alertmanager holds, with its status (active, or suppressed and by what)."""
-        url = f"http://{self.address}/api/v2/alerts"
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return json.loads(response.read())
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        reply = self.api("/api/v2/alerts")
+        assert isinstance(reply, list)
+        return reply

@@ -6,17 +6,15 @@ is queried through its HTTP API, exactly as Grafana or Alertmanager would see it
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.daemon_process import free_port
 from tests.support.capability import require
+from tests.support.server import LocalServer
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -27,12 +25,9 @@ def prometheus_problem() -> str | None:
     return None
 
 
-#: Times a Prometheus is started on another port when the one that was free a moment ago
-#: has been taken since (an outgoing connection's ephemeral port, say) before it could bind.
-PORT_ATTEMPTS = 5
+class Prometheus(LocalServer):
+    name = "prometheus"
 
-
-class Prometheus:
     def __init__(
         self,
         home: Path,
@@ -43,7 +38,7 @@ class Prometheus:
         """`alertmanager` ("127.0.0.1:PORT"): where to send the alerts, at once (no resend
         delay beyond a second)."""
         require(prometheus_problem())
-        self.home = home
+        super().__init__(home)
         self.alertmanager = alertmanager
         config = home / "prometheus.yml"
         rules = "".join(f"  - {path}\n" for path in rule_files)
@@ -66,55 +61,23 @@ class Prometheus:
             f"      - targets: ['{scrape_target}']\n"
         )
         self.config = config
-        self.log = home / "prometheus.log"
         self._start()
 
-    def _start(self) -> None:
-        self.port = free_port()
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    PROMETHEUS,
-                    f"--config.file={self.config}",
-                    f"--storage.tsdb.path={self.home / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--log.level=warn",
-                    *(["--rules.alert.resend-delay=1s"] if self.alertmanager else []),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+    def command(self, port: int) -> list[str]:
+        assert PROMETHEUS is not None
+        return [
+            PROMETHEUS,
+            f"--config.file={self.config}",
+            f"--storage.tsdb.path={self.home / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+            *(["--rules.alert.resend-delay=1s"] if self.alertmanager else []),
+        ]
 
     def api(self, path: str) -> dict:
-        url = f"http://127.0.0.1:{self.port}{path}"
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return json.loads(response.read())
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        attempts = 1
-        while True:
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{self.port}/-/ready", timeout=1
-                ) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            exited = self.proc.poll() is not None
-            if (
-                exited
-                and "address already in use" in self.log.read_text()
-                and attempts < PORT_ATTEMPTS
-            ):
-                attempts += 1
-                self._start()
-                continue
-            if exited or time.monotonic() > deadline:
-                raise AssertionError(f"prometheus did not start:\n{self.log.read_text()}")
-            time.sleep(0.1)
+        reply = super().api(path)
+        assert isinstance(reply, dict)
+        return reply
 
     def query(self, expression: str) -> list[dict]:
         reply = self.api("/api/v1/query?query=" + urllib.parse.quote(expression))
@@ -138,11 +101,3 @@ class Prometheus:
         reply = self.api("/api/v1/alerts")
         assert reply["status"] == "success", reply
         return reply["data"]["alerts"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
