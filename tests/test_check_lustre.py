@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.support.cli import check_json
 from tests.support.fakes.fake_lfs import fake_lfs_for, is_fake_process
 
 VERSIONS = ["2.12", "2.14", "2.15", "2.16", "2.17"]
@@ -26,18 +25,6 @@ AS_USER = ["--user", "1000", "--group", "1000"]
 @pytest.fixture
 def fake_lfs(monkeypatch, tmp_path):
     yield from fake_lfs_for(monkeypatch, tmp_path)
-
-
-def check_json(path, *args, timeout=60):
-    completed = subprocess.run(
-        [sys.executable, "-m", "fsprobe", "check", str(path), "--json", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TMPDIR": str(path)},
-        timeout=timeout,
-    )
-    assert completed.stdout, completed.stderr
-    return completed.returncode, json.loads(completed.stdout)
 
 
 def entry(report, kind):

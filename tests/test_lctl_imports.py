@@ -23,6 +23,7 @@ from fsprobe.model import LustreImport, LustreTarget, ProbeResult, Snapshot, Sta
 from fsprobe.policy import Policy, evaluate
 from fsprobe.units import format_clock
 from fsprobe.view import TargetView
+from tests.support.cli import check_json
 from tests.support.fakes.fake_lfs import FAKE_LCTL, fake_lfs_for, is_fake_process
 from tests.support.policy import NOW, filesystem_info
 
@@ -198,18 +199,6 @@ def test_metrics_say_which_target_is_connected_and_when_it_last_evicted_this_nod
     assert connected == {"lustre-MDT0000": 1.0, "lustre-OST0000": 0.0, "lustre-OST0001": 0.0}
     (eviction,) = samples["fsprobe_lustre_target_last_eviction_timestamp_seconds"]
     assert (eviction.labels["target"], eviction.value) == ("lustre-OST0000", NOW - 9)
-
-
-def check_json(path, *args, timeout=60):
-    completed = subprocess.run(
-        [sys.executable, "-m", "fsprobe", "check", str(path), "--json", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TMPDIR": str(path)},
-        timeout=timeout,
-    )
-    assert completed.stdout, completed.stderr
-    return completed.returncode, json.loads(completed.stdout)
 
 
 def test_check_reads_the_connections_of_the_mount(faultfs, fake_lfs):
