@@ -10,10 +10,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+import fsprobe
 from fsprobe.errors import ProbeFailure
 from fsprobe.exporters.metrics import target_samples
 from fsprobe.lustre.imports import own_mount, parse_states
@@ -26,6 +28,7 @@ from fsprobe.view import TargetView
 from tests.support.cli import check_json
 from tests.support.fakes.fake_lfs import FAKE_LCTL, fake_lfs_for, is_fake_process
 from tests.support.policy import NOW, filesystem_info
+from tests.support.state import daemon_view, publish
 
 INSTANCE = "ffff8f1c2a3b4000"
 AS_USER = ["--user", "1000", "--group", "1000"]
@@ -310,3 +313,50 @@ def test_the_daemon_names_a_lost_target_and_an_lfs_too_old(faultfs, fake_lfs, tm
     done = run_once(faultfs.mountpoint, tmp_path)
     assert "lfs 2.9.0 is older than fsprobe supports" in done.stdout, done.stdout
     assert "lfs 2.10 and later" in done.stdout
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    """A target directory, a fallback directory and a private state directory."""
+    target, fallback, state = tmp_path / "ckpt", tmp_path / "fallback", tmp_path / "state"
+    target.mkdir()
+    fallback.mkdir()
+    state.mkdir(mode=0o700)
+    return str(target), str(fallback), str(state)
+
+
+LOST = (
+    LustreImport("lustre-MDT0000", "MDT", 0, "FULL"),
+    LustreImport("lustre-OST0007", "OST", 7, "DISCONN", lost_at=time.time() - 60),
+)
+BACK = (
+    LustreImport("lustre-MDT0000", "MDT", 0, "FULL"),
+    LustreImport("lustre-OST0007", "OST", 7, "FULL"),
+)
+
+
+def test_a_save_waits_for_a_lost_target_then_goes_to_a_fallback(dirs):
+    target, fallback, state = dirs
+    publish(state, {target: daemon_view(target, imports=LOST), fallback: daemon_view(fallback)})
+    decision = fsprobe.preflight(
+        os.path.join(target, "m.pt"), max_wait=1.5, fallback_dirs=[fallback], state_dir=state
+    )
+    assert decision.action == "redirect" and decision.wait_seconds >= 1.5
+    assert decision.path.startswith(fallback + "/")
+    assert decision.status is Status.DEGRADED
+    assert [r.code for r in decision.reasons] == ["lustre_target_disconnected"]
+
+
+def test_a_save_proceeds_once_the_node_is_back(dirs):
+    target, fallback, state = dirs
+    publish(state, {target: daemon_view(target, imports=LOST)})
+    back = threading.Timer(1.0, lambda: publish(state, {target: daemon_view(target, imports=BACK)}))
+    back.start()
+    try:
+        decision = fsprobe.preflight(
+            os.path.join(target, "m.pt"), max_wait=30, fallback_dirs=[fallback], state_dir=state
+        )
+    finally:
+        back.cancel()
+    assert decision.action == "delay" and decision.status is Status.OK
+    assert decision.path.startswith(target + "/") and decision.wait_seconds >= 0.9

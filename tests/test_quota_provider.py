@@ -14,7 +14,8 @@ from fsprobe.lustre.amounts import Amount
 from fsprobe.lustre.grace import NO_TIMER, Grace
 from fsprobe.lustre.provider import LustreQuotaProvider, outcome_from_output, usage_from_cells
 from fsprobe.lustre.quota_parser import Usage, parse_quota
-from fsprobe.model import Mount, QuotaEntry, QuotaState, QuotaUsage
+from fsprobe.model import Mount, ProbeResult, QuotaEntry, QuotaState, QuotaUsage, Snapshot, Status
+from fsprobe.policy import Policy, evaluate
 from fsprobe.probing.quota import select_provider
 from fsprobe.quota import ServerProbeSettings
 from fsprobe.quota.cache import SingleFlight
@@ -112,6 +113,35 @@ def test_unknown_lines_next_to_a_good_row_are_notes():
     assert result.entry is not None
     assert any("stdout line 4" in note and PARSE in note for note in result.notes)
     assert any("stderr line 1" in note for note in result.notes)
+
+
+def test_a_title_of_a_new_form_above_a_readable_row_is_a_notice_and_never_degrades():
+    text = (
+        "Disk quotas for usr 1000 (uid 1000):\n"
+        "     Filesystem    used   bsoft   bhard  bgrace   files   isoft   ihard  igrace\n"
+        "    /mnt/lustre      40       0  104857       -       3       0     100       -\n"
+    )
+    command = "lfs quota -u 1000 /mnt/lustre"
+    result = outcome_from_output(parse_quota(text), "user", 1000, command=command, now=NOW)
+    assert result.entry is not None and result.notes == ()
+    (notice,) = result.notices
+    assert "column title fsprobe does not know" in notice and "bsoft" in notice
+    report = assemble("lfs", QuotaReading((result, result)))
+    assert report.errors == () and report.notes == (notice,)  # said once
+    snapshot = Snapshot("/ckpt", {"quota": ProbeResult("quota", NOW - 1, 0.1, report)})
+    verdict = evaluate(snapshot, Policy(), NOW)
+    assert verdict.status is Status.OK
+    assert [(r.code, r.severity.label) for r in verdict.reasons] == [("quota_note", "notice")]
+    unreadable = text + "    /mnt/lustre      40       0  zero       -       3   0   0   -\n"
+    broken = outcome_from_output(parse_quota(unreadable), "user", 1000, command=command, now=NOW)
+    assert any(PARSE in note and "stdout line 4" in note for note in broken.notes)
+
+
+def test_an_lfs_before_210_is_named_too_old_from_its_header():
+    result = outcome("2.9/user_over_soft", "user", 1000)
+    assert result.entry is None and result.failure is not None
+    assert result.failure.error == "EOPNOTSUPP"
+    assert "before 2.10" in result.failure.message
 
 
 def test_eremoteio_row_is_kept_with_a_note():

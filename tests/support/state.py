@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import fsprobe
 from fsprobe.model import (
     TIMEOUT,
+    LustreImport,
     ProbeResult,
     QuotaEntry,
     QuotaReport,
@@ -48,13 +49,15 @@ def daemon_view(
     stuck: bool = False,
     write_seconds: float | None = None,
     quota: tuple[QuotaEntry, ...] | None = None,
+    imports: tuple[LustreImport, ...] | None = None,
     policy: Policy | None = None,
 ) -> TargetState:
     """`path` as a daemon would publish it `age` seconds ago, with these facts seen.
 
     The statvfs and $TMPDIR results are a real probe of `path`; `readonly` and `avail_bytes`
     change what statvfs saw, `stuck` makes it hang, `write_seconds` adds a test write that
-    took that long, `quota` a quota probe that read these entries.
+    took that long, `quota` a quota probe that read these entries, `imports` this node's
+    connections to the Lustre targets.
     """
     at = time.time() - age
     probed = fsprobe.check(path, write_probe=False, quota_provider="none").snapshot.results
@@ -74,6 +77,8 @@ def daemon_view(
         results["write"] = _result("write", at, write)
     if quota is not None:
         results["quota"] = _result("quota", at, QuotaReport("lfs", quota))
+    if imports is not None:
+        results["imports"] = _result("imports", at, imports)
     snapshot = Snapshot(path, results, (None,) if write_seconds is not None else ())
     verdict = evaluate(snapshot, policy or Policy(intervals=INTERVALS), at)
     return TargetState(Report(path, snapshot, verdict), INTERVALS, at)
