@@ -273,3 +273,36 @@ def test_a_healthy_target_in_the_state_is_answered_without_a_process_or_a_fallba
     assert answer["children"] == []  # no probe worker started
     assert answer["threads"] == 1
     assert answer["seconds"] < 2.5  # far below the 5 s a probe of the hung fallback would take
+
+
+def test_a_redirect_decided_from_the_state_starts_no_process(dirs):
+    """Issue 29.6: the daemon watches the target (read-only now) and the fallback (healthy,
+    there): the state file answers where the save goes, and whether the fallback exists, so
+    no probe worker is started to `isdir` it."""
+    target, fallback, state = dirs
+    publish(state, {target: daemon_view(target, readonly=True), fallback: daemon_view(fallback)})
+    done = subprocess.run(
+        [sys.executable, "-c", FAST_PATH, target, fallback, state],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["action"], answer["source"]) == ("redirect", "state")
+    assert answer["children"] == []  # no probe worker started
+    assert answer["threads"] == 1
+
+
+def test_a_fallback_the_daemon_found_missing_is_refused_from_the_state(dirs, tmp_path):
+    """The daemon watches a fallback that does not exist (a typo, scratch not mounted): its
+    fresh state says so, and the save stays at the target (attempted anyway, as without any
+    fallback) instead of going where nothing is."""
+    target, _, state = dirs
+    missing = str(tmp_path / "scratch-not-mounted")
+    publish(state, {target: daemon_view(target, readonly=True), missing: daemon_view(missing)})
+    decision = fsprobe.preflight(
+        os.path.join(target, "m.pt"), fallback_dirs=[missing], state_dir=state
+    )
+    assert (decision.action, decision.source) == ("proceed", "state")
+    assert not os.path.exists(missing)

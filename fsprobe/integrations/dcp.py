@@ -60,7 +60,6 @@ from fsprobe.saving.commit import (
     Staging,
     clean_directory,
     collective_failure,
-    committed,
     deciding,
     default_context,
     failure_of,
@@ -379,7 +378,7 @@ class FsprobeWriter(FileSystemWriter):
             raise FailedAttempt.of(error, progress.step) from error
         finally:
             self.drop_staging()
-        self.last_result = committed(self._attempts, size.bytes, sha256_of_directory)
+        self.last_result = self._attempts.succeeded(size.bytes, sha256_of_directory)
 
     def _carry_over(self) -> None:
         """The files of the checkpoint being replaced that DCP did not write, into the new one:

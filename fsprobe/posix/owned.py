@@ -127,8 +127,3 @@ def open_file(
     except BaseException:
         os.close(fd)
         raise
-
-
-def same_file(first: os.stat_result, second: os.stat_result) -> bool:
-    """Whether two stats are of one inode (the name still names what was opened)."""
-    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)

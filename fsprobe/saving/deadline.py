@@ -23,14 +23,11 @@ import logging
 import threading
 from collections.abc import Callable
 
+from fsprobe.model import TIMEOUT
 from fsprobe.saving.retry import FailedAttempt
 from fsprobe.units import format_seconds
 
 log = logging.getLogger("fsprobe.save")
-
-#: The errno name of an attempt abandoned at its deadline: the target is stuck. It is not
-#: retried there (another try would leave a second thread stuck beside the first).
-TIMEOUT = "TIMEOUT"
 
 
 class Progress:

@@ -26,11 +26,10 @@ from typing import TYPE_CHECKING
 from fsprobe.posix.staging import Staging, open_parent
 from fsprobe.posix.tree import opened, remove_tree
 from fsprobe.redirect.manifest import sha256_of_directory
-from fsprobe.saving.commit import SaveSteps, run_attempts
 from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options
 from fsprobe.saving.preflight import SaveContext
-from fsprobe.saving.retry import FailedAttempt, SaveResult, failure_of
+from fsprobe.saving.retry import FailedAttempt, SaveResult, SaveSteps, failure_of, run_attempts
 from fsprobe.saving.stale import clean_directory
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ def write_directory_once(
     re-raised as it is. The staging directory is removed on every way out but success, and
     an attempt that its save abandoned at the deadline (`progress`) publishes nothing.
     """
-    progress.at("mkdir")
+    progress.step = "mkdir"
     try:
         staging = Staging(final)
     except OSError as error:
@@ -58,14 +57,14 @@ def write_directory_once(
     try:
         progress.made(functools.partial(_remove_staging, staging))
         try:
-            progress.at("write")
+            progress.step = "write"
             write(staging.path)
         except Exception as error:
             failure = failure_of(error, "write", where=staging.path)
             if failure is None:
                 raise
             raise failure from error
-        progress.at("fsync")
+        progress.step = "fsync"
         size = staging.sync() if fsync else staging.measure()
         progress.go_on()
         staging.publish(fsync, progress.at)

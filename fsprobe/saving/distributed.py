@@ -34,28 +34,32 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from fsprobe.extras import extra_imports
 
 with extra_imports("torch", "fsprobe.distributed", "torch"):
     import torch.distributed as dist
 
+from fsprobe.model import TIMEOUT
 from fsprobe.posix.staging import Staging
 from fsprobe.posix.tree import open_directory, opened, sync_file_at, sync_tree
 from fsprobe.redirect.manifest import sha256_of_directory
-from fsprobe.saving.commit import committed, start
-from fsprobe.saving.deadline import TIMEOUT, Progress, bounded
+from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options
 from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import (
     FailedAttempt,
+    NextAttempt,
     RetryState,
     SaveError,
     SaveResult,
+    SaveSteps,
+    attempt_until_done,
     collective_failure,
     deciding,
     failure_of,
+    start,
 )
 from fsprobe.saving.stale import clean_directory
 
@@ -67,7 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fsprobe.save")
 
 #: What this rank's `write` hands back: the files it wrote (fsynced here), or None (all).
-Written = Iterable[str | os.PathLike[str]] | None
+Written = Optional[Iterable[Union[str, os.PathLike[str]]]]  # Python 3.9: no `|` at run time
 
 
 @dataclass(frozen=True)
@@ -147,10 +151,10 @@ def _write_part(
     kept to be raised here after."""
 
     def part(directory: str, progress: Progress) -> int:
-        progress.at("write")
+        progress.step = "write"
         written = write(directory)
         if options.fsync:
-            progress.at("fsync")
+            progress.step = "fsync"
             _sync_written(directory, written)
         return 0
 
@@ -170,16 +174,16 @@ def _of_rank(rank: int, failure: FailedAttempt) -> FailedAttempt:
     return FailedAttempt(failure.errno, failure.step, f"rank {rank}: {failure.message}")
 
 
-def _commit(staging: Staging, fsync: bool) -> tuple[int, FailedAttempt | None]:
-    """Sync the directories, publish, sync the parent: (bytes, None) or (0, the failure)."""
+def _commit(staging: Staging, fsync: bool) -> int:
+    """Sync the directories, publish, sync the parent: the bytes (`FailedAttempt` if not)."""
     progress = Progress()
-    progress.at("fsync_dir")
+    progress.step = "fsync_dir"
     try:
         size = staging.sync(files=False) if fsync else staging.measure()
         staging.publish(fsync, progress.at)
-        return size.bytes, None
     except OSError as error:
-        return 0, FailedAttempt.of(error, progress.step)
+        raise FailedAttempt.of(error, progress.step) from error
+    return size.bytes
 
 
 def _close(staging: Staging, outcomes: list[_Outcome]) -> None:
@@ -197,41 +201,40 @@ def _coordinate(
     write: Callable[[str], Written],
     options: SaveOptions,
 ) -> SaveResult:
-    """The coordinator's side of the protocol (see the module docstring)."""
-    cleaned: set[str] = set()
-    while True:
-        outcomes: list[_Outcome] = []
-        failure: FailedAttempt | None = None
-        nbytes = 0
+    """The coordinator's side of the protocol (see the module docstring): the attempts of
+    every save, each one made by all ranks, each decision announced to them."""
+
+    def attempt(destination: str) -> int:
         try:
-            tries.prepare(clean_directory, cleaned)
-            staging = Staging(tries.destination)
+            staging = Staging(destination)
         except OSError as error:
-            failure = FailedAttempt.of(error, "mkdir")
-        else:
-            try:
-                group.broadcast(_Order(staging=staging.path))
-                outcome, bug = _write_part(0, staging.path, write, options)
-                outcomes = group.gather(outcome)
-                bugs = [o.bug for o in outcomes if o.bug is not None]
-                if bugs:
-                    group.broadcast(_Order(error=RuntimeError("; ".join(bugs))))
-                    raise bug or RuntimeError("; ".join(bugs))
-                failure = deciding(o.failure for o in outcomes if o.failure is not None)
-                if failure is None:
-                    nbytes, failure = _commit(staging, options.fsync)
-            finally:
-                _close(staging, outcomes)
-        if failure is None:
-            result = committed(tries, nbytes, sha256_of_directory)
-            group.broadcast(_Order(result=result))
-            return result
-        plan = tries.failed(failure)
-        if plan is None:
-            gave_up = tries.error()
-            group.broadcast(_Order(error=gave_up))
-            raise gave_up
-        tries.follow(plan)  # the other ranks wait for the next order meanwhile
+            raise FailedAttempt.of(error, "mkdir") from error
+        outcomes: list[_Outcome] = []
+        try:
+            group.broadcast(_Order(staging=staging.path))
+            outcome, bug = _write_part(0, staging.path, write, options)
+            outcomes = group.gather(outcome)
+            bugs = [o.bug for o in outcomes if o.bug is not None]
+            if bugs:
+                group.broadcast(_Order(error=RuntimeError("; ".join(bugs))))
+                raise bug or RuntimeError("; ".join(bugs))
+            failure = deciding(o.failure for o in outcomes if o.failure is not None)
+            if failure is not None:
+                raise failure
+            return _commit(staging, options.fsync)
+        finally:
+            _close(staging, outcomes)
+
+    def announce(decision: NextAttempt | SaveResult | SaveError) -> None:
+        if isinstance(decision, SaveResult):
+            group.broadcast(_Order(result=decision))
+        elif isinstance(decision, SaveError):
+            group.broadcast(_Order(error=decision))
+        # the next attempt: the other ranks wait for its order meanwhile
+
+    return attempt_until_done(
+        tries, SaveSteps(attempt, clean_directory, sha256_of_directory, announce)
+    )
 
 
 def _follow(group: _Group, write: Callable[[str], Written], options: SaveOptions) -> SaveResult:

@@ -28,11 +28,17 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from fsprobe.extras import import_extra
 from fsprobe.posix.atomic import TempFile, fsync_directory, temp_name
 from fsprobe.redirect.manifest import sha256_of
-from fsprobe.saving.commit import SaveSteps, run_attempts
 from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options, split_keywords
 from fsprobe.saving.preflight import SaveContext
-from fsprobe.saving.retry import INTERRUPTS, FailedAttempt, SaveResult, failure_of
+from fsprobe.saving.retry import (
+    INTERRUPTS,
+    FailedAttempt,
+    SaveResult,
+    SaveSteps,
+    failure_of,
+    run_attempts,
+)
 from fsprobe.saving.stale import clean_directory
 
 if TYPE_CHECKING:
@@ -169,7 +175,7 @@ def _write_once(
     try:
         progress.made(temp.remove)
         try:
-            progress.at("write")
+            progress.step = "write"
             write(stream)
         except Exception as error:
             failure = _io_failure(error, stream)
@@ -177,16 +183,16 @@ def _write_once(
                 raise
             raise failure from error
         if fsync:
-            progress.at("fsync")
+            progress.step = "fsync"
             stream.sync()
-        progress.at("close")
+        progress.step = "close"
         size = stream.size()
         stream.close()
         progress.go_on()
-        progress.at("rename")
+        progress.step = "rename"
         temp.rename(final)
         if fsync:
-            progress.at("fsync_dir")
+            progress.step = "fsync_dir"
             fsync_directory(directory)
         return size
     except OSError as error:

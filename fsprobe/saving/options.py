@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fsprobe.policy import NEED_INODES
-from fsprobe.redirect.fallback import all_fallback_dirs
+from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
 
 if TYPE_CHECKING:  # typing_extensions is not a dependency: these exist for type checkers only
     from collections.abc import Iterable
@@ -216,6 +216,8 @@ class SaveOptions:
         """These options with the environment's added: the fallback directories of
         ``FSPROBE_FALLBACK_DIRS`` after the caller's (none at all when `redirect` is False),
         each absolute."""
+        if not self.fallback_dirs and not environ.get(FALLBACK_ENV):
+            return self  # the common case, on the path of every save
         fallbacks = all_fallback_dirs(self.fallback_dirs, environ) if self.redirect else ()
         if fallbacks == self.fallback_dirs:
             return self

@@ -12,12 +12,11 @@ classify the errno (`fsprobe.errors.classify`) and decide:
 A redirect that fails too goes back to the target or on to the next fallback. `SaveError`
 after the last attempt, with every attempt's errno.
 
-`RetryState` holds those decisions for one save, apart from the attempt itself, so that a
-collective save can take them once on its coordinator and send them to every rank;
-`fsprobe.saving.commit.run_attempts` is the loop for a save made by one process. A save that
-lands in a fallback is
-entered in that fallback's manifest when it succeeds (`RetryState.succeeded`), whatever kind of
-save it is, so that `fsprobe sync` finds it.
+`RetryState` holds those decisions for one save, apart from the attempt itself, and
+`attempt_until_done` is the one loop around them for every kind of save (a collective save runs
+it on its coordinator and announces each decision to the other ranks). A save that lands in a
+fallback is entered in that fallback's manifest when it succeeds (`RetryState.succeeded`),
+whatever kind of save it is, so that `fsprobe sync` finds it.
 """
 
 from __future__ import annotations
@@ -434,8 +433,8 @@ class RetryState:
 
     def succeeded(self, nbytes: int, digest_of: Callable[[str], str]) -> SaveResult:
         """The current attempt succeeded with `nbytes` written: enter a redirect in the
-        fallback's manifest (`digest_of(destination)` is its sha256), log, result. The size is
-        remembered by whoever made the save (`fsprobe.saving.commit.committed`)."""
+        fallback's manifest (`digest_of(destination)` is its sha256), log, remember the size
+        as the default need of the next save there, result."""
         fallback = self.fallback
         if fallback is not None:
             self._record_redirect(fallback, nbytes, digest_of)
@@ -458,7 +457,7 @@ class RetryState:
                 ", ".join(result.errors) or "no error",
                 format_seconds(result.seconds),
             )
-        else:
+        elif log.isEnabledFor(logging.DEBUG):  # no formatting for a message nobody reads
             log.debug(
                 "save %s: %s in %s",
                 self.requested,
@@ -466,6 +465,7 @@ class RetryState:
                 format_seconds(result.seconds),
             )
         self._report(result.path, nbytes)
+        self.context.remember_save(self.requested, nbytes)
         return result
 
     def _report(self, landed: str | None, nbytes: int) -> None:
@@ -520,3 +520,68 @@ class RetryState:
             failure.message,
             plan,
         )
+
+
+class SaveSteps(NamedTuple):
+    """What one kind of save does in `attempt_until_done`.
+
+    `write(destination)` makes one attempt and returns the bytes written, raising
+    `FailedAttempt` for an I/O failure (anything else it raises ends the save as it is);
+    `clean(directory)` removes the leftovers of crashed saves there, once per directory before
+    the first attempt into it; `digest(destination)` is the sha256 that the fallback's
+    manifest records for a redirected save; `announce` tells whoever else takes part (the
+    other ranks of a collective save) each decision: the next attempt, the result, the error.
+    """
+
+    write: Callable[[str], int]
+    clean: Callable[[str], object]
+    digest: Callable[[str], str]
+    announce: Callable[[NextAttempt | SaveResult | SaveError], None] = lambda decision: None
+
+
+def start(
+    path: str | os.PathLike[str],
+    options: SaveOptions,
+    ranks: int = 1,
+    context: SaveContext | None = None,
+) -> RetryState:
+    """The `RetryState` of a new save of `path`, its preflight run (`SaveError` if it says
+    ``fail``): its `destination` is where the first attempt goes."""
+    state = RetryState(os.path.abspath(os.fspath(path)), options, ranks, context)
+    state.preflight()
+    return state
+
+
+def attempt_until_done(state: RetryState, steps: SaveSteps) -> SaveResult:
+    """The attempts of every kind of save, its preflight done (`start`): attempt until one
+    succeeds, or the attempts give up (`SaveError`)."""
+    cleaned: set[str] = set()
+    while True:
+        try:
+            try:
+                state.prepare(steps.clean, cleaned)
+            except OSError as error:
+                raise FailedAttempt.of(error, "mkdir") from error
+            nbytes = steps.write(state.destination)
+        except FailedAttempt as failure:
+            plan = state.failed(failure)
+            if plan is None:
+                gave_up = state.error()
+                steps.announce(gave_up)
+                raise gave_up from None
+            steps.announce(plan)
+            state.follow(plan)
+            continue
+        result = state.succeeded(nbytes, steps.digest)
+        steps.announce(result)
+        return result
+
+
+def run_attempts(
+    path: str | os.PathLike[str],
+    options: SaveOptions,
+    steps: SaveSteps,
+    context: SaveContext | None = None,
+) -> SaveResult:
+    """Save `path` in this process: preflight, then `attempt_until_done`."""
+    return attempt_until_done(start(path, options, context=context), steps)

@@ -107,7 +107,7 @@ TARGETS = (
         "save-retry",
         "fsprobe/saving/retry.py",
         "first_os_error failure_of deciding RetryState.fallback RetryState.failed "
-        "RetryState.follow RetryState.prepare",
+        "RetryState.follow RetryState.prepare start attempt_until_done run_attempts",
         *_SAVE_TESTS,
     ),
     target(
@@ -117,7 +117,6 @@ TARGETS = (
         "tests/test_save_options.py",
         *_SAVE_TESTS,
     ),
-    target("save-commit", "fsprobe/saving/commit.py", "start committed run_attempts", *_SAVE_TESTS),
     target(
         "save-atomic",
         "fsprobe/posix/atomic.py",
