@@ -188,6 +188,7 @@ def test_the_runbooks_commands_find_the_units_state_dir() -> None:
     rules = (REPO / "deploy" / "prometheus" / "fsprobe.rules.yml").read_text()
     assert f"fsprobe status --state-dir {state_dir}" in runbook
     for text in (runbook, rules):
-        commands = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+        kept = (line.strip() for line in text.splitlines() if not line.startswith("#"))
+        commands = " ".join(kept)  # a command folded across lines too
         bare = re.findall(r"fsprobe status(?! --state-dir)[`\s]", commands)
         assert bare == [], "a `fsprobe status` that would not find the unit's state dir"
