@@ -36,7 +36,7 @@ class Progress:
 
     def __init__(self) -> None:
         self.step = "create"
-        self._abandoned = threading.Event()
+        self.abandoned = threading.Event()
         self._lock = threading.Lock()
         self._remove: Callable[[], object] | None = None
 
@@ -45,7 +45,7 @@ class Progress:
         self.step = step
 
     def abandon(self) -> None:
-        self._abandoned.set()
+        self.abandoned.set()
 
     def made(self, remove: Callable[[], object]) -> None:
         """The attempt made something that `remove()` removes (it must never fail), which the
@@ -66,7 +66,7 @@ class Progress:
     def go_on(self) -> None:
         """Raise instead of writing on or publishing when the save has gone on without this
         attempt."""
-        if self._abandoned.is_set():
+        if self.abandoned.is_set():
             raise FailedAttempt(TIMEOUT, self.step, "abandoned at the save's deadline")
 
 

@@ -88,7 +88,8 @@ class AtomicFile:
             raise
 
     def write(self, data: Any) -> int:
-        self._progress.go_on()  # an attempt its save abandoned writes no further
+        if self._progress.abandoned.is_set():  # an attempt its save abandoned writes no further
+            self._progress.go_on()
         return int(self._call("write", lambda: self._file.write(data)))
 
     def writelines(self, lines: Iterable[Any]) -> None:
