@@ -6,11 +6,13 @@ expected until its goodbye (docs/design.md §13).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-#: Saving processes remembered per target; beyond, the one heard from longest ago is forgotten.
+#: Saving processes remembered per target; beyond, the one heard from longest ago of the uid
+#: with the most is forgotten (a user crowds out only her own).
 MAX_SAVERS = 256
 #: How often (seconds) the daemon looks whether the saving processes still live.
 CHECK_EVERY = 1.0
@@ -32,6 +34,16 @@ def process_start(pid: int, proc: str = "/proc") -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+Key = TypeVar("Key")
+
+
+def crowding(owned: list[tuple[Key, int]]) -> Key:
+    """Of entries `owned` (key, uid; oldest first) that are too many, the key to forget: the
+    oldest of the uid that has the most, so that no user's claims push out another user's."""
+    most = Counter(uid for _, uid in owned).most_common(1)[0][0]
+    return next(key for key, uid in owned if uid == most)
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,7 @@ class Savers:
         self._savers.pop(key, None)
         self._savers[key] = saver
         if len(self._savers) > MAX_SAVERS:
-            self._savers.popitem(last=False)
+            del self._savers[crowding([(k, s.uid) for k, s in self._savers.items()])]
 
     def goodbye(self, host: str, pid: int, uid: int) -> bool:
         """Forget the process that says goodbye (only its own uid, or root, may); whether it

@@ -11,12 +11,12 @@ import statistics
 import threading
 import time
 import traceback
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fsprobe.daemon.logs import log_bug
-from fsprobe.daemon.savers import Saver, Savers, StartTime, process_start
+from fsprobe.daemon.savers import Saver, Savers, StartTime, crowding, process_start
 from fsprobe.errors import NOT_AS_ROOT
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import Goodbye, SaveEvent
@@ -37,7 +37,8 @@ from fsprobe.view import Histogram, LastSave, SaveProblem, SaveStats, TargetView
 
 #: Things a target remembers having reported once (squatted areas, superseded copies).
 MAX_SEEN_KEPT = 10_000
-#: Fallback directories a target remembers from its redirected saves (the first ones seen).
+#: Fallback directories a target remembers from its redirected saves (the latest ones; beyond,
+#: the oldest of the uid with the most is forgotten).
 MAX_SEEN_FALLBACKS = 8
 #: Successful saves whose gaps give a target's regular save interval (their median).
 INTERVAL_SAVES = 9
@@ -79,7 +80,7 @@ class _Target:
     probed_at: float | None = None  # when the write probe last ran
     skipped: Counter = field(default_factory=Counter)  # probe -> runs left out (`take`)
     savers: Savers = field(default_factory=Savers)  # the processes expected to save again
-    seen_fallbacks: dict = field(default_factory=dict)  # where its redirected saves landed
+    seen_fallbacks: OrderedDict = field(default_factory=OrderedDict)  # (fallback, uid) landed in
     bug: tuple[str, str] | None = None  # (stage, summary) of a bug caught handling a result
 
     def take(self, result: ProbeResult, probed: bool = True) -> None:
@@ -172,6 +173,15 @@ class _Target:
             if outcome == "ok"
             else {**before.problems, outcome: _problem(sender, save, now)},
         )
+
+    def hear_fallback(self, fallback: str, uid: int) -> None:
+        """A redirected save of `uid` landed in `fallback`: remember it (the latest ones, at
+        most `MAX_SEEN_FALLBACKS`; a user crowds out only her own)."""
+        seen = self.seen_fallbacks
+        seen.pop((fallback, uid), None)
+        seen[(fallback, uid)] = None
+        if len(seen) > MAX_SEEN_FALLBACKS:
+            del seen[crowding([(key, key[1]) for key in seen])]
 
     def savers_changed(self) -> None:
         """After a saver left: with none left the job ended, and its save interval with it
@@ -318,8 +328,8 @@ class Store:
                     target.written_at = now
             if save.outcome == "redirected" and save.landed is not None:
                 fallback = fallback_of(save.requested, save.landed, sender.uid)
-                if fallback is not None and len(target.seen_fallbacks) < MAX_SEEN_FALLBACKS:
-                    target.seen_fallbacks[fallback] = None
+                if fallback is not None:
+                    target.hear_fallback(fallback, sender.uid)
             return None, self._publish(target)
 
     def seen_fallbacks(self, path: str) -> tuple[str, ...]:
@@ -327,7 +337,8 @@ class Store:
         their events said (at most `MAX_SEEN_FALLBACKS`): counted like configured ones."""
         with self._lock:
             target = self._targets.get(path)
-            return tuple(target.seen_fallbacks) if target is not None else ()
+            seen = target.seen_fallbacks if target is not None else {}
+            return tuple(dict.fromkeys(fallback for fallback, _uid in seen))
 
     def goodbye(self, sender: Sender, goodbye: Goodbye) -> list[TargetView]:
         """A saving process exits cleanly: expect no more saves from it; the changed views."""

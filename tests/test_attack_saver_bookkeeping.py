@@ -1,0 +1,91 @@
+"""What the store remembers of one user's saves is hers to crowd out, never another's: a
+second local user (a real account, with real live processes of her own) who may write a
+shared target cannot make the daemon forget the other user's live saver (and with it the
+overdue alert) or the fallback her redirected saves landed in (and with it the pending
+bytes), by filling the store's bounded memory with claims of her own."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from fsprobe.daemon.savers import MAX_SAVERS
+from fsprobe.daemon.store import MAX_SEEN_FALLBACKS, Store, TargetSpec
+from fsprobe.events.admission import Sender
+from fsprobe.events.event import SaveEvent
+from fsprobe.redirect.fallback import area_name, mirrored
+
+
+@contextlib.contextmanager
+def _live_process(user) -> Iterator[Sender]:
+    """A real process of `user` that lives until the block ends: the sender the kernel names."""
+    process = subprocess.Popen(["sleep", "600"], **user.subprocess_kwargs())
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(f"/proc/{process.pid}/stat").exists():  # bounded against a hang
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        yield Sender(user.uid, user.gid, process.pid)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _landed(store: Store, sender: Sender, path: str, host: str = "node1") -> None:
+    save = SaveEvent(path, path, 1, 0.1, 1, (), time.time(), host, sender.pid)
+    assert store.record_save(sender, save)[0] is None
+
+
+def test_a_neighbour_cannot_crowd_out_another_users_live_saver(tmp_path, local_users):
+    """Alice's trainer saved into the team's target and hangs: her live process is what keeps
+    FsprobeCheckpointOverdue armed. Mallory, who may write there too, sent 256 saves from one
+    process of hers, each claiming another host: the store keeps 256 savers per target and
+    forgot Alice's, the oldest; once Mallory's process exited no saver was left, the save
+    interval was dropped, and Alice's hung job could never be overdue. Only the crowding
+    user's own savers make room."""
+    alice, mallory = local_users.user(), local_users.user()
+    target = str(tmp_path / "team-ckpt")
+    store = Store()
+    store.configure([TargetSpec(target)])
+    with _live_process(alice) as her:
+        for _ in range(3):  # a regular interval: the overdue alert has something to compare
+            _landed(store, her, f"{target}/step.pt")
+        with _live_process(mallory) as neighbour:
+            for n in range(MAX_SAVERS):
+                _landed(store, neighbour, f"{target}/m.pt", host=f"forged-{n}")
+        view = store.forget_gone_savers()[0]  # Mallory's process is gone
+        assert view.saves.savers == 1, "Alice's live trainer is no longer expected to save"
+        assert view.saves.interval is not None
+
+
+def _fallback_of(root: Path, uid: int, requested: str) -> str:
+    return str(root / area_name(uid) / mirrored(requested))
+
+
+def test_a_neighbour_cannot_crowd_out_the_fallback_another_users_saves_landed_in(
+    tmp_path, local_users
+):
+    """The store remembers the fallbacks redirected saves landed in (8 per target), and the
+    count task counts the checkpoints pending there. Mallory sent 8 redirected saves naming 8
+    fallbacks of her own making first; they were the first 8 seen and kept for good, so the
+    checkpoint Alice's trainer really redirected was never counted pending for her target."""
+    alice, mallory = local_users.user(), local_users.user()
+    target = str(tmp_path / "team-ckpt")
+    requested = f"{target}/step.pt"
+    store = Store()
+    store.configure([TargetSpec(target)])
+    with _live_process(mallory) as neighbour:
+        for n in range(MAX_SEEN_FALLBACKS):
+            landed = _fallback_of(tmp_path / f"fake-{n}", mallory.uid, requested)
+            save = SaveEvent(requested, landed, 1, 0.1, 1, (), time.time(), "h", neighbour.pid)
+            assert store.record_save(neighbour, save)[0] is None
+    assert len(store.seen_fallbacks(target)) == MAX_SEEN_FALLBACKS
+    with _live_process(alice) as her:
+        landed = _fallback_of(tmp_path / "alice-scratch", alice.uid, requested)
+        save = SaveEvent(requested, landed, 1, 0.1, 1, (), time.time(), "h", her.pid)
+        assert store.record_save(her, save)[0] is None
+    assert str(tmp_path / "alice-scratch") in store.seen_fallbacks(target)
+    assert len(store.seen_fallbacks(target)) <= MAX_SEEN_FALLBACKS
