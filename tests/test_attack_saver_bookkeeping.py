@@ -7,16 +7,24 @@ bytes), by filling the store's bounded memory with claims of her own."""
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from fsprobe.daemon.config import TargetConfig
 from fsprobe.daemon.savers import MAX_SAVERS
 from fsprobe.daemon.store import MAX_SEEN_FALLBACKS, Store, TargetSpec
+from fsprobe.daemon.tasks import planned_tasks
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import SaveEvent
+from fsprobe.model import Snapshot
+from fsprobe.policy import Policy, evaluate
+from fsprobe.probing.plan import ProbeSettings
 from fsprobe.redirect.fallback import area_name, mirrored
+from fsprobe.view import TargetView
+from tests.support.users import share
 
 
 @contextlib.contextmanager
@@ -89,3 +97,38 @@ def test_a_neighbour_cannot_crowd_out_the_fallback_another_users_saves_landed_in
         assert store.record_save(her, save)[0] is None
     assert str(tmp_path / "alice-scratch") in store.seen_fallbacks(target)
     assert len(store.seen_fallbacks(target)) <= MAX_SEEN_FALLBACKS
+
+
+def test_a_fallback_named_only_in_a_neighbours_event_raises_no_problem_for_the_target(
+    tmp_path, local_users
+):
+    """A redirected save's event names its fallback, and the daemon's count task (root) counts
+    it for the target. Mallory made a fallback of her own with her area in it and, beside it,
+    a directory named after Alice's area (``uid-<alice>``, Mallory's): one redirected save
+    naming it, and the count reported that 'squat' against the team's target
+    (fsprobe_redirect_problems_total{problem="area_squatted"}, FsprobeRedirectProblems), a new
+    one each time she makes another. A fallback only a user's event names is counted for its
+    pending bytes; squats and crowded listings are the target's problems only in the
+    fallbacks the admin configured."""
+    share(tmp_path)
+    alice, mallory = local_users.user(), local_users.user()
+    target = str(tmp_path / "team-ckpt")
+    hers = tmp_path / "mallory-fallback"
+    for path in (hers, hers / area_name(mallory.uid), hers / area_name(alice.uid)):
+        path.mkdir(mode=0o700)
+        os.chown(path, mallory.uid, mallory.gid)
+    store = Store()
+    store.configure([TargetSpec(target)])
+    requested = f"{target}/step.pt"
+    landed = _fallback_of(hers, mallory.uid, requested)
+    with _live_process(mallory) as neighbour:
+        save = SaveEvent(requested, landed, 1, 0.1, 1, (), time.time(), "h", neighbour.pid)
+        assert store.record_save(neighbour, save)[0] is None
+    assert store.seen_fallbacks(target) == (str(hers),)
+    config = TargetConfig(target, ProbeSettings(), {})
+    snapshot = Snapshot(target)
+    view = TargetView(target, snapshot, evaluate(snapshot, Policy(), time.time(), None, None))
+    count = planned_tasks(config, store.seen_fallbacks)["count"].work(view)
+    assert count is not None
+    found = count()  # as the daemon's worker runs it: as root
+    assert (found.pending_bytes, found.squatted, found.crowded) == (0, (), ())

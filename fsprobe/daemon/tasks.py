@@ -47,11 +47,18 @@ def _count(
     target: TargetConfig, seen: Callable[[str], tuple[str, ...]], _view: TargetView
 ) -> Callable[[], object] | None:
     """Count the configured fallbacks and those the target's redirected saves landed in
-    (`Store.seen_fallbacks`); nothing while there are none."""
+    (`Store.seen_fallbacks`); nothing while there are none. Only the configured ones can have
+    problems of the target's (squats, crowding): a fallback a user's event names is hers."""
     fallbacks = tuple(dict.fromkeys((*target.fallback_dirs, *seen(target.path))))
     if not fallbacks:
         return None
-    return functools.partial(count_fallbacks, fallbacks, target.path, max_entries=MAX_AREA_ENTRIES)
+    return functools.partial(
+        count_fallbacks,
+        fallbacks,
+        target.path,
+        max_entries=MAX_AREA_ENTRIES,
+        judged=target.fallback_dirs,
+    )
 
 
 def _sync(target: TargetConfig, rounds: Iterator[int], view: TargetView) -> Callable[[], object]:

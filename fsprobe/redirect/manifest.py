@@ -245,13 +245,22 @@ class FallbackCount:
     crowded: tuple[str, ...] = ()  # why areas were left out of a listing (`Areas.crowded`)
 
 
-def count_fallbacks(fallback_dirs: Iterable[str], under: str, max_entries: int) -> FallbackCount:
-    """The pending bytes of the copies meant for `under`, the squatted areas, and the areas
-    whose copies hold more than `max_entries` entries (`MAX_AREA_ENTRIES`; not counted)."""
+def count_fallbacks(
+    fallback_dirs: Iterable[str],
+    under: str,
+    max_entries: int,
+    judged: Iterable[str] | None = None,
+) -> FallbackCount:
+    """The pending bytes of the copies meant for `under`, and of the fallbacks `judged` (all
+    unless given) the squatted areas, the areas whose copies hold more than `max_entries`
+    entries (`MAX_AREA_ENTRIES`; not counted) and the crowded listings."""
     fallback_dirs = tuple(fallback_dirs)
+    judged = fallback_dirs if judged is None else tuple(dict.fromkeys(judged))
     crowded: list[str] = []
-    total, too_many = measure_pending(fallback_dirs, under, max_entries, crowded)
-    return FallbackCount(total, tuple(squatted_areas(fallback_dirs)), too_many, tuple(crowded))
+    total, too_many = measure_pending(judged, under, max_entries, crowded)
+    others = tuple(fallback for fallback in fallback_dirs if fallback not in judged)
+    total += measure_pending(others, under, max_entries)[0] if others else 0
+    return FallbackCount(total, tuple(squatted_areas(judged)), too_many, tuple(crowded))
 
 
 def squatted_areas(fallback_dirs: Iterable[str]) -> list[str]:
