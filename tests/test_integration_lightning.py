@@ -166,10 +166,16 @@ def test_a_misspelt_option_fails_when_the_plugin_is_made():
 
 
 @pytest.mark.parametrize(
-    "options", [{"attempts": 0}, {"on_unhealthy": "ignore"}, {"save_timeout": 0}]
+    ("options", "error"),
+    [
+        ({"attempts": 0}, ValueError),
+        ({"on_unhealthy": "ignore"}, ValueError),
+        ({"save_timeout": 0}, ValueError),
+        ({"backoff": 0.2}, TypeError),  # the report's: an AttributeError at the first retry
+    ],
 )
-def test_a_wrong_option_value_fails_when_the_plugin_is_made(options):
-    with pytest.raises(ValueError):
+def test_a_wrong_option_fails_when_the_plugin_is_made(options, error):
+    with pytest.raises(error):
         FsprobeCheckpointIO(**options)
 
 

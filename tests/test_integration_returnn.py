@@ -410,6 +410,7 @@ def test_a_tmpfs_short_of_inodes_ends_every_epoch_saved_and_resumes_after_the_la
         ({"on_unhealthy": "ignore"}, ValueError),
         ({"save_timeout": -1}, ValueError),
         ({"attempt": 3}, TypeError),  # misspelt
+        ({"backoff": 0.2}, TypeError),  # the report's: an AttributeError at the first retry
     ],
 )
 def test_a_wrong_option_fails_in_the_config_and_patches_nothing(options, error):
