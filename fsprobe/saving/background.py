@@ -4,20 +4,22 @@ The training thread pays for a snapshot only (`fsprobe.saving.cpu_copy`: the ten
 CPU memory, so that the optimizer's next in-place update cannot reach the checkpoint); the save
 itself, exactly as `fsprobe.save` makes it, runs on the context's writer threads
 (`fsprobe.saving.writers`: one save per destination at a time and in order, bounded memory,
-nothing lost silently, interpreter exit waits; docs/saving.md says why).
+nothing lost silently, interpreter exit waits; docs/saving.md says why). Ctrl-C while
+waiting for them, or that ends the process, ends them too (`BackgroundSaves.interrupt`).
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from fsprobe.extras import import_extra
 from fsprobe.saving.cpu_copy import cpu_copy
-from fsprobe.saving.file import save
+from fsprobe.saving.file import write_file
 from fsprobe.saving.options import SaveOptions, save_options, split_keywords
 from fsprobe.saving.preflight import SaveContext, default_context
 from fsprobe.saving.retry import SaveResult
@@ -56,11 +58,19 @@ def save_async(
     requested = os.path.abspath(os.fspath(path))  # now: the cwd may change before the write
     context = context or default_context()
 
+    stop = threading.Event()  # set by the writers when the process is interrupted
+
     def prepare() -> Callable[[], SaveResult]:
         copied = cpu_copy(obj)
-        return lambda: save(copied, requested, options=chosen, context=context, **torch_save_kwargs)
+        return lambda: write_file(
+            requested,
+            lambda stream: torch.save(copied, stream, **torch_save_kwargs),
+            chosen,
+            context,
+            stop,
+        )
 
-    return context.background().submit(requested, prepare)
+    return context.background().submit(requested, prepare, stop=stop)
 
 
 def wait_saves(timeout: float | None = None, *, context: SaveContext | None = None) -> None:

@@ -34,9 +34,10 @@ class Progress:
     """Where an attempt is (`step`), whether the save has abandoned it, and how to remove what
     it made (its temp file or staging directory) should the save be interrupted meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop: threading.Event | None = None) -> None:
         self.step = "create"
         self.abandoned = threading.Event()
+        self._stop = stop
         self._lock = threading.Lock()
         self._remove: Callable[[], object] | None = None
 
@@ -65,25 +66,36 @@ class Progress:
 
     def go_on(self) -> None:
         """Raise instead of writing on or publishing when the save has gone on without this
-        attempt."""
+        attempt, or KeyboardInterrupt when another thread interrupted the save (its `stop`:
+        a background save, `fsprobe.saving.writers`)."""
+        if self._stop is not None and self._stop.is_set():
+            raise KeyboardInterrupt(f"the save was interrupted at {self.step}")
         if self.abandoned.is_set():
             raise FailedAttempt(TIMEOUT, self.step, "abandoned at the save's deadline")
 
 
-def bounded(timeout: float | None, attempt: Callable[[str, Progress], int]) -> Callable[[str], int]:
+def bounded(
+    timeout: float | None,
+    attempt: Callable[[str, Progress], int],
+    stop: threading.Event | None = None,
+) -> Callable[[str], int]:
     """`attempt(destination, progress)` as one attempt of a save (`fsprobe.saving.retry.SaveSteps`)
     with at most `timeout` seconds for it; inline when None.
 
     The attempt raises `FailedAttempt` (``TIMEOUT``, at the step it is stuck in) past the
-    deadline, and whatever `attempt` raised otherwise.
+    deadline, KeyboardInterrupt at its next step once `stop` is set, and whatever `attempt`
+    raised otherwise.
     """
-    return functools.partial(_within, timeout, attempt)
+    return functools.partial(_within, timeout, attempt, stop)
 
 
 def _within(
-    timeout: float | None, attempt: Callable[[str, Progress], int], destination: str
+    timeout: float | None,
+    attempt: Callable[[str, Progress], int],
+    stop: threading.Event | None,
+    destination: str,
 ) -> int:
-    progress = Progress()
+    progress = Progress(stop)
     if timeout is None:
         return attempt(destination, progress)
     written: list[int] = []

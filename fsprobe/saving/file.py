@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -256,8 +257,10 @@ def write_file(
     write: Callable[[AtomicFile], object],
     options: SaveOptions,
     context: SaveContext | None = None,
+    stop: threading.Event | None = None,
 ) -> SaveResult:
-    """`atomic_write` with resolved `options` (`fsprobe.saving.options.save_options`)."""
+    """`atomic_write` with resolved `options` (`fsprobe.saving.options.save_options`); once
+    another thread sets `stop`, the save ends with KeyboardInterrupt at its next write."""
     return run_attempts(
         path,
         options,
@@ -267,6 +270,7 @@ def write_file(
                 lambda destination, progress: _write_once(
                     destination, write, options.fsync, progress
                 ),
+                stop,
             ),
             clean=clean_directory,
             digest=sha256_of,

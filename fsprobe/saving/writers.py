@@ -3,7 +3,9 @@ queue per destination, which `fsprobe.save_async` and DCP's `async_save` hand th
 `fsprobe.wait_saves` waits for (the rules and why: docs/saving.md, "Saving in the background").
 
 Interpreter exit waits for every pool's saves; a forked child (a DataLoader worker) starts with
-none: its parent's are the parent's to finish.
+none: its parent's are the parent's to finish. An interrupt ends them instead: Ctrl-C (or
+`sys.exit` in a signal handler) while `wait` waits, or a KeyboardInterrupt that ends the process
+(Python runs `atexit` after it): `BackgroundSaves.interrupt`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import atexit
 import collections
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -32,6 +35,9 @@ WORKERS = 2
 MAX_WAITING = 2
 #: How often a wait that goes on (for a slot, at exit) says so in the log.
 REPORT_EVERY = 60.0
+#: How long an interrupt waits for the running saves to stop and remove their temp files: a
+#: save stops at its next write, but one held in the kernel (a hung mount) cannot.
+STOP_SECONDS = 10.0
 
 #: A job: called in the caller's thread once a slot is free; returns what writes in the
 #: background. The snapshot is taken in the first step, the save made in the second.
@@ -44,6 +50,7 @@ class _Job:
     queue: str  # the jobs of one queue run one at a time, in order
     write: Callable[[], Any] | None  # holds the snapshot; None once taken
     future: Future[Any]
+    stop: threading.Event | None = None  # set to interrupt the write (None: it cannot be)
 
     def take(self) -> Callable[[], Any] | None:
         """The write, which the job then no longer holds (nor its snapshot)."""
@@ -71,9 +78,16 @@ class BackgroundSaves:
         self._threads: list[threading.Thread] = []
         self._idle = 0
 
-    def submit(self, destination: str, prepare: Prepare, queue: str | None = None) -> Future[Any]:
+    def submit(
+        self,
+        destination: str,
+        prepare: Prepare,
+        queue: str | None = None,
+        stop: threading.Event | None = None,
+    ) -> Future[Any]:
         """Queue a save of `destination`; `prepare` runs here, once a waiting slot is free.
-        Saves of one `queue` (by default their destination) are written one at a time."""
+        Saves of one `queue` (by default their destination) are written one at a time; `stop`
+        is what the write stops at (raising KeyboardInterrupt) once set by `interrupt`."""
         with self._changed:
             self._wait_for(
                 lambda: self._waiting + self._reserved < self.max_waiting,
@@ -90,7 +104,7 @@ class BackgroundSaves:
                 self._reserved -= 1
                 self._changed.notify_all()
             raise
-        job = _Job(destination, queue or destination, write, Future())
+        job = _Job(destination, queue or destination, write, Future(), stop)
         with self._changed:
             self._reserved -= 1
             waiting = self._queues.setdefault(job.queue, collections.deque())
@@ -110,13 +124,49 @@ class BackgroundSaves:
             return [*(job.destination for job in self._running.values()), *waiting]
 
     def wait(self, timeout: float | None = None, report: str | None = None) -> None:
-        """Until no save is running or waiting; `TimeoutError` after `timeout` seconds."""
-        with self._changed:
-            done = self._wait_for(self._idle_now, timeout, report)
+        """Until no save is running or waiting; `TimeoutError` after `timeout` seconds. An
+        interrupt meanwhile interrupts the saves (`interrupt`) and is raised on."""
+        try:
+            with self._changed:
+                done = self._wait_for(self._idle_now, timeout, report)
+        except BaseException:  # Ctrl-C, or sys.exit in a signal handler
+            self.interrupt()
+            raise
         if not done:
             raise FutureTimeoutError(
                 f"background saves still running after {format_seconds(timeout or 0)}: "
                 + ", ".join(self.pending())
+            )
+
+    def interrupt(self) -> None:
+        """End every save: those waiting are cancelled (never written), those running stop at
+        their next write, their temp files removed (KeyboardInterrupt on their futures); waits
+        `STOP_SECONDS` at most for them, and says which it had to leave behind."""
+        with self._changed:
+            waiting = [job for queue in self._queues.values() for job in queue]
+            running = list(self._running.values())
+        cancelled = [job.destination for job in waiting if job.future.cancel()]
+        stops = [job.stop for job in running if job.stop is not None]
+        for stop in stops:
+            stop.set()
+        log.warning(
+            "interrupted: %d background save(s) stopped, %d cancelled before they started%s",
+            len(stops),
+            len(cancelled),
+            f" ({', '.join(cancelled)})" if cancelled else "",
+        )
+        with self._changed:
+            stopped = self._wait_for(
+                lambda: not any(j is job for j in self._running.values() for job in running),
+                STOP_SECONDS,
+                None,
+            )
+        if not stopped:
+            log.error(
+                "background save(s) still running %s after the interrupt, left behind (held by "
+                "the filesystem?): %s",
+                format_seconds(STOP_SECONDS),
+                ", ".join(self.pending()),
             )
 
     def _idle_now(self) -> bool:
@@ -194,7 +244,9 @@ def _run(job: _Job) -> None:
     if error is None:
         job.future.set_result(result)
         return
-    if isinstance(error, OSError) and hasattr(error, "attempts"):  # a SaveError: its attempts
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        log.warning("background save of %s interrupted: nothing written", job.destination)
+    elif isinstance(error, OSError) and hasattr(error, "attempts"):  # a SaveError: its attempts
         # were logged one by one already
         log.error("background save of %s failed: %s", job.destination, error)
     else:
@@ -224,9 +276,13 @@ _POOLS: weakref.WeakSet[BackgroundSaves] = weakref.WeakSet()
 
 
 def _wait_at_exit() -> None:
+    interrupted = isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
     for pool in list(_POOLS):
         pending = pool.pending()
         if not pending:
+            continue
+        if interrupted:  # Ctrl-C ends the process: its saves end now, not when they are done
+            pool.interrupt()
             continue
         log.warning(
             "waiting for %d background save(s) to finish before exiting: %s",
