@@ -18,10 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+import fsprobe.distributed
 from fsprobe.events.emit import SOCKET_NAME
 from fsprobe.events.event import SaveEvent, decode
 from tests.support.crash import REPO, leftovers
+from tests.support.ranks import finish, start_ranks
 
 #: The trainer: one small save first (its event proves the socket is heard), then a large one.
 TRAINER = """
@@ -136,4 +139,68 @@ def test_ctrl_c_in_a_large_torch_save_ends_it_at_once(faultfs, tmp_path: Path, k
     assert events(listener) == [str(target / "warmup.bin")]  # the interrupted save sent none
     if kind.startswith("async"):  # after the traceback, at exit; or before it, in wait_saves
         assert f"background save of {target / 'model.pt'} interrupted: nothing written" in err
+    listener.close()
+
+
+def slow_shards(rank: int, world_size: int, target: str) -> str:
+    """The collective scenario: every rank writes a 16 MiB shard through a Python file object."""
+
+    def write(staging: str) -> list[str]:
+        path = os.path.join(staging, f"shard-{rank}.pt")
+        with open(path, "wb") as stream:
+            torch.save({"shard": torch.ones(16 * 1024 * 1024, dtype=torch.uint8)}, stream)
+        return [path]
+
+    return fsprobe.distributed.save_dir(target, write).path
+
+
+def shards_being_written(directory: Path) -> int:
+    """How many files in a staging directory in `directory` have bytes in them."""
+    return sum(
+        1
+        for name in leftovers(directory)
+        for f in (directory / name).rglob("*")
+        if f.is_file() and f.stat().st_size > 0
+    )
+
+
+def test_ctrl_c_to_a_job_in_a_collective_save_ends_it_on_every_rank(
+    faultfs, tmp_path: Path, monkeypatch
+):
+    """Ctrl-C in a terminal reaches every rank of the job: each raises its KeyboardInterrupt,
+    nothing is retried or published, the staging directory is gone, no save is reported."""
+    parent = faultfs.mountpoint / "ckpt"
+    parent.mkdir()
+    target = parent / "last"
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o755)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    listener.bind(str(state_dir / SOCKET_NAME))
+    monkeypatch.setenv("FSPROBE_STATE_DIR", str(state_dir))
+    faultfs.ctl.delay("write", SLOW_WRITE)
+    ranks = start_ranks("tests.test_save_interrupt:slow_shards", 2, tmp_path, target=str(target))
+    try:
+        give_up = time.monotonic() + HANG
+        while shards_being_written(parent) < 2:
+            assert all(rank.poll() is None for rank in ranks), finish(ranks)
+            assert time.monotonic() < give_up, "the ranks never started writing"
+            time.sleep(0.05)
+        for rank in ranks:
+            rank.send_signal(signal.SIGINT)
+        results = finish(ranks, timeout=HANG)
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait()
+        faultfs.ctl.clear()
+    for result in results:
+        assert result.returncode == -signal.SIGINT, result.errors
+        # torch prefixes each line a rank prints with "[rank<N>]: "
+        lines = [line.split("]: ", 1)[-1] for line in result.errors.splitlines()]
+        assert "KeyboardInterrupt" in lines, result.errors
+        assert "unexpected pos" not in result.errors, result.errors
+        assert "failed at" not in result.errors and "retrying" not in result.errors
+    assert not target.exists() and leftovers(parent) == []
+    assert events(listener) == []
     listener.close()
