@@ -22,7 +22,8 @@ from fsprobe.events.event import SaveEvent
 from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.probing.plan import ProbeSettings
-from fsprobe.redirect.fallback import area_name, mirrored
+from fsprobe.redirect.fallback import area_name, mirrored, redirect_path
+from fsprobe.redirect.manifest import new_entry, record, sha256_of
 from fsprobe.view import TargetView
 from tests.support.users import share
 
@@ -132,3 +133,44 @@ def test_a_fallback_named_only_in_a_neighbours_event_raises_no_problem_for_the_t
     assert count is not None
     found = count()  # as the daemon's worker runs it: as root
     assert (found.pending_bytes, found.squatted, found.crowded) == (0, (), ())
+
+
+def _plant_copy(fallback: str, requested: str, size: int) -> str:
+    """As the user running it: a 'redirected copy' of `requested` in her area of `fallback`,
+    recorded in her manifest like a real redirect (the copy is really there and hers)."""
+    actual = redirect_path(fallback, requested)
+    os.makedirs(os.path.dirname(actual), mode=0o700, exist_ok=True)
+    with open(actual, "wb") as copy:
+        copy.write(b"\0" * size)
+    record(new_entry(fallback, requested, actual, size, sha256_of(actual)))
+    return actual
+
+
+def test_a_neighbour_cannot_make_checkpoints_pending_for_a_target_she_may_not_write(
+    tmp_path, local_users
+):
+    """The admin configured a shared scratch fallback (sticky 1777) for Alice's target, which
+    only Alice may write (0755). Mallory recorded in her own area there a 'redirected copy' of
+    Alice's step.pt (her own file, 1 MiB): root's count reported 1 MiB pending for Alice's
+    target (FsprobeRedirectedCheckpointsPending on a path Mallory cannot write, and no sync
+    will ever bring it home: hers runs as her). A copy counts for a target only if its area's
+    owner may write there, as the kernel decides; Alice's own still counts."""
+    share(tmp_path)
+    alice, mallory = local_users.user(), local_users.user()
+    target = tmp_path / "alice-ckpt"
+    target.mkdir(mode=0o755)
+    os.chown(target, alice.uid, alice.gid)
+    fallback = tmp_path / "scratch"
+    fallback.mkdir()
+    os.chmod(fallback, 0o1777)
+    requested = str(target / "step.pt")
+    mallory.run(_plant_copy, str(fallback), requested, 1 << 20)
+    config = TargetConfig(str(target), ProbeSettings(), {}, fallback_dirs=(str(fallback),))
+    snapshot = Snapshot(str(target))
+    view = TargetView(str(target), snapshot, evaluate(snapshot, Policy(), time.time(), None, None))
+    count = planned_tasks(config)["count"].work(view)
+    assert count is not None
+    assert count().pending_bytes == 0  # as the daemon's worker runs it: as root
+    alice.run(_plant_copy, str(fallback), str(target / "hers.pt"), 4096)
+    count = planned_tasks(config)["count"].work(view)
+    assert count is not None and count().pending_bytes == 4096

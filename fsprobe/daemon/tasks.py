@@ -5,6 +5,7 @@ Not probes: their results never enter a snapshot or a verdict (docs/design.md §
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -19,7 +20,9 @@ from fsprobe.daemon.logs import event
 from fsprobe.daemon.readiness import VerdictReadiness
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store
+from fsprobe.events.admission import may_write
 from fsprobe.model import ProbeResult
+from fsprobe.posix.identity import Identity
 from fsprobe.probing.runner import Executor
 from fsprobe.redirect.manifest import MAX_AREA_ENTRIES, FallbackCount, count_fallbacks
 from fsprobe.redirect.sync import SyncOutcome, sync
@@ -58,7 +61,30 @@ def _count(
         target.path,
         max_entries=MAX_AREA_ENTRIES,
         judged=target.fallback_dirs,
+        writes=Writers(target.path),
     )
+
+
+class Writers:
+    """Whether a user may write a target, as the kernel says when asked as her (admission's
+    rule, `events.admission.may_write`), asked once per user and count: a copy is pending
+    for a target only if its owner's sync could bring it home."""
+
+    def __init__(self, target: str) -> None:
+        self._target = target
+        self._known: dict[int, bool] = {}
+
+    def __call__(self, uid: int) -> bool:
+        if uid not in self._known:
+            self._known[uid] = uid == 0 or _may_write(uid, self._target)
+        return self._known[uid]
+
+
+def _may_write(uid: int, target: str) -> bool:
+    try:
+        return may_write(Identity.of_account(uid), target)
+    except OSError as error:  # a kernel before 5.8 cannot say: counted, as before
+        return error.errno == errno.ENOSYS
 
 
 def _sync(target: TargetConfig, rounds: Iterator[int], view: TargetView) -> Callable[[], object]:

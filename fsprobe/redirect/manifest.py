@@ -15,7 +15,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,16 +250,18 @@ def count_fallbacks(
     under: str,
     max_entries: int,
     judged: Iterable[str] | None = None,
+    writes: Callable[[int], bool] | None = None,
 ) -> FallbackCount:
-    """The pending bytes of the copies meant for `under`, and of the fallbacks `judged` (all
-    unless given) the squatted areas, the areas whose copies hold more than `max_entries`
-    entries (`MAX_AREA_ENTRIES`; not counted) and the crowded listings."""
+    """The pending bytes of the copies meant for `under` (of the areas whose owner `writes`
+    it, if given), and of the fallbacks `judged` (all unless given) the squatted areas, the
+    areas whose copies hold more than `max_entries` entries (`MAX_AREA_ENTRIES`; not counted)
+    and the crowded listings."""
     fallback_dirs = tuple(fallback_dirs)
     judged = fallback_dirs if judged is None else tuple(dict.fromkeys(judged))
     crowded: list[str] = []
-    total, too_many = measure_pending(judged, under, max_entries, crowded)
+    total, too_many = measure_pending(judged, under, max_entries, crowded, writes)
     others = tuple(fallback for fallback in fallback_dirs if fallback not in judged)
-    total += measure_pending(others, under, max_entries)[0] if others else 0
+    total += measure_pending(others, under, max_entries, None, writes)[0] if others else 0
     return FallbackCount(total, tuple(squatted_areas(judged)), too_many, tuple(crowded))
 
 
@@ -603,9 +605,12 @@ def measure_pending(
     under: str,
     max_entries: int = MAX_AREA_ENTRIES,
     crowded: list[str] | None = None,
+    writes: Callable[[int], bool] | None = None,
 ) -> tuple[int, tuple[str, ...]]:
     """Bytes of redirected checkpoints waiting to go back to `under` (a target directory),
-    and the areas whose directory copies hold more than `max_entries` entries in all.
+    and the areas whose directory copies hold more than `max_entries` entries in all; only
+    the copies of areas whose owner `writes` `under`, if given (no one else's sync brings
+    them home).
 
     What is counted is the size of each copy that is really there and provably its user's,
     not what a manifest line claims, and only what a sync will bring home: a copy superseded
@@ -619,6 +624,8 @@ def measure_pending(
     too_many: dict[str, None] = {}
     for entry in pending(fallback_dirs, crowded=crowded):
         if not is_under(entry.requested, under) or _superseded_now(entry):
+            continue
+        if writes is not None and not writes(entry.area.owner):
             continue  # a superseded copy is kept, but no sync will bring it home
         budget = budgets.setdefault(entry.area.path, EntryBudget(max_entries))
         try:
