@@ -275,10 +275,12 @@ class WriteProbeResult:
 
 @dataclass(frozen=True)
 class TmpdirInfo:
-    """Whether a framework staging a checkpoint in $TMPDIR can rename it into the target."""
+    """Whether a framework staging a checkpoint in $TMPDIR (Lightning's `TorchCheckpointIO`,
+    through fsspec) can rename it into the target, and the room it has for one there."""
 
     path: str
     same_device: bool
+    free_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -682,7 +682,7 @@ def evaluate(
     reasons += _write_probe_reasons(
         fresh.get("write"), untrusted, snapshot.recent_write_errors, policy
     )
-    reasons += _tmpdir_reasons(_value(fresh, "tmpdir"), policy)
+    reasons += _tmpdir_reasons(_value(fresh, "tmpdir"), policy, need_bytes)
 
     status = Status.UNKNOWN if bugs else _status(reasons, fresh)
     return Verdict(status, _ordered(reasons), headroom, fits, _fresh_until(judged, policy))
@@ -808,10 +808,12 @@ def _write_probe_reasons(
     return _write_reasons(result, recent_errors, policy)
 
 
-def _tmpdir_reasons(tmpdir: TmpdirInfo | None, policy: Policy) -> list[Reason]:
+def _tmpdir_reasons(
+    tmpdir: TmpdirInfo | None, policy: Policy, need_bytes: int | None
+) -> list[Reason]:
     if not policy.check_tmpdir or tmpdir is None or tmpdir.same_device:
         return []
-    return [
+    reasons = [
         Reason(
             "tmpdir_cross_device",
             Severity.NOTICE,
@@ -820,6 +822,19 @@ def _tmpdir_reasons(tmpdir: TmpdirInfo | None, policy: Policy) -> list[Reason]:
             "(fsprobe's own saves never stage there)",
         )
     ]
+    room = tmpdir.free_bytes
+    if need_bytes is not None and room is not None and need_bytes > room:
+        reasons.append(
+            Reason(
+                "tmpdir_too_small",
+                Severity.NOTICE,
+                f"$TMPDIR ({tmpdir.path}) has {format_bytes(room)} free, less than the "
+                f"{format_bytes(need_bytes)} asked: Lightning's own TorchCheckpointIO stages "
+                "each checkpoint there (fsspec) and fails with ENOSPC; fsprobe's saves, "
+                "FsprobeCheckpointIO among them, do not stage there",
+            )
+        )
+    return reasons
 
 
 #: The probes whose success says something about the target's health on its own; the $TMPDIR

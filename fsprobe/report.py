@@ -58,7 +58,7 @@ LUSTRE_IMPORT = Form(  # connected is derived from the state
     LustreImport, "name kind index state connected! lost_at last_eviction"
 )
 WRITE_PROBE = Form(WriteProbeResult, "ok bytes latency_seconds step errno message")
-TMPDIR = Form(TmpdirInfo, "path same_device")
+TMPDIR = Form(TmpdirInfo, "path same_device free_bytes?")
 REASON = Form(Reason, "code severity message transient errno")
 HEADROOM = Form(  # limited_by is derived from the others
     Headroom,

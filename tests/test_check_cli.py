@@ -64,7 +64,10 @@ def test_json_has_every_documented_key(same_fs_tmpdir):
     assert report["quota"] is None and report["lustre_targets"] is None
     assert report["write_probe"]["ok"] is True
     assert set(report["write_probe"]["latency_seconds"]) >= {"create", "write", "fsync", "total"}
-    assert report["tmpdir"] == {"path": str(same_fs_tmpdir), "same_device": True}
+    free = report["tmpdir"]["free_bytes"]
+    assert isinstance(free, int) and free > 0
+    expected = {"path": str(same_fs_tmpdir), "same_device": True, "free_bytes": free}
+    assert report["tmpdir"] == expected
 
 
 def test_need_that_cannot_fit_exits_unhealthy(same_fs_tmpdir):
@@ -166,3 +169,26 @@ def test_help_explains_exit_codes():
     result = CliRunner().invoke(main, ["check", "--help"])
     assert result.exit_code == 0
     assert "0 ok, 1 degraded, 2 unhealthy, 3 unknown" in result.output
+
+
+def test_a_need_that_fits_the_target_but_not_tmpdir_says_which_framework_fails(tmpfs):
+    """Lightning's TorchCheckpointIO stages each checkpoint in $TMPDIR (fsspec's transaction):
+    a 3 MiB checkpoint fits a target with 16 MiB, not a $TMPDIR with 2 MiB."""
+    target, tmpdir = tmpfs(size="16M").path, tmpfs(size="2M").path
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+
+    def check(need: str, *args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "fsprobe", "check", str(target), "--need", need, *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+    report = json.loads(check("3M", "--json").stdout)
+    assert report["fits"] is True  # the target's own answer
+    assert report["tmpdir"]["free_bytes"] <= 2 * 1024 * 1024
+    codes = {reason["code"]: reason for reason in report["reasons"]}
+    too_small = codes["tmpdir_too_small"]
+    assert too_small["severity"] == "notice"
+    assert str(tmpdir) in too_small["message"] and "TorchCheckpointIO" in too_small["message"]
+    human = check("3M").stdout
+    assert "tmpdir_too_small" in human and "MiB free" in human
+    small = json.loads(check("1M", "--json").stdout)
+    assert "tmpdir_too_small" not in {reason["code"] for reason in small["reasons"]}

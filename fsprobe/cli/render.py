@@ -240,6 +240,8 @@ def render_report(report: Report, now: float) -> str:
     tmpdir = report.snapshot.value("tmpdir")
     if tmpdir is not None:
         same = "same filesystem" if tmpdir.same_device else "another filesystem"
+        if not tmpdir.same_device and tmpdir.free_bytes is not None:
+            same += f", {format_bytes(tmpdir.free_bytes)} free"
         lines.append(_line("tmpdir", f"{escaped(tmpdir.path)}: {same}"))
     lines += _need_line(report)
     if report.reasons:
