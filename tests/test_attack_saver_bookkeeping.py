@@ -11,17 +11,20 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 from fsprobe.daemon.config import TargetConfig
 from fsprobe.daemon.savers import MAX_SAVERS
+from fsprobe.daemon.schedule import START_SPREAD
 from fsprobe.daemon.store import MAX_SEEN_FALLBACKS, Store, TargetSpec
-from fsprobe.daemon.tasks import planned_tasks
+from fsprobe.daemon.tasks import COUNT_SOON_GAP, Tasks, planned_tasks
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import SaveEvent
 from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.probing.plan import ProbeSettings
+from fsprobe.probing.runner import ThreadExecutor
 from fsprobe.redirect.fallback import area_name, mirrored, redirect_path
 from fsprobe.redirect.manifest import new_entry, record, sha256_of
 from fsprobe.view import TargetView
@@ -174,3 +177,59 @@ def test_a_neighbour_cannot_make_checkpoints_pending_for_a_target_she_may_not_wr
     alice.run(_plant_copy, str(fallback), str(target / "hers.pt"), 4096)
     count = planned_tasks(config)["count"].work(view)
     assert count is not None and count().pending_bytes == 4096
+
+
+class _CountingExecutor:
+    """The threads of `ThreadExecutor`, and the runs each task kind was given."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[Future]] = {}
+        self._threads = ThreadExecutor()
+
+    def submit(self, probe: str, function) -> Future:
+        future = self._threads.submit(probe, function)
+        self.runs.setdefault(probe, []).append(future)
+        return future
+
+
+def test_a_stream_of_redirected_saves_does_not_make_root_count_back_to_back(tmp_path):
+    """Each redirected save's event brings the count of the target's fallbacks forward to now,
+    so that the pending bytes show at once. Mallory, sending a redirected save every 0.2 s
+    (her rate limit's 5 a second) naming a fallback of hers with 100,000 names, had root list
+    it again as soon as the last count was back: a count per event, back to back, for as long
+    as she liked. An event brings the count forward to no sooner than `COUNT_SOON_GAP` after
+    the last one began."""
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    target = str(tmp_path / "ckpt")
+    store = Store()
+    store.configure([TargetSpec(target)])
+    config = TargetConfig(target, ProbeSettings(), {}, fallback_dirs=(str(fallback),))
+    executor = _CountingExecutor()
+    tasks = Tasks(store, executor)
+    tasks.configure([config], now=0.0)
+    counts = executor.runs.setdefault("count", [])
+
+    def turn(now: float) -> None:
+        """One turn of the scheduler: start what is due, take a count that ran."""
+        started = len(counts)
+        tasks.dispatch(now, lambda key, future: None)
+        if len(counts) > started:
+            counts[-1].result(timeout=60)
+            tasks.finished((target, "count"), counts[-1])
+
+    first = now = START_SPREAD + 0.1
+    turn(now)
+    assert len(counts) == 1
+    events = 0
+    while now + 0.2 < first + COUNT_SOON_GAP:  # an event every 0.2 s, as her rate allows
+        now += 0.2
+        events += 1
+        tasks.count_soon(target, now)
+        turn(now)
+    assert events >= 10
+    assert len(counts) == 1, f"{len(counts)} counts for {events} events"
+    now = first + COUNT_SOON_GAP
+    turn(now)  # the event of a moment ago brought it forward to now
+    turn(now)
+    assert len(counts) == 2  # the gap is over: the next event's count runs

@@ -33,6 +33,10 @@ from fsprobe.view import TargetView
 #: gigabytes is slow, not hung.
 SYNC_DEADLINE = 3600.0
 
+#: A redirected save brings its target's count forward, but to no sooner than this many seconds
+#: after the last count began: a stream of events must not have root count back to back.
+COUNT_SOON_GAP = 5.0
+
 #: Outcomes of a sync worth a warning: something is wrong with a checkpoint or the copy.
 _ALARMING = frozenset({"failed", "checksum_mismatch", "skipped"})
 
@@ -231,6 +235,7 @@ class Tasks:
         self._schedule = Schedule()
         self._tasks: dict[Key, PlannedTask] = {}
         self._running: dict[Key, _Run] = {}
+        self._counted: dict[str, float] = {}  # target -> when its last count began
 
     def configure(self, targets: Iterable[TargetConfig], now: float) -> None:
         """Plan the tasks of these targets (at start and on a reload); a run out is kept."""
@@ -245,6 +250,7 @@ class Tasks:
             else:
                 self._schedule.add(key, task.interval, now)
         self._schedule.retain(self._tasks)
+        self._counted = {p: at for p, at in self._counted.items() if (p, "count") in self._tasks}
 
     def dispatch(self, now: float, done: Callable[[Key, Future], None]) -> None:
         """Start every due task that is not still out; `done(key, future)` when one ends."""
@@ -258,6 +264,8 @@ class Tasks:
                 continue
             task = self._tasks[key]
             future = self._executor.submit(key[1], work)
+            if key[1] == "count":
+                self._counted[key[0]] = now
             self._running[key] = _Run(task.deadline, now, future)
             future.add_done_callback(functools.partial(done, key))
 
@@ -291,9 +299,12 @@ class Tasks:
                 )
 
     def count_soon(self, path: str, now: float) -> None:
-        """Count `path`'s fallbacks at the next turn (a save was just redirected)."""
+        """Count `path`'s fallbacks at the next turn (a save was just redirected), or no
+        sooner than `COUNT_SOON_GAP` after its last count began."""
         if (path, "count") in self._schedule:
-            self._schedule.run_now((path, "count"), now)
+            last = self._counted.get(path)
+            soon = now if last is None else max(now, last + COUNT_SOON_GAP)
+            self._schedule.run_now((path, "count"), soon)
 
     def wake_times(self) -> list[float]:
         """When the scheduler must look again: the next due task and the next deadline (of a
