@@ -9,7 +9,7 @@ import pytest
 
 from fsprobe.errors import PARSE, ProbeFailure, errno_name
 from fsprobe.lustre.amounts import Amount
-from fsprobe.lustre.df_parser import parse_df
+from fsprobe.lustre.df_parser import DfOutput, parse_df
 from fsprobe.lustre.df_targets import merge_targets, pick_block
 from fsprobe.model import LustreTarget
 from tests.support.fakes.fake_lfs import load_fixtures
@@ -31,8 +31,11 @@ def parse_case(case: dict[str, Any]):
 
 @pytest.mark.parametrize(("name", "case"), CASES, ids=[name for name, _ in CASES])
 def test_fixture_parses_as_expected(name: str, case: dict[str, Any]):
-    output = parse_case(case)
-    expect = case["expect"]
+    check_output(parse_case(case), case["expect"])
+
+
+def check_output(output: DfOutput, expect: dict[str, Any]) -> None:
+    """`output` is the parse `expect` writes down (values in bytes)."""
     assert len(output.filesystems) == len(expect["filesystems"])
     for block, want in zip(output.filesystems, expect["filesystems"]):
         assert block.inodes == want["inodes"]

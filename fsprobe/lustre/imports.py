@@ -47,6 +47,9 @@ _HOW_TO_FIX = (
 _PARAM = re.compile(
     r"^(osc|mdc)\.([A-Za-z0-9_-]{1,8})-(OST|MDT)([0-9a-f]{4})-(?:osc|mdc)-(\S+)\.state=$"
 )
+#: The instance of a server's own connection (an MDT's OSP device `FSNAME-OST0000-osc-MDT0000`,
+#: listed under `osc.*` on a node that serves an MDT): no mount of this node's.
+_SERVER_INSTANCE = re.compile(r"^(?:MDT|OST)[0-9a-f]{4}$")
 _CURRENT = re.compile(r"^current_state: (\S+)$")
 _HISTORY = re.compile(r"^ - \[ ([0-9]+), (\S+) \]$")
 
@@ -84,7 +87,8 @@ def parse_states(stdout: str) -> Mounts:
 
     Each parameter is ``NAME.state=`` on a line of its own, then ``current_state: STATE``,
     ``state_history:`` and up to 16 `` - [ <unix time>, <STATE> ]`` lines (oldest first).
-    ProbeFailure(PARSE) for any line that is none of these.
+    ProbeFailure(PARSE) for any line that is none of these. A server's own imports (instance
+    ``MDT0000``) are read but belong to no mount.
     """
     found: dict[tuple[str, str], list[LustreImport]] = {}
     param: re.Match[str] | None = None
@@ -96,6 +100,8 @@ def parse_states(stdout: str) -> Mounts:
         if param is not None:
             if current is None:
                 raise ProbeFailure(PARSE, f"lctl printed no current_state for {param.group(0)!r}")
+            if _SERVER_INSTANCE.match(param.group(5)):
+                return
             mount = (param.group(2), param.group(5))
             found.setdefault(mount, []).append(_target(param, current, history))
 
