@@ -21,8 +21,13 @@ from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from tests.support.fakes.fake_lfs import load_fixtures
 from tests.support.lfs_print import countdown
 
-QUOTA_SAMPLES = [case["stdout"] for _, case in load_fixtures("quota")]
-DF_SAMPLES = [case["stdout"] for _, case in load_fixtures("df")]
+REAL = load_fixtures("real")
+QUOTA_SAMPLES = [case["stdout"] for _, case in load_fixtures("quota")] + [
+    case["stdout"] for name, case in REAL if name.startswith("quota/")
+]
+DF_SAMPLES = [case["stdout"] for _, case in load_fixtures("df")] + [
+    case["stdout"] for name, case in REAL if name.startswith("df/")
+]
 STATUSES = st.integers(min_value=-64, max_value=300)
 
 
