@@ -14,6 +14,7 @@ import fsprobe
 from fsprobe.saving.options import Backoff
 from fsprobe.saving.retry import MissingDirectory, SaveError
 from tests.support.crash import leftovers
+from tests.support.state import daemon_view, publish
 
 NO_WAIT = Backoff(sleep=lambda seconds: None)
 
@@ -108,3 +109,19 @@ def test_a_fallback_that_does_not_exist_is_said_first_and_in_the_failure(tmp_pat
         fsprobe.atomic_write(target / "c.pt", write, fallback_dirs=[missing], backoff=NO_WAIT)
     assert f"fallback {missing} skipped: it does not exist" in str(failed.value)
     assert leftovers(tmp_path) == []
+
+
+def test_a_typo_the_preflight_would_redirect_is_refused_too(tmp_path, fallback):
+    """The daemon says the watched target is read-only: a save into a subdirectory of it that
+    never existed is not sent to the fallback either (where the typo would vanish), while a
+    save into one that exists is redirected."""
+    target, state = tmp_path / "ckpt", tmp_path / "state"
+    (target / "run7").mkdir(parents=True)
+    state.mkdir(mode=0o700)
+    publish(str(state), {str(target): daemon_view(str(target), readonly=True)})
+    options = {"fallback_dirs": [fallback], "state_dir": str(state)}
+    with pytest.raises(MissingDirectory, match=r"there is no rnu7/ in .*, did you mean run7/"):
+        fsprobe.atomic_write(target / "rnu7" / "model.pt", write, **options)
+    assert list(fallback.iterdir()) == []
+    result = fsprobe.atomic_write(target / "run7" / "model.pt", write, **options)
+    assert result.redirected and result.errors == ()

@@ -191,6 +191,7 @@ class SaveContext:
         self._entries = memory_entries
         self._lock = threading.Lock()
         self._last_sizes: dict[str, int] = {}  # by file path and by directory
+        self._seen: dict[str, None] = {}  # directories seen to exist (`saw`)
         self._readers: dict[str, StateReader] = {}
         self._warned: set[str] = set()
         #: Verdicts made from the state file, by directory, with the parsed file and the need
@@ -232,11 +233,17 @@ class SaveContext:
             last = self._last_sizes.get(path, self._last_sizes.get(os.path.dirname(path)))
         return math.ceil(last * NEED_MARGIN) if last is not None else None
 
-    def saved_into(self, directory: str) -> bool:
-        """Whether a save of this process landed in `directory` (or saved it, a checkpoint
-        directory) and is still remembered: the directory existed in this process."""
+    def saw(self, directory: str) -> None:
+        """`directory` existed in this process: a save landed in it (not redirected), or a
+        check found it."""
         with self._lock:
-            return os.path.abspath(directory) in self._last_sizes
+            _remember(self._seen, os.path.abspath(directory), None, self._entries)
+
+    def has_seen(self, directory: str) -> bool:
+        """Whether `directory` was `saw`n (and is still remembered: the most recent
+        `memory_entries` directories are)."""
+        with self._lock:
+            return os.path.abspath(directory) in self._seen
 
     def warn_missing_fallbacks(self, options: SaveOptions) -> None:
         """Say once per process, at the first save that names it, which fallback directory of

@@ -101,9 +101,11 @@ _MAKING_STEPS = frozenset({"create", "mkdir"})
 SUGGESTION_NAMES = 4096
 
 
-def nearest_existing(directory: str) -> tuple[str, str, list[str]]:
-    """For a missing `directory`: its nearest existing ancestor, the first missing name under
-    it, and up to three directories there with a name close to that one (`difflib`)."""
+def missing_directory(directory: str) -> tuple[str, str, list[str]] | None:
+    """None if `directory` exists; else its nearest existing ancestor, the first missing name
+    under it, and up to three directories there with a name close to that one (`difflib`)."""
+    if os.path.isdir(directory):
+        return None
     missing, parent = directory, os.path.dirname(directory)
     while parent != missing and not os.path.isdir(parent):
         missing, parent = parent, os.path.dirname(parent)
@@ -294,6 +296,11 @@ class RetryState:
             raise SaveError(
                 self.requested, [attempt], f"not saving {self.requested}: {decision.summary()}"
             )
+        if decision.redirected and self._never_seen_missing(known=False):
+            self.failures.append(FailedAttempt("ENOENT", "preflight", self._missing or ""))
+            self._in_fallback.append(False)
+            log.warning("save %s: not redirected: %s", self.requested, self._missing)
+            raise self.error()
         self.destination = decision.path
         return decision
 
@@ -335,10 +342,14 @@ class RetryState:
         self.failures.append(failure.bare())
         self._in_fallback.append(fallback is not None)
         kind = classify(failure.errno, failure.step)
-        missing = fallback is None and failure.errno == "ENOENT" and failure.step in _MAKING_STEPS
-        if missing and not self._directory_gone():
-            self._log(failure, kind, f"giving up: {self._missing}")
-            return None
+        if fallback is None and failure.errno == "ENOENT" and failure.step in _MAKING_STEPS:
+            if self._never_seen_missing(known=True):
+                self._log(failure, kind, f"giving up: {self._missing}")
+                return None
+            self._missing = (
+                f"its directory {os.path.dirname(self.requested)}, where this process saved "
+                "before, is gone (removed, or purged from scratch?)"
+            )
         if self.number == self.options.attempts:
             self._log(failure, kind, "giving up")
             return None
@@ -375,28 +386,30 @@ class RetryState:
             )
         return plan
 
-    def _directory_gone(self) -> bool:
-        """After ENOENT making the temp file or staging directory at the target: whether its
-        directory existed in this process (a save landed there: purged since, so the save may
-        be redirected), else False (never there: a typo, refused at once, `_never_existed`).
-        Says why in `_missing` either way."""
+    def _never_seen_missing(self, known: bool) -> bool:
+        """Whether the directory to save into does not exist (`known`: an attempt just failed
+        with ENOENT making its temp file there) and this process never saw it exist (no save
+        landed in it, no check found it): a typo, refused at once. `_missing` then says why,
+        naming the nearest existing directory and the names there it was likely meant to be;
+        `_never_existed` is set."""
         directory = os.path.dirname(self.requested)
-        if self.context.saved_into(directory):
-            self._missing = (
-                f"its directory {directory}, where this process saved before, is gone "
-                "(removed, or purged from scratch?)"
-            )
-            return True
+        if self.context.has_seen(directory):
+            return False
         found = (
             self.context.runner()
             .submit(
                 directory,
                 "exists",
-                functools.partial(nearest_existing, directory),
+                functools.partial(missing_directory, directory),
                 self.options.timeout,
             )
             .result()
         )
+        if found.ok and found.value is None:
+            self.context.saw(directory)  # there after all: seen now
+            return False
+        if not (found.ok or known):
+            return False  # nobody can tell now
         hint = ""
         if found.ok and isinstance(found.value, tuple):
             parent, name, close = found.value
@@ -409,7 +422,7 @@ class RetryState:
             "os.makedirs)"
         )
         self._never_existed = True
-        return False
+        return True
 
     def follow(self, plan: NextAttempt) -> None:
         """Wait as planned; the next attempt goes where planned."""
@@ -466,6 +479,8 @@ class RetryState:
             )
         self._report(result.path, nbytes)
         self.context.remember_save(self.requested, nbytes)
+        if not result.redirected:
+            self.context.saw(os.path.dirname(self.requested))
         return result
 
     def _report(self, landed: str | None, nbytes: int) -> None:
