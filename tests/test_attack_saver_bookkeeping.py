@@ -28,7 +28,9 @@ from fsprobe.probing.runner import ThreadExecutor
 from fsprobe.redirect.fallback import area_name, mirrored, redirect_path
 from fsprobe.redirect.manifest import new_entry, record, sha256_of
 from fsprobe.view import TargetView
+from tests.daemon_process import DaemonProcess
 from tests.support.users import share
+from tests.test_daemon_redirect import daemon_config
 
 
 @contextlib.contextmanager
@@ -233,3 +235,25 @@ def test_a_stream_of_redirected_saves_does_not_make_root_count_back_to_back(tmp_
     turn(now)  # the event of a moment ago brought it forward to now
     turn(now)
     assert len(counts) == 2  # the gap is over: the next event's count runs
+
+
+def test_the_daemon_counts_pending_only_the_copies_of_users_who_may_write_the_target(
+    tmp_path, local_users
+):
+    """The same, through root's daemon and its worker process: Mallory's 1 MiB copy for
+    Alice's target in the shared fallback is not pending there; Alice's 4 KiB copy is."""
+    share(tmp_path)
+    alice, mallory = local_users.user(), local_users.user()
+    target = tmp_path / "alice-ckpt"
+    target.mkdir(mode=0o755)
+    os.chown(target, alice.uid, alice.gid)
+    fallback = tmp_path / "scratch"
+    fallback.mkdir()
+    os.chmod(fallback, 0o1777)
+    mallory.run(_plant_copy, str(fallback), str(target / "step.pt"), 1 << 20)
+    alice.run(_plant_copy, str(fallback), str(target / "hers.pt"), 4096)
+    config = daemon_config(tmp_path, target, fallback)
+    home = tmp_path / "daemon"
+    home.mkdir()
+    with DaemonProcess(home, "--config", str(config)) as daemon:
+        daemon.wait_for_value("fsprobe_redirected_pending_bytes", 4096.0, path=str(target))
