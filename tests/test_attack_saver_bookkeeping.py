@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -19,7 +20,7 @@ from fsprobe.daemon.savers import MAX_SAVERS
 from fsprobe.daemon.schedule import START_SPREAD
 from fsprobe.daemon.store import MAX_SEEN_FALLBACKS, Store, TargetSpec
 from fsprobe.daemon.tasks import COUNT_SOON_GAP, Tasks, planned_tasks
-from fsprobe.events.admission import Sender
+from fsprobe.events.admission import MAX_CHECKS, PARKED, UNVERIFIED, Admission, Sender
 from fsprobe.events.event import SaveEvent
 from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
@@ -257,3 +258,44 @@ def test_the_daemon_counts_pending_only_the_copies_of_users_who_may_write_the_ta
     home.mkdir()
     with DaemonProcess(home, "--config", str(config)) as daemon:
         daemon.wait_for_value("fsprobe_redirected_pending_bytes", 4096.0, path=str(target))
+
+
+def test_a_neighbours_checks_hung_on_a_mount_leave_admission_to_everyone_else(
+    tmp_path, faultfs, local_users
+):
+    """Admission asks the kernel as the sender in a thread of its own, at most `MAX_CHECKS`
+    at once, and a check hung on a mount holds its place until the mount answers. Mallory
+    sent one event to each of 32 watched targets on a mount that hangs (hers here; any would
+    do, the check runs whatever it will answer): every place was hers,
+    and Alice's events into her own healthy target were refused as unverified, all of them,
+    for as long as the mount hung. One user's checks take at most `MAX_CHECKS_PER_UID`."""
+    share(tmp_path)
+    share(faultfs.mountpoint)
+    alice, mallory = local_users.user(), local_users.user()
+    hung = []
+    for n in range(MAX_CHECKS):
+        path = faultfs.mountpoint / f"run-{n}"
+        path.mkdir(mode=0o755)
+        os.chown(path, mallory.uid, mallory.gid)
+        hung.append(str(path))
+    hers = tmp_path / "alice-ckpt"
+    hers.mkdir(mode=0o755)
+    os.chown(hers, alice.uid, alice.gid)
+    woken = threading.Event()
+    admission: Admission[str] = Admission(woken.set)  # the kernel's word, as the daemon asks
+    rule = faultfs.ctl.block("getattr")
+    try:
+        for n, path in enumerate(hung):
+            asked = admission.ask(Sender(mallory.uid, mallory.gid, 1), path, f"mallory-{n}")
+            assert asked in (PARKED, UNVERIFIED)
+        asked = admission.ask(Sender(alice.uid, alice.gid, 1), str(hers), "alice")
+        assert asked == PARKED, f"Alice's event was {asked}: no check of hers could start"
+        deadline = time.monotonic() + 60
+        decided: list[tuple[str, str | None]] = []
+        while ("alice", None) not in decided:  # her check answers while Mallory's hang
+            assert time.monotonic() < deadline, decided
+            woken.wait(1.0)
+            woken.clear()
+            decided += admission.decided()
+    finally:
+        faultfs.ctl.remove(rule)

@@ -29,6 +29,9 @@ DEADLINE = 5.0
 MAX_CHECKS = 32
 #: Checks of one target at once: a hung mount holds at most these threads, never every slot.
 MAX_CHECKS_PER_TARGET = 4
+#: Checks for one sender's uid at once: a user's events to many targets of a hung mount (any
+#: watched target, hers or not) hold at most these threads, never every slot.
+MAX_CHECKS_PER_UID = 8
 #: Events waiting for one check: more than a sender's whole burst and its rate until the
 #: deadline (receive.BURST 100 + 5 s x RATE 5), so a first burst loses nothing to its check.
 MAX_PARKED = 128
@@ -150,6 +153,7 @@ class Admission(Generic[Item]):
                 key in self._running  # its check hangs still
                 or len(self._running) >= self._max_checks
                 or sum(k[3] == target for k in self._running) >= MAX_CHECKS_PER_TARGET
+                or sum(k[0] == sender.uid for k in self._running) >= MAX_CHECKS_PER_UID
             ):
                 return UNVERIFIED
             self._running.add(key)
