@@ -30,8 +30,10 @@ from fsprobe.redirect.fallback import area_name, mirrored, redirect_path
 from fsprobe.redirect.manifest import new_entry, record, sha256_of
 from fsprobe.view import TargetView
 from tests.daemon_process import DaemonProcess
+from tests.support.crash import REPO
 from tests.support.users import share
 from tests.test_daemon_redirect import daemon_config
+from tests.test_save_events import start_daemon
 
 
 @contextlib.contextmanager
@@ -299,3 +301,65 @@ def test_a_neighbours_checks_hung_on_a_mount_leave_admission_to_everyone_else(
             decided += admission.decided()
     finally:
         faultfs.ctl.remove(rule)
+
+
+#: As the user running it: report a save into argv[2] (or, with argv[3] a pid, first a goodbye
+#: claiming that pid on this host), print "sent", and live until stdin closes.
+SAVER = """
+import os, socket, sys, time
+from fsprobe.events.emit import report
+from fsprobe.events.event import Goodbye, SaveEvent
+state_dir, requested = sys.argv[1], sys.argv[2]
+if len(sys.argv) > 3:  # a goodbye in someone else's name, on the socket her saves take
+    forged = Goodbye(socket.gethostname(), int(sys.argv[3])).encode()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.sendto(forged, state_dir + "/events.sock")
+event = SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), socket.gethostname(), 1)
+print("sent" if report(event, state_dir) else "not sent", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _saver(user, daemon, requested: Path, *forged_pid: int) -> Iterator[subprocess.Popen]:
+    process = subprocess.Popen(
+        [user.python_executable, "-c", SAVER, str(daemon.state_dir), str(requested)]
+        + [str(pid) for pid in forged_pid],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        **user.subprocess_kwargs(),
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "sent"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_goodbye_in_another_users_name_ends_no_expectation_of_hers(tmp_path, local_users):
+    """Alice's trainer saved into the team's target and lives on: the daemon expects its next
+    save (fsprobe_savers 1, FsprobeCheckpointOverdue armed). Mallory, in the team, sends a
+    goodbye naming Alice's pid and host, then a save of her own on the same socket. The
+    goodbye speaks for its sender's kernel pid alone: two savers are expected afterwards,
+    Alice's and Mallory's. (Holds on main: a contract no other test covers end to end.)"""
+    share(tmp_path)
+    team = local_users.group()
+    alice, mallory = local_users.user(team), local_users.user(team)
+    target = tmp_path / "team-ckpt"
+    target.mkdir()
+    os.chown(target, alice.uid, team)
+    os.chmod(target, 0o2770)
+    with start_daemon(tmp_path, target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        path = str(target)
+        with _saver(alice, daemon, target / "alice.pt") as hers:
+            daemon.wait_for_value("fsprobe_savers", 1.0, path=path)
+            with _saver(mallory, daemon, target / "mallory.pt", hers.pid):
+                daemon.wait_for_value("fsprobe_saves_total", 2.0, path=path, outcome="ok")
+                assert daemon.value("fsprobe_savers", path=path) == 2.0
+            daemon.wait_for_value("fsprobe_savers", 1.0, path=path)  # hers gone, Alice's not
+            assert hers.poll() is None
