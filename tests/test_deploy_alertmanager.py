@@ -23,6 +23,7 @@ import pytest
 
 from tests.daemon_process import PATIENCE, REPO_ROOT, DaemonProcess, clean_environment
 from tests.support.alertmanager import Alertmanager, Webhook, compressed_config
+from tests.support.fakes.fake_lfs import fake_lfs_for
 from tests.support.prometheus import Prometheus
 from tests.test_save_events import run_trainer
 
@@ -119,16 +120,19 @@ class Pipeline:
 
 @pytest.fixture
 def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
-    """``pipeline(*targets, env=...)``: a daemon watching `targets`, scraped by Prometheus
+    """``pipeline(*targets, env=..., settings=...)``: a daemon watching `targets` (each with
+    the TOML lines `settings`), scraped by Prometheus
     with the shipped rules (compressed), alerting the shipped Alertmanager, notifying a
     webhook."""
     started: list[object] = []
 
-    def start(*targets: Path, env: dict[str, str] | None = None) -> Pipeline:
+    def start(*targets: Path, env: dict[str, str] | None = None, settings: str = "") -> Pipeline:
         home = tmp_path / "daemon"
         home.mkdir()
         config = tmp_path / "fsprobe.toml"
-        config.write_text(DAEMON + "".join(f'[[targets]]\npath = "{t}"\n' for t in targets))
+        config.write_text(
+            DAEMON + "".join(f'[[targets]]\npath = "{t}"\n{settings}' for t in targets)
+        )
         daemon = DaemonProcess(home, "--config", str(config), env=env or clean_environment())
         started.append(daemon.start())
         webhook = Webhook()
@@ -320,3 +324,36 @@ def test_a_redirected_save_reaches_a_person_with_where_it_landed(tmp_path, fault
     (alert,) = run.settle(path, [("FsprobeSaveRedirected", "warning")])
     says_what_to_do(alert, path, f"{target}/step-7.pt", "ENOSPC", f"landed ({fallback}")
     assert "fsprobe sync" in alert["annotations"]["action"]
+
+
+@pytest.fixture
+def fake_lfs(monkeypatch, tmp_path):
+    yield from fake_lfs_for(monkeypatch, tmp_path)
+
+
+def test_a_lost_lustre_target_reaches_a_person_once_naming_the_target(faultfs, fake_lfs, pipeline):
+    """The node loses OST0001 (the fake `lctl` prints DISCONN): one notification names the
+    target and the path; the failing test writes it causes are held back."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    fake_lfs.configure(control=faultfs.ctl.socket_path, imports={"targets": {}})
+    lustre = {name: os.environ[name] for name in ("FSPROBE_LFS", "FSPROBE_LCTL", "PATH")}
+    lustre.update({k: v for k, v in os.environ.items() if k.startswith(("FAKE_LFS_", "FAKE_LCTL_"))})
+    run = pipeline(
+        target,
+        env=clean_environment(TMPDIR=str(faultfs.mountpoint), **lustre),
+        settings='quota_provider = "lfs"\nimports_interval = 0.5\n',  # as often as statvfs
+    )
+    path = str(target)
+    run.prometheus.wait_for(f'fsprobe_lustre_target_connected{{path="{path}",target="lustre-OST0001"}}', 1.0)
+    now = int(time.time())
+    lost = {"state": "DISCONN", "history": [[now - 3600, "FULL"], [now, "DISCONN"]]}
+    fake_lfs.configure(control=faultfs.ctl.socket_path, imports={"targets": {"OST0001": lost}})
+    faultfs.ctl.fail("write", "EIO", path="/ckpt/*", times=None)  # what the lost OST does to writes
+    (alert,) = run.settle(
+        path,
+        [("FsprobeLustreTargetDisconnected", "warning")],
+        inhibited={("FsprobeWriteProbeFailing", "critical")},
+    )
+    says_what_to_do(alert, path, "lustre-OST0001")
+    assert "lctl get_param" in alert["annotations"]["action"]
