@@ -338,14 +338,18 @@ def test_a_lost_lustre_target_reaches_a_person_once_naming_the_target(faultfs, f
     target.mkdir()
     fake_lfs.configure(control=faultfs.ctl.socket_path, imports={"targets": {}})
     lustre = {name: os.environ[name] for name in ("FSPROBE_LFS", "FSPROBE_LCTL", "PATH")}
-    lustre.update({k: v for k, v in os.environ.items() if k.startswith(("FAKE_LFS_", "FAKE_LCTL_"))})
+    lustre.update(
+        {k: v for k, v in os.environ.items() if k.startswith(("FAKE_LFS_", "FAKE_LCTL_"))}
+    )
     run = pipeline(
         target,
         env=clean_environment(TMPDIR=str(faultfs.mountpoint), **lustre),
         settings='quota_provider = "lfs"\nimports_interval = 0.5\n',  # as often as statvfs
     )
     path = str(target)
-    run.prometheus.wait_for(f'fsprobe_lustre_target_connected{{path="{path}",target="lustre-OST0001"}}', 1.0)
+    run.prometheus.wait_for(
+        f'fsprobe_lustre_target_connected{{path="{path}",target="lustre-OST0001"}}', 1.0
+    )
     now = int(time.time())
     lost = {"state": "DISCONN", "history": [[now - 3600, "FULL"], [now, "DISCONN"]]}
     fake_lfs.configure(control=faultfs.ctl.socket_path, imports={"targets": {"OST0001": lost}})
