@@ -14,6 +14,7 @@ import pytest
 from fsprobe.codec import FormatError
 from fsprobe.model import (
     LastSave,
+    LustreImport,
     LustreTarget,
     QuotaEntry,
     QuotaReport,
@@ -38,7 +39,8 @@ GiB = 1 << 30
 
 def every_probe() -> Report:
     """A report with every probe and every optional part: a target not there yet, quotas with
-    a pool, a note, an error, storage targets in and out of the layout, a failed test write."""
+    a pool, a note, an error, storage targets in and out of the layout, an import lost by an
+    eviction, a failed test write, a $TMPDIR elsewhere with its free room."""
     fs = filesystem_info(5 * GiB, 100 * GiB, 1000, 400, readonly=False)
     usage = QuotaUsage(90 * GiB, 80 * GiB, 100 * GiB, NOW + 3600, QuotaState.SOFT_EXCEEDED, True)
     quota = QuotaReport(
@@ -56,6 +58,10 @@ def every_probe() -> Report:
         LustreTarget("lustre-OST0001", "OST", 1, 50 * GiB, 0, None, None, True, "D", ("flash",)),
         LustreTarget("lustre-OST0002", "OST", 2, None, None, None, None, False, in_layout=False),
     )
+    imports = (
+        LustreImport("lustre-MDT0000", "MDT", 0, "FULL"),
+        LustreImport("lustre-OST0001", "OST", 1, "EVICTED", NOW - 60, NOW - 60),
+    )
     write = WriteProbeResult(False, 1 << 20, {"create": 0.001, "write": 0.5}, "fsync", "EIO", "x")
     snapshot = Snapshot(
         "/ckpt/run",
@@ -63,8 +69,9 @@ def every_probe() -> Report:
             "statvfs": probe("statvfs", dataclasses.replace(fs, target_exists=False)),
             "quota": probe("quota", quota),
             "lfs_df": probe("lfs_df", targets),
+            "imports": probe("imports", imports),
             "write": probe("write", write, error="EIO"),
-            "tmpdir": probe("tmpdir", TmpdirInfo("/tmp", False)),
+            "tmpdir": probe("tmpdir", TmpdirInfo("/tmp", False, 3 * GiB)),
         },
         ("EIO",),
     )

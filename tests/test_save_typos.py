@@ -13,6 +13,7 @@ import pytest
 import fsprobe
 from fsprobe.saving.options import Backoff
 from fsprobe.saving.retry import MissingDirectory, SaveError
+from tests.support.capability import need_module
 from tests.support.crash import leftovers
 from tests.support.state import daemon_view, publish
 
@@ -57,7 +58,7 @@ def test_a_missing_parent_deeper_down_names_the_nearest_existing_directory(tmp_p
 
 
 def test_a_torch_save_into_a_typo_is_refused_too(tmp_path, fallback):
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch")
     with pytest.raises(FileNotFoundError, match="never did in this process"):
         fsprobe.save(
             {"w": torch.zeros(3)}, tmp_path / "ckpts" / "last.pt", fallback_dirs=[fallback]
