@@ -363,3 +363,52 @@ def test_a_goodbye_in_another_users_name_ends_no_expectation_of_hers(tmp_path, l
                 assert daemon.value("fsprobe_savers", path=path) == 2.0
             daemon.wait_for_value("fsprobe_savers", 1.0, path=path)  # hers gone, Alice's not
             assert hers.poll() is None
+
+
+#: As the user running it: a save into argv[2] that failed with EIO at the step argv[3].
+FAILED_AT = """
+import sys, time
+from fsprobe.events.emit import report
+from fsprobe.events.event import Failure, SaveEvent
+state_dir, requested, step = sys.argv[1], sys.argv[2], sys.argv[3]
+failed = (Failure("EIO", step),)
+print(report(SaveEvent(requested, None, 0, 0.1, 1, failed, time.time(), "h", 1), state_dir))
+"""
+
+
+def test_a_step_is_a_name_not_a_message_to_whoever_is_paged(tmp_path, local_users):
+    """The save alerts say 'uid U, EIO at <step>' with the step a sender claims, and the
+    step is a label of fsprobe_last_save_problem_timestamp_seconds. Mallory, who may write
+    the team's target, named her failed save's step ``<!channel> call +1-555-0100`` (27
+    printable characters): it went to /metrics as it was, and so into the notification of
+    everyone paged for the team's target (a Slack mention, a number to call). A step is a
+    lowercase name (``fsync_dir``); anything else is counted as ``unknown``, the save as
+    usual."""
+    share(tmp_path)
+    team = local_users.group()
+    alice, mallory = local_users.user(team), local_users.user(team)
+    target = tmp_path / "team-ckpt"
+    target.mkdir()
+    os.chown(target, alice.uid, team)
+    os.chmod(target, 0o2770)
+    with start_daemon(tmp_path, target) as daemon:
+        os.chmod(daemon.home, 0o755)
+        os.chmod(daemon.state_dir, 0o755)
+        path = str(target)
+        message = "<!channel> call +1-555-0100"
+        done = mallory.python(FAILED_AT, str(daemon.state_dir), str(target / "m.pt"), message)
+        assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=path, outcome="failed")
+        status, body = daemon.get()
+        assert status == 200 and b"555-0100" not in body
+        problem = daemon.value("fsprobe_last_save_problem_timestamp_seconds", path=path)
+        assert problem is not None
+        assert daemon.value(
+            "fsprobe_last_save_problem_timestamp_seconds", path=path, step="unknown"
+        )
+        done = mallory.python(FAILED_AT, str(daemon.state_dir), str(target / "m.pt"), "fsync_dir")
+        assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+        daemon.wait_for_value("fsprobe_saves_total", 2.0, path=path, outcome="failed")
+        assert daemon.value(
+            "fsprobe_last_save_problem_timestamp_seconds", path=path, step="fsync_dir"
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import errno as errno_module
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,9 @@ SCHEMA = 1
 #: The errno names a failed attempt may carry (they label a metric: a sender must not make up
 #: new ones); any other is counted as ``EUNKNOWN``.
 ERRNO_NAMES = frozenset(errno_module.errorcode.values()) | {"EUNKNOWN", "TIMEOUT"}
+#: What a step is (``fsync_dir``): a name, not words to whoever reads an alert; any other is
+#: counted as ``unknown``.
+STEP_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,11 @@ def decode(data: bytes) -> SaveEvent | Goodbye:
         seconds=_number(document, "seconds"),
         attempts=_count(document, "attempts"),
         failures=tuple(
-            Failure(e if e in ERRNO_NAMES else "EUNKNOWN", step, where == "fallback")
+            Failure(
+                e if e in ERRNO_NAMES else "EUNKNOWN",
+                step if STEP_NAME.fullmatch(step) else "unknown",
+                where == "fallback",
+            )
             for e, step, where in failures
         ),
         finished_at=_number(document, "finished_at"),
