@@ -154,6 +154,19 @@ def _plant_copy(fallback: str, requested: str, size: int) -> str:
     return actual
 
 
+def _shared_scratch(tmp_path: Path, local_users) -> tuple:
+    """Alice, Mallory, Alice's target (0755, hers) and a shared scratch fallback (1777)."""
+    share(tmp_path)
+    alice, mallory = local_users.user(), local_users.user()
+    target = tmp_path / "alice-ckpt"
+    target.mkdir(mode=0o755)
+    os.chown(target, alice.uid, alice.gid)
+    fallback = tmp_path / "scratch"
+    fallback.mkdir()
+    os.chmod(fallback, 0o1777)
+    return alice, mallory, target, fallback
+
+
 def test_a_neighbour_cannot_make_checkpoints_pending_for_a_target_she_may_not_write(
     tmp_path, local_users
 ):
@@ -163,14 +176,7 @@ def test_a_neighbour_cannot_make_checkpoints_pending_for_a_target_she_may_not_wr
     target (FsprobeRedirectedCheckpointsPending on a path Mallory cannot write, and no sync
     will ever bring it home: hers runs as her). A copy counts for a target only if its area's
     owner may write there, as the kernel decides; Alice's own still counts."""
-    share(tmp_path)
-    alice, mallory = local_users.user(), local_users.user()
-    target = tmp_path / "alice-ckpt"
-    target.mkdir(mode=0o755)
-    os.chown(target, alice.uid, alice.gid)
-    fallback = tmp_path / "scratch"
-    fallback.mkdir()
-    os.chmod(fallback, 0o1777)
+    alice, mallory, target, fallback = _shared_scratch(tmp_path, local_users)
     requested = str(target / "step.pt")
     mallory.run(_plant_copy, str(fallback), requested, 1 << 20)
     config = TargetConfig(str(target), ProbeSettings(), {}, fallback_dirs=(str(fallback),))
@@ -245,14 +251,7 @@ def test_the_daemon_counts_pending_only_the_copies_of_users_who_may_write_the_ta
 ):
     """The same, through root's daemon and its worker process: Mallory's 1 MiB copy for
     Alice's target in the shared fallback is not pending there; Alice's 4 KiB copy is."""
-    share(tmp_path)
-    alice, mallory = local_users.user(), local_users.user()
-    target = tmp_path / "alice-ckpt"
-    target.mkdir(mode=0o755)
-    os.chown(target, alice.uid, alice.gid)
-    fallback = tmp_path / "scratch"
-    fallback.mkdir()
-    os.chmod(fallback, 0o1777)
+    alice, mallory, target, fallback = _shared_scratch(tmp_path, local_users)
     mallory.run(_plant_copy, str(fallback), str(target / "step.pt"), 1 << 20)
     alice.run(_plant_copy, str(fallback), str(target / "hers.pt"), 4096)
     config = daemon_config(tmp_path, target, fallback)
@@ -339,12 +338,8 @@ def _saver(user, daemon, requested: Path, *forged_pid: int) -> Iterator[subproce
         process.wait()
 
 
-def test_a_goodbye_in_another_users_name_ends_no_expectation_of_hers(tmp_path, local_users):
-    """Alice's trainer saved into the team's target and lives on: the daemon expects its next
-    save (fsprobe_savers 1, FsprobeCheckpointOverdue armed). Mallory, in the team, sends a
-    goodbye naming Alice's pid and host, then a save of her own on the same socket. The
-    goodbye speaks for its sender's kernel pid alone: two savers are expected afterwards,
-    Alice's and Mallory's. (Holds on main: a contract no other test covers end to end.)"""
+def _team_target(tmp_path: Path, local_users) -> tuple:
+    """Alice and Mallory, in one team, and the team's target (Alice's, 2770)."""
     share(tmp_path)
     team = local_users.group()
     alice, mallory = local_users.user(team), local_users.user(team)
@@ -352,9 +347,26 @@ def test_a_goodbye_in_another_users_name_ends_no_expectation_of_hers(tmp_path, l
     target.mkdir()
     os.chown(target, alice.uid, team)
     os.chmod(target, 0o2770)
+    return alice, mallory, target
+
+
+@contextlib.contextmanager
+def _open_daemon(tmp_path: Path, target: Path) -> Iterator:
+    """Root's daemon watching `target`, its state dir open to every user."""
     with start_daemon(tmp_path, target) as daemon:
         os.chmod(daemon.home, 0o755)
         os.chmod(daemon.state_dir, 0o755)
+        yield daemon
+
+
+def test_a_goodbye_in_another_users_name_ends_no_expectation_of_hers(tmp_path, local_users):
+    """Alice's trainer saved into the team's target and lives on: the daemon expects its next
+    save (fsprobe_savers 1, FsprobeCheckpointOverdue armed). Mallory, in the team, sends a
+    goodbye naming Alice's pid and host, then a save of her own on the same socket. The
+    goodbye speaks for its sender's kernel pid alone: two savers are expected afterwards,
+    Alice's and Mallory's. (Holds on main: a contract no other test covers end to end.)"""
+    alice, mallory, target = _team_target(tmp_path, local_users)
+    with _open_daemon(tmp_path, target) as daemon:
         path = str(target)
         with _saver(alice, daemon, target / "alice.pt") as hers:
             daemon.wait_for_value("fsprobe_savers", 1.0, path=path)
@@ -384,16 +396,8 @@ def test_a_step_is_a_name_not_a_message_to_whoever_is_paged(tmp_path, local_user
     everyone paged for the team's target (a Slack mention, a number to call). A step is a
     lowercase name (``fsync_dir``); anything else is counted as ``unknown``, the save as
     usual."""
-    share(tmp_path)
-    team = local_users.group()
-    alice, mallory = local_users.user(team), local_users.user(team)
-    target = tmp_path / "team-ckpt"
-    target.mkdir()
-    os.chown(target, alice.uid, team)
-    os.chmod(target, 0o2770)
-    with start_daemon(tmp_path, target) as daemon:
-        os.chmod(daemon.home, 0o755)
-        os.chmod(daemon.state_dir, 0o755)
+    _alice, mallory, target = _team_target(tmp_path, local_users)
+    with _open_daemon(tmp_path, target) as daemon:
         path = str(target)
         message = "<!channel> call +1-555-0100"
         done = mallory.python(FAILED_AT, str(daemon.state_dir), str(target / "m.pt"), message)
