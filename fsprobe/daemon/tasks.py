@@ -9,6 +9,7 @@ import errno
 import functools
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -86,7 +87,8 @@ class Writers:
 
 def _may_write(uid: int, target: str) -> bool:
     try:
-        return may_write(Identity.of_account(uid), target)
+        own = uid == os.geteuid()  # a daemon not root: its own copies, as itself
+        return may_write(Identity.of_process() if own else Identity.of_account(uid), target)
     except OSError as error:  # a kernel before 5.8 cannot say: counted, as before
         return error.errno == errno.ENOSYS
 
