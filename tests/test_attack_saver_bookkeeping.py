@@ -25,7 +25,7 @@ from fsprobe.events.event import SaveEvent
 from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.probing.plan import ProbeSettings
-from fsprobe.probing.runner import ThreadExecutor
+from fsprobe.probing.threads import ThreadExecutor
 from fsprobe.redirect.fallback import area_name, mirrored, redirect_path
 from fsprobe.redirect.manifest import new_entry, record, sha256_of
 from fsprobe.view import TargetView

@@ -7,11 +7,14 @@ call-time import that dodges a cycle is still the cycle.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.state import daemon_view, publish
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fsprobe"
 
@@ -189,3 +192,54 @@ def test_every_public_name_loads():
         "assert callable(fsprobe.check) and callable(fsprobe.save), 'a module hid a function'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: What a preflight that the daemon's state file answers must not load: the `lfs` parsers (and
+#: all of `lustre/`), the probes themselves and the probe worker's own side (docs/design.md §4).
+NOT_ON_THE_STATE_PATH = (
+    "fsprobe.lustre",
+    "fsprobe.probing.probes",
+    "fsprobe.probing.worker_process",
+    "fsprobe.probing.statvfs",
+    "fsprobe.probing.write",
+    "fsprobe.probing.quota",
+)
+
+
+@pytest.mark.parametrize("redirected", [False, True])
+def test_a_preflight_the_state_file_answers_loads_no_probe_and_starts_nothing(
+    tmp_path: Path, redirected: bool
+):
+    """Structure, not timing: a fresh process whose first `fsprobe.preflight` is answered by
+    the state file (healthy, or read-only with a healthy fallback) imports no `lfs` parser, no
+    probe and not the worker's side, and starts no process."""
+    target, fallback, state = tmp_path / "ckpt", tmp_path / "fallback", tmp_path / "state"
+    target.mkdir()
+    fallback.mkdir()
+    publish(
+        str(state),
+        {
+            str(target): daemon_view(str(target), readonly=redirected),
+            str(fallback): daemon_view(str(fallback)),
+        },
+    )
+    code = (
+        "import os, sys, fsprobe\n"
+        "decision = fsprobe.preflight(sys.argv[1], state_dir=sys.argv[2], "
+        "fallback_dirs=[sys.argv[3]])\n"
+        "print(decision.action, decision.source, len(os.listdir('/proc/self/task')))\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('fsprobe'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(target / "model.pt"), str(state), str(fallback)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "FSPROBE_FALLBACK_DIRS"},
+    )
+    decision, modules = done.stdout.splitlines()
+    # One thread: no reader of a worker, so no worker was started.
+    assert decision == ("redirect state 1" if redirected else "proceed state 1")
+    loaded = modules.split()
+    assert "fsprobe.saving.preflight" in loaded  # what was measured is the preflight
+    assert [m for m in loaded if m.startswith(NOT_ON_THE_STATE_PATH)] == []

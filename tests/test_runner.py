@@ -14,6 +14,7 @@ import psutil
 from fsprobe.errors import ProbeFailure
 from fsprobe.model import TIMEOUT
 from fsprobe.probing.runner import ProbeRunner, timed_call
+from fsprobe.probing.threads import ThreadExecutor
 from fsprobe.probing.worker import ProcessExecutor
 
 
@@ -46,7 +47,7 @@ def test_timed_call_turns_outcomes_into_results():
 
 def test_a_blocked_probe_returns_stuck_at_its_deadline_and_blocks_its_target():
     release = threading.Event()
-    runner = ProbeRunner()
+    runner = ProbeRunner(ThreadExecutor())
     start = time.monotonic()
     run = runner.submit("/hung", "statvfs", release.wait, deadline=0.3)
     stuck = run.result()
@@ -71,7 +72,7 @@ def test_a_blocked_probe_returns_stuck_at_its_deadline_and_blocks_its_target():
 
 def test_threads_stay_bounded_while_a_target_is_hung():
     release = threading.Event()
-    runner = ProbeRunner()
+    runner = ProbeRunner(ThreadExecutor())
     before = threading.active_count()
     for _ in range(50):
         for probe in ("statvfs", "write", "tmpdir"):

@@ -350,7 +350,7 @@ class Scheduler:
                     changed[path] = skipped
                     continue
             planned = self._probes[path][kind]
-            run = self.runner.submit(path, kind, planned.function, planned.deadline)
+            run = self.runner.submit(path, kind, planned.work, planned.deadline)
             self._running[key] = run
             run.future.add_done_callback(functools.partial(self._done, key, run))
 

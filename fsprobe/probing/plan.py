@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fsprobe.model import ProbeResult, Snapshot
 from fsprobe.policy import Policy
-from fsprobe.probing.imports import probe_imports
-from fsprobe.probing.lfs_df import probe_lfs_df
-from fsprobe.probing.quota import probe_quota
-from fsprobe.probing.runner import ProbeRunner, Run
-from fsprobe.probing.statvfs import probe_statvfs
+from fsprobe.probing.runner import ProbeCall, ProbeRunner, Run, Work
 from fsprobe.probing.target import OWNER
-from fsprobe.probing.tmpdir import TMPDIR_VARIABLES, probe_tmpdir
-from fsprobe.probing.write import DEFAULT_WRITE_BYTES, probe_write
 from fsprobe.quota import ServerProbeSettings
 
 #: Time the quota probes get beyond `lfs`'s own deadline, so that the process-group kill and
 #: its clean TIMEOUT report happen before the caller gives up on the worker.
 LFS_KILL_SLACK = 2.0
+#: The size of the write probe's test file.
+DEFAULT_WRITE_BYTES = 1024 * 1024
+#: Where the tmpdir probe looks for $TMPDIR, in the order `tempfile` does.
+TMPDIR_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 
 
 @dataclass(frozen=True)
@@ -38,7 +35,7 @@ class ProbeSettings:
 
 @dataclass(frozen=True)
 class PlannedProbe:
-    function: Callable[[], object]
+    work: Work
     deadline: float
 
 
@@ -48,29 +45,25 @@ def _tmpdir_environment() -> dict[str, str]:
 
 
 def plan(target: str, settings: ProbeSettings) -> dict[str, PlannedProbe]:
-    """The probes of `target` by kind. Quota and `lfs df` decide themselves whether they apply."""
+    """The probes of `target` by kind, named (`fsprobe.probing.probes`). Quota and `lfs df`
+    decide themselves whether they apply."""
     who = settings.probe_as
     probes = {
-        "statvfs": PlannedProbe(functools.partial(probe_statvfs, target, who), settings.deadline),
+        "statvfs": PlannedProbe(ProbeCall("statvfs", (target, who)), settings.deadline),
         "tmpdir": PlannedProbe(
-            functools.partial(probe_tmpdir, target, _tmpdir_environment(), who), settings.deadline
+            ProbeCall("tmpdir", (target, _tmpdir_environment(), who)), settings.deadline
         ),
     }
     if settings.write_probe:
         probes["write"] = PlannedProbe(
-            functools.partial(probe_write, target, settings.write_bytes, who), settings.deadline
+            ProbeCall("write", (target, settings.write_bytes, who)), settings.deadline
         )
     if settings.server_probes.provider != "none":
         lfs_deadline = settings.server_probes.timeout + LFS_KILL_SLACK
-        probes["quota"] = PlannedProbe(
-            functools.partial(probe_quota, target, settings.server_probes, who), lfs_deadline
-        )
-        probes["lfs_df"] = PlannedProbe(
-            functools.partial(probe_lfs_df, target, settings.server_probes), lfs_deadline
-        )
-        probes["imports"] = PlannedProbe(
-            functools.partial(probe_imports, target, settings.server_probes), lfs_deadline
-        )
+        server = settings.server_probes
+        probes["quota"] = PlannedProbe(ProbeCall("quota", (target, server, who)), lfs_deadline)
+        probes["lfs_df"] = PlannedProbe(ProbeCall("lfs_df", (target, server)), lfs_deadline)
+        probes["imports"] = PlannedProbe(ProbeCall("imports", (target, server)), lfs_deadline)
     return probes
 
 
@@ -85,7 +78,7 @@ def run_plans(
     """
     runs: dict[str, dict[str, Run]] = {
         target: {
-            kind: runner.submit(target, kind, probe.function, probe.deadline)
+            kind: runner.submit(target, kind, probe.work, probe.deadline)
             for kind, probe in probes.items()
             if kind != "write"
         }
@@ -96,16 +89,16 @@ def run_plans(
         if write is not None:
             if "statvfs" in runs[target]:
                 runs[target]["statvfs"].result()
-            runs[target]["write"] = runner.submit(target, "write", write.function, write.deadline)
+            runs[target]["write"] = runner.submit(target, "write", write.work, write.deadline)
     return {
         target: {kind: run.result() for kind, run in by_kind.items()}
         for target, by_kind in runs.items()
     }
 
 
-def probe_once(target: str, settings: ProbeSettings, runner: ProbeRunner | None = None) -> Snapshot:
+def probe_once(target: str, settings: ProbeSettings, runner: ProbeRunner) -> Snapshot:
     """Run every planned probe of `target` once (see `run_plans`) and take the snapshot."""
-    results = run_plans({target: plan(target, settings)}, runner or ProbeRunner())[target]
+    results = run_plans({target: plan(target, settings)}, runner)[target]
     written = results.get("write")
     return Snapshot(
         target=target,

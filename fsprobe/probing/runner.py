@@ -13,10 +13,23 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Union
 
 from fsprobe.errors import ProbeFailure, name_of
 from fsprobe.model import INTERNAL, TIMEOUT, ProbeResult
+
+
+@dataclass(frozen=True)
+class ProbeCall:
+    """A probe named, not held: `fsprobe.probing.probes.PROBES[name](*args)`, looked up where it
+    runs (the worker, or `fsprobe.probing.threads`), so that the caller loads no probe code."""
+
+    name: str
+    args: tuple[object, ...]
+
+
+#: What an executor runs: a plain function (module-level, to reach a worker) or a named probe.
+Work = Union[Callable[[], object], ProbeCall]
 
 
 def timed_call(probe: str, function: Callable[[], object]) -> ProbeResult:
@@ -80,40 +93,20 @@ class Run:
             return self.stuck_result()
 
 
-class ThreadExecutor:
-    """Runs each probe in a daemon thread of this process.
-
-    Cheap, and enough where nothing has to exit while a mount hangs (tests, short-lived
-    helpers); a thread stuck in the kernel keeps its process from exiting, which is why the
-    CLI, the daemon and the save hook use `fsprobe.probing.worker.ProcessExecutor` instead.
-    """
-
-    def submit(self, probe: str, function: Callable[[], object]) -> Future:
-        future: Future = Future()
-
-        def work() -> None:
-            future.set_result(timed_call(probe, function))
-
-        threading.Thread(target=work, name=f"fsprobe-{probe}", daemon=True).start()
-        return future
-
-
 class Executor(Protocol):
-    def submit(self, probe: str, function: Callable[[], object]) -> Future: ...
+    def submit(self, probe: str, work: Work) -> Future: ...
 
 
 class ProbeRunner:
     """Starts probes with deadlines, at most one per (target, probe) at a time."""
 
-    def __init__(self, executor: Executor | None = None) -> None:
-        self.executor = executor or ThreadExecutor()
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
         self._lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], Run] = {}
 
-    def submit(
-        self, target: str, probe: str, function: Callable[[], object], deadline: float
-    ) -> Run:
-        """Start `function` as the `probe` of `target`, unless the target is blocked.
+    def submit(self, target: str, probe: str, work: Work, deadline: float) -> Run:
+        """Start `work` as the `probe` of `target`, unless the target is blocked.
 
         Returns the run already in flight for the same probe, or, when another probe of the target
         is stuck, a run that is already finished with a stuck result naming the blocker.
@@ -129,7 +122,7 @@ class ProbeRunner:
                 return self._blocked_run(target, probe, deadline, blocker)
             run = Run(target, probe, deadline)
             self._in_flight[(target, probe)] = run
-        outcome = self.executor.submit(probe, function)
+        outcome = self.executor.submit(probe, work)
         outcome.add_done_callback(lambda done: self._finish(run, done.result()))
         return run
 

@@ -7,9 +7,8 @@ import tempfile
 from collections.abc import Mapping
 
 from fsprobe.model import TmpdirInfo
+from fsprobe.probing.plan import TMPDIR_VARIABLES
 from fsprobe.probing.target import OWNER, open_target
-
-TMPDIR_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 
 
 def current_tmpdir(environ: Mapping[str, str] | None = None) -> str:

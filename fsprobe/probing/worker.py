@@ -15,20 +15,17 @@ import logging
 import os
 import pickle
 import select
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, cast
 
 from fsprobe.model import ProbeResult
-from fsprobe.posix import children
-from fsprobe.probing.runner import ProbeRunner, ThreadExecutor, timed_call
+from fsprobe.probing.runner import ProbeRunner, Work
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +46,7 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 #: site-packages, then the package root is appended (last, so that it shadows nothing).
 _BOOTSTRAP = (
     "import sys; sys.path.append(sys.argv[1]); "
-    "from fsprobe.probing.worker import main; main(sys.argv[2:])"
+    "from fsprobe.probing.worker_process import main; main(sys.argv[2:])"
 )
 
 
@@ -182,13 +179,13 @@ class ProcessExecutor:
         self._connection: Channel | None = None
         self._process: subprocess.Popen | None = None
 
-    def submit(self, probe: str, function: Callable[[], object]) -> Future:
+    def submit(self, probe: str, work: Work) -> Future:
         future: Future = Future()
         with self._lock:
             job = next(self._ids)
             self._pending[job] = (probe, future)
             try:
-                self._ensure_worker().send((job, probe, function))
+                self._ensure_worker().send((job, probe, work))
             except (OSError, ValueError, TypeError, AttributeError, pickle.PicklingError) as error:
                 del self._pending[job]
                 future.set_result(_lost(probe, f"cannot hand the probe to the worker: {error}"))
@@ -296,47 +293,12 @@ def _reap(process: subprocess.Popen) -> None:
         process.wait(timeout=5.0)
 
 
-def probe_in_threads() -> None:
-    """Make this process's shared runner probe in threads of its own, never in a worker.
-
-    For root's run of ``fsprobe sync`` as a user (`fsprobe.redirect.delegate`), which gave up
-    root without ``exec`` so that the user cannot trace it: a worker it started would be the
-    user's own process, which she could trace and so run her code in root's service, with the
-    limits the run got from root. A probe stuck in the kernel then holds a thread of the run,
-    which root's deadline kills with the run; nothing of the user's outlives it.
-    """
+def share_runner(runner: ProbeRunner) -> None:
+    """Make `runner` this process's shared runner (`fsprobe.probing.threads.probe_in_threads`)."""
     global _shared
     with _shared_lock:
-        _shared = ProbeRunner(ThreadExecutor())
+        _shared = runner
 
 
 def _lost(probe: str, message: str) -> ProbeResult:
     return ProbeResult(probe, time.time(), 0.0, error="EUNKNOWN", message=message)
-
-
-def _serve(connection: Channel) -> None:
-    send_lock = threading.Lock()
-
-    def run(job: int, probe: str, function: Callable[[], object]) -> None:
-        result = timed_call(probe, function)
-        with send_lock:
-            connection.send((job, result))
-
-    while True:
-        try:
-            job, probe, function = cast(tuple[int, str, Any], connection.recv())
-        except (EOFError, OSError):
-            return  # the parent is gone
-        threading.Thread(target=run, args=(job, probe, function), daemon=True).start()
-
-
-def main(argv: list[str]) -> None:
-    """The worker's entry point (see `worker_command`); `argv` is the channel's fd."""
-    children.adopt_orphans()  # what an lfs leaves behind is ours to reap, not init's
-    # The parent ends the worker (it closes the channel). A SIGTERM meant for the whole job
-    # (Slurm's scancel signals every process of the job, other sessions too) would kill it
-    # first, and the parent would report a worker lost before it stops itself. Caught, not
-    # ignored: an `lfs` it starts gets the default back at exec.
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    _serve(Channel(socket.socket(fileno=int(argv[0]))))
-    os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer

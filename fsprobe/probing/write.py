@@ -14,9 +14,8 @@ from fsprobe.errors import NOT_AS_ROOT, ProbeFailure, name_of
 from fsprobe.model import WriteProbeResult
 from fsprobe.posix.atomic import TempFile, temp_name
 from fsprobe.probing.credentials import acting_as
+from fsprobe.probing.plan import DEFAULT_WRITE_BYTES
 from fsprobe.probing.target import OWNER, OpenedTarget, open_target, root_write_refusal
-
-DEFAULT_WRITE_BYTES = 1024 * 1024
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -36,7 +36,7 @@ _PR_SET_DUMPABLE = 4
 #: the user (`become`); only then does it run ``fsprobe ARGUMENTS``, as ``python -m`` would.
 _BOOTSTRAP = (
     "import sys; from fsprobe.redirect.delegate import become, refuse_if_unusable; "
-    "from fsprobe.probing.worker import probe_in_threads; probe_in_threads(); "
+    "from fsprobe.probing.threads import probe_in_threads; probe_in_threads(); "
     "become(int(sys.argv[1]), int(sys.argv[2]), [int(g) for g in sys.argv[3].split(',') if g]); "
     "refuse_if_unusable(int(sys.argv[1])); "
     "import runpy; sys.argv[:4] = ['fsprobe']; runpy.run_module('fsprobe', run_name='__main__')"
