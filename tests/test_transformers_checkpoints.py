@@ -358,25 +358,29 @@ BEST_EARLY = dict(
 )
 
 
+@pytest.mark.parametrize("limit", [2, 1])
 @pytest.mark.parametrize("redirected", ["best", "others"])
 def test_the_best_model_and_the_rotation_count_the_target_and_the_fallback_together(
-    faultfs, tmp_path, redirected
+    faultfs, tmp_path, redirected, limit
 ):
     """The run ends with the best model wherever it landed, keeps save_total_limit
     checkpoints in target and fallback together (the rest deleted from both), and its state
-    is the unprotected run's."""
-    plain = tiny_trainer(tmp_path / "plain", **BEST_EARLY)
+    is the unprotected run's. With ``save_total_limit=1`` the Trainer's end of training keeps
+    the best checkpoint alone (it compared each checkpoint to the best with os.path.samefile,
+    FileNotFoundError when the best was redirected)."""
+    arguments = {**BEST_EARLY, "save_total_limit": limit}
+    plain = tiny_trainer(tmp_path / "plain", **arguments)
     plain.train()
     best = plain.state.best_global_step
     assert best not in (None, 5)  # the end loads an earlier checkpoint
-    steps = [best] if redirected == "best" else [s for s in range(1, 5) if s != best]
+    steps = [best] if redirected == "best" else [s for s in range(1, 6) if s != best]
 
     output, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
     fallback.mkdir(mode=0o700)
     for step in steps:
         redirect_checkpoint(faultfs, step)
     protected = protect(
-        tiny_trainer(output, **BEST_EARLY), fallback_dirs=[fallback], backoff=quick()
+        tiny_trainer(output, **arguments), fallback_dirs=[fallback], backoff=quick()
     )
     protected.train()
     results = protected_results(protected)
@@ -392,7 +396,7 @@ def test_the_best_model_and_the_rotation_count_the_target_and_the_fallback_toget
     newest = Path(last_checkpoint(output, fallback_dirs=[fallback]))
     state, reference = (
         json.loads((d / "trainer_state.json").read_text())
-        for d in (newest, tmp_path / "plain" / "checkpoint-5")
+        for d in (newest, tmp_path / "plain" / newest.name)
     )
     assert relative(state.pop("best_model_checkpoint"), output) == relative(
         reference.pop("best_model_checkpoint"), tmp_path / "plain"

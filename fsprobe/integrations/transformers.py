@@ -288,9 +288,7 @@ def _files_in(directory: str) -> set[str]:
 class _ProtectedCheckpoints:
     """What `protect` installs on one trainer: its checkpoints, staged and committed whole."""
 
-    def __init__(
-        self, trainer: Trainer, options: SaveOptions, context: SaveContext | None
-    ) -> None:
+    def __init__(self, trainer: Trainer, options: SaveOptions, context: SaveContext | None) -> None:
         self.trainer = weakref.proxy(trainer)  # the trainer holds this, not the other way
         self.options, self.context = options, context
         self.fallbacks = all_fallback_dirs(options.fallback_dirs)
@@ -300,11 +298,15 @@ class _ProtectedCheckpoints:
         #: (the checkpoint's absolute path, its staging directory) while the Trainer writes.
         self.staging: tuple[str, str] | None = None
         self.push: Callable[[str], object] | None = None  # the Hub push, deferred to the commit
+        self.saving = False  # while the Trainer's _save_checkpoint runs
         self.results: list[SaveResult] = []
         self._install(trainer)
 
     def _install(self, trainer: Trainer) -> None:
-        needed = ("_save_checkpoint", "_get_output_dir", "_push_from_checkpoint", *WRITERS)
+        needed = (
+            *("_save_checkpoint", "_get_output_dir", "_push_from_checkpoint", *WRITERS),
+            *("_load_best_model", "_load_callback_state"),
+        )
         missing = [name for name in needed if not callable(getattr(trainer, name, None))]
         if missing:
             raise TypeError(
@@ -332,6 +334,9 @@ class _ProtectedCheckpoints:
         )
         replacements["_load_callback_state"] = functools.partial(
             self.load_callback_state, trainer._load_callback_state
+        )
+        replacements["_get_output_dir"] = functools.partial(
+            self.output_dir, trainer._get_output_dir
         )
         for name, replacement in replacements.items():
             setattr(trainer, name, replacement)  # this trainer's own methods, not its class's
@@ -376,13 +381,31 @@ class _ProtectedCheckpoints:
             # before the commit: its trainer_state.json must name itself as the best.
             state.best_model_checkpoint = given
         self.push = None
+        self.saving = True
         try:
             result = self._save(checkpoint, lambda: original(*args, **kwargs))
         except BaseException:
             state.best_model_checkpoint = best_before
             self.push = None
             raise
+        finally:
+            self.saving = False
         self._after_commit(run_dir, result)
+
+    def output_dir(self, original: Callable[..., str], trial: Any = None) -> str:
+        """`Trainer._get_output_dir`. Asked outside a save once the training stopped, it is
+        the end of training, where ``save_total_limit=1`` keeps the best checkpoint alone: done
+        here over the target and the fallbacks, before the Trainer's own pass, which looks
+        only at the target and stats the best there (FileNotFoundError when redirected)."""
+        run_dir = original(trial)
+        trainer = self.trainer
+        if not self.saving and trainer.control.should_training_stop:
+            best = trainer.state.best_model_checkpoint
+            if trainer.args.should_save and best is not None and trainer.args.save_total_limit == 1:
+                for checkpoint in _checkpoints_in(run_dir, self.fallbacks):
+                    if checkpoint != os.path.abspath(best):
+                        self._delete(checkpoint, "the best is kept alone")
+        return run_dir
 
     # -- the save ---------------------------------------------------------------------------
 
@@ -454,10 +477,14 @@ class _ProtectedCheckpoints:
                 break
             if checkpoint in kept:
                 continue
-            log.info("fsprobe: deleting %s (save_total_limit=%d)", checkpoint, limit)
-            shutil.rmtree(checkpoint, ignore_errors=True)
-            forget(checkpoint, self.fallbacks)
+            self._delete(checkpoint, f"save_total_limit={limit}")
             remaining -= 1
+
+    def _delete(self, checkpoint: str, why: str) -> None:
+        """Delete `checkpoint` at the target and its redirected copies with their entries."""
+        log.info("fsprobe: deleting %s (%s)", checkpoint, why)
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        forget(checkpoint, self.fallbacks)
 
     # -- loading: what the Trainer looks for at a checkpoint's path, wherever it landed -------
 
