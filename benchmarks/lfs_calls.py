@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE_LFS = REPO / "tests" / "fakes" / "lfs"
+FAKE_LFS = REPO / "tests" / "support" / "fakes" / "lfs"
 
 
 def fake_state(root: Path) -> dict:

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fsprobe.lustre.df import DF_CACHE
-from fsprobe.lustre.provider import QUOTA_CACHE
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import ServerProbeSettings
@@ -33,11 +32,7 @@ POOLS = {"flash": [0, 1], "capacity": [2, 3]}
 
 @pytest.fixture
 def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    QUOTA_CACHE.clear()
-    DF_CACHE.clear()
     yield from fake_lfs_for(monkeypatch, tmp_path)
-    QUOTA_CACHE.clear()
-    DF_CACHE.clear()
 
 
 def ost(index: int, free_gib: float) -> dict[str, Any]:
@@ -193,9 +188,10 @@ def test_layout_and_pools_are_read_once_per_quota_interval(tmp_path, fake_lfs: F
     layout = [{"end": 1048576, "pool": "flash"}, {"end": "EOF", "pool": "capacity"}]
     fake_lfs.configure(version="2.16", state=world(tmp_path, layout=layout))
     cached = ServerProbeSettings(provider="lfs", user=UID, group=UID, cache_seconds=300)
+    caches = LustreCaches()
     for _ in range(3):
-        probe_quota(str(tmp_path), cached)
-        probe_lfs_df(str(tmp_path), cached)
+        probe_quota(str(tmp_path), cached, caches=caches)
+        probe_lfs_df(str(tmp_path), cached, caches=caches)
     commands = [call["argv"][0] for call in fake_lfs.calls()]
     assert commands.count("getstripe") == 1
     assert commands.count("pool_list") == 2  # flash and capacity, once each
@@ -260,15 +256,17 @@ def test_a_plain_layout_without_a_pool_takes_the_roots_pool(faultfs, fake_lfs: F
     state = world(faultfs.mountpoint, full=(4,), layouts=layouts)
     fake_lfs.configure(state=state)
     settings = ServerProbeSettings(provider="lfs")
-    targets = probe_lfs_df(str(ckpt), settings)
+    targets = probe_lfs_df(str(ckpt), settings, LustreCaches())
     assert targets is not None
     assert {t.name for t in targets if t.kind == "OST" and t.in_layout} == {
         "lustre-OST0000", "lustre-OST0001",
     }  # fmt: skip
     fake_lfs.configure(state={**state, "layouts": {str(ckpt): {"stripe_count": 4}}})
-    targets = probe_lfs_df(str(ckpt), settings)  # the root has no pool: any OST
+    targets = probe_lfs_df(str(ckpt), settings, LustreCaches())  # the root has no pool: any OST
     assert targets is not None and all(t.in_layout for t in targets)
     composite = [{"end": 1048576}, {"end": "EOF"}]
     fake_lfs.configure(state={**state, "layouts": {**layouts, str(ckpt): composite}})
-    targets = probe_lfs_df(str(ckpt), settings)  # a composite default is taken as it is
+    targets = probe_lfs_df(
+        str(ckpt), settings, LustreCaches()
+    )  # a composite default is taken as it is
     assert targets is not None and all(t.in_layout for t in targets)

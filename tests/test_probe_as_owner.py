@@ -25,6 +25,7 @@ import pytest
 
 import fsprobe
 from fsprobe.daemon.config import ConfigError, load_target
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.probing.quota import lookup_quota, probe_quota
 from fsprobe.probing.write import probe_write
 from fsprobe.quota import ServerProbeSettings
@@ -258,7 +259,7 @@ def test_lfs_quota_is_asked_as_the_owner_for_her_own_ids(local_users, shared_fak
     alice = local_users.user(team)
     target = lustre_directory_of(alice, shared_fake_lfs, tmp_path)
 
-    report = probe_quota(str(target), ServerProbeSettings(provider="lfs"))
+    report = probe_quota(str(target), ServerProbeSettings(provider="lfs"), caches=LustreCaches())
 
     assert report.errors == (), report.errors
     assert [(entry.type, entry.id) for entry in report.entries] == [
@@ -278,11 +279,14 @@ def test_a_user_cannot_trace_the_lfs_root_runs_as_her(local_users, shared_fake_l
     # The test ends the hanging lfs itself; a deadline of the product's own that ran out
     # first (a loaded machine, a slow attach below) would start the group's lfs, hanging too.
     settings = ServerProbeSettings(provider="lfs", timeout=120, cache_seconds=0)
-    lookup_quota(str(target), settings)  # root's `lfs --version` and `getstripe`, cached now
+    caches = LustreCaches()
+    lookup_quota(
+        str(target), settings, caches=caches
+    )  # root's `lfs --version` and `getstripe`, cached now
     os.environ["FAKE_LFS_FAIL"] = "hang"  # the monkeypatch of the fixture undoes it
     outcome = []
     prober = threading.Thread(
-        target=lambda: outcome.append(lookup_quota(str(target), settings).report)
+        target=lambda: outcome.append(lookup_quota(str(target), settings, caches=caches).report)
     )
     prober.start()
     try:

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 from fsprobe.cli import main
-from fsprobe.lustre.df import DF_CACHE
-from fsprobe.lustre.provider import QUOTA_CACHE
 from fsprobe.probing.mounts import find_mount, nearest_existing
 from tests.support.cli import cli_runner
 from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for
@@ -24,8 +22,6 @@ JSON_KEYS = {"path", "mountpoint", "provider", "quota", "inaccurate", "errors", 
 
 @pytest.fixture
 def fake_lfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    QUOTA_CACHE.clear()
-    DF_CACHE.clear()
     yield from fake_lfs_for(monkeypatch, tmp_path)
 
 
@@ -86,7 +82,6 @@ def test_grace_and_hard_limits_are_said_in_words(tmp_path: Path, fake_lfs: FakeL
         "Writes fail when the grace period ends: project 4242 space is over its soft limit "
         "(90 GiB); grace expires in 4 days"
     )
-    QUOTA_CACHE.clear()
     full = state(tmp_path, inodes={"used": 1_000_000, "grace_start": NOW - 60})
     fake_lfs.configure(state=full, version="2.12")
     result = run(str(tmp_path), "--quota-provider", "lfs", *IDS)
@@ -165,7 +160,6 @@ def test_read_failures_exit_3_with_the_reason(tmp_path: Path, fake_lfs: FakeLfs)
 def test_a_217_client_reads_as_a_216_client(tmp_path: Path, fake_lfs: FakeLfs):
     documents = []
     for version in ("2.16", "2.17"):
-        QUOTA_CACHE.clear()
         fake_lfs.configure(version=version, state=state(tmp_path))
         result = run(str(tmp_path), "--quota-provider", "lfs", "--json", *IDS)
         assert result.exit_code == 0, result.output

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from fsprobe.errors import ProbeFailure
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.lustre.provider import LustreQuotaProvider
 from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import ServerProbeSettings
@@ -168,7 +169,7 @@ def test_lfs_project_is_the_fallback_where_the_ioctl_is_not_supported(faultfs, f
     assert unsupported.value.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL)
 
     fake_lfs.configure(project=77)
-    provider, settings = LustreQuotaProvider(), ServerProbeSettings()
+    provider, settings = LustreQuotaProvider(LustreCaches()), ServerProbeSettings()
 
     def fallback(path: str) -> int:
         return provider.project(path, settings, Deadline.after(20))
@@ -283,8 +284,11 @@ def test_the_quota_probe_asks_no_project_without_the_flag_and_says_why(
     xfs_io("chproj 43", "chattr +P", path=inheriting)
     fake_lfs.configure(state={"mountpoint": str(xfs)})
     settings = ServerProbeSettings(provider="lfs", user=1000, cache_seconds=0)
+    caches = LustreCaches()
 
-    report = probe_quota(str(plain / "run7"), settings)  # run7 does not exist: p42 stands in
+    report = probe_quota(
+        str(plain / "run7"), settings, caches=caches
+    )  # run7 does not exist: p42 stands in
     assert report is not None
     assert [entry.type for entry in report.entries] == ["user", "group"]
     assert report.notes == (
@@ -293,7 +297,7 @@ def test_the_quota_probe_asks_no_project_without_the_flag_and_says_why(
     assert report.errors == ()
     assert not [call for call in fake_lfs.quota_calls() if "-p" in call["argv"]]
 
-    report = probe_quota(str(inheriting), settings)
+    report = probe_quota(str(inheriting), settings, caches=caches)
     assert report is not None and report.notes == ()
     assert [(e.type, e.id) for e in report.entries][-1] == ("project", 43)
 
@@ -332,7 +336,7 @@ def test_check_and_quota_say_in_one_line_why_no_project_is_asked(xfs: Path, fake
 def test_lfs_project_fallback_reads_the_inherit_flag(faultfs, fake_lfs: FakeLfs):
     directory = faultfs.mountpoint / "ckpt"
     directory.mkdir()
-    provider, settings = LustreQuotaProvider(), ServerProbeSettings()
+    provider, settings = LustreQuotaProvider(LustreCaches()), ServerProbeSettings()
 
     def fallback(path: str) -> DirectoryProject:
         return provider.project(path, settings, Deadline.after(20))

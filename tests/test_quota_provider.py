@@ -11,6 +11,7 @@ import pytest
 
 from fsprobe.errors import PARSE, ProbeFailure, errno_name
 from fsprobe.lustre.amounts import Amount
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.lustre.grace import NO_TIMER, Grace
 from fsprobe.lustre.provider import LustreQuotaProvider, outcome_from_output, usage_from_cells
 from fsprobe.lustre.quota_parser import Usage, parse_quota
@@ -237,14 +238,16 @@ def _mount(fstype: str) -> Mount:
 
 
 def test_provider_selection():
-    assert isinstance(select_provider(ServerProbeSettings(), _mount("lustre")), LustreQuotaProvider)
-    assert select_provider(ServerProbeSettings(), _mount("ext4")) is None
-    assert select_provider(ServerProbeSettings(), None) is None
-    assert select_provider(ServerProbeSettings(provider="none"), _mount("lustre")) is None
-    forced = select_provider(ServerProbeSettings(provider="lfs"), _mount("fuse"))
-    assert isinstance(forced, LustreQuotaProvider)
+    caches = LustreCaches()
+    chosen = select_provider(ServerProbeSettings(), _mount("lustre"), caches)
+    assert isinstance(chosen, LustreQuotaProvider) and chosen.cache is caches.quota
+    assert select_provider(ServerProbeSettings(), _mount("ext4"), caches) is None
+    assert select_provider(ServerProbeSettings(), None, caches) is None
+    assert select_provider(ServerProbeSettings(provider="none"), _mount("lustre"), caches) is None
+    forced = select_provider(ServerProbeSettings(provider="lfs"), _mount("fuse"), caches)
+    assert isinstance(forced, LustreQuotaProvider) and forced.placements is caches.placements
     with pytest.raises(ValueError, match="unknown quota provider 'gpfs'"):
-        select_provider(ServerProbeSettings(provider="gpfs"), _mount("gpfs"))
+        select_provider(ServerProbeSettings(provider="gpfs"), _mount("gpfs"), caches)
 
 
 class Clock:

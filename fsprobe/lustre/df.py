@@ -13,8 +13,6 @@ from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.provider import Deadline
 from fsprobe.quota.settings import ServerProbeSettings
 
-DF_CACHE: SingleFlight[tuple[LustreTarget, ...] | ProbeFailure] = SingleFlight()
-
 
 def lfs_df_applies(settings: ServerProbeSettings, mount: Mount | None) -> bool:
     """On Lustre with provider auto, or anywhere when `lfs` is forced (provider lfs)."""
@@ -45,8 +43,9 @@ def read_targets(
     binary: str,
     settings: ServerProbeSettings,
     deadline: Deadline,
+    cache: SingleFlight[tuple[LustreTarget, ...] | ProbeFailure],
 ) -> tuple[LustreTarget, ...]:
-    """Every MDT and OST of the filesystem of `directory`, from the cache or from `lfs df`.
+    """Every MDT and OST of the filesystem of `directory`, from `cache` or from `lfs df`.
 
     Raises ProbeFailure (ENOENT for a missing `lfs`, the errno name of the exit status, TIMEOUT,
     E2BIG, PARSE) when the tables cannot be read.
@@ -54,7 +53,7 @@ def read_targets(
     mountpoint = mount.mountpoint if mount is not None else None
     key = ((mount.device, mount.mountpoint) if mount else directory, binary)
     try:
-        result = DF_CACHE.get(
+        result = cache.get(
             key,
             lambda: _read(directory, mountpoint, binary, deadline),
             ttl=settings.cache_seconds,

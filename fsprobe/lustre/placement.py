@@ -59,7 +59,7 @@ def _filesystem_key(directory: str, mount: Mount | None) -> object:
 
 
 class Placements:
-    """Reads placements and remembers them; one instance serves every target of a process."""
+    """Reads placements and remembers them, for every target whose probes share this instance."""
 
     def __init__(self) -> None:
         self._layouts: SingleFlight[Layout | ProbeFailure] = SingleFlight()
@@ -174,7 +174,3 @@ class Placements:
     def has_pool_quotas(self, binary: str, deadline: Deadline) -> bool:
         """Whether this `lfs` takes ``quota --pool`` (2.14+); ProbeFailure when it cannot tell."""
         return self.version(binary, deadline)[0] >= POOL_QUOTA_VERSION
-
-
-#: The placements of this process (the quota and `lfs df` probes share them).
-PLACEMENTS = Placements()

@@ -11,12 +11,11 @@ import shlex
 
 from fsprobe.errors import PARSE, ProbeFailure
 from fsprobe.lustre.amounts import Amount
-from fsprobe.lustre.placement import PLACEMENTS, Placements
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.lustre.quota_parser import QuotaOutput, Usage, parse_quota
 from fsprobe.lustre.runner import lfs_binary, run_lfs, status_error_name
 from fsprobe.model import TIMEOUT, Mount, QuotaEntry, QuotaState, QuotaUsage
 from fsprobe.posix.identity import Identity
-from fsprobe.quota.cache import SingleFlight
 from fsprobe.quota.ids import DirectoryProject, id_name
 from fsprobe.quota.provider import (
     Deadline,
@@ -39,9 +38,6 @@ _HINTS = {
     "not_lustre": "the directory is not on a mounted Lustre filesystem",
     "not_enabled": "quota is not enabled for this type on the filesystem",
 }
-
-#: Results shared by every target and caller in this process (see `SingleFlight`).
-QUOTA_CACHE: SingleFlight[IdOutcome] = SingleFlight()
 
 
 def _limit(cell: Amount) -> int | None:
@@ -191,11 +187,9 @@ def _limited(outcome: IdOutcome) -> bool:
 class LustreQuotaProvider(QuotaProvider):
     name = "lfs"
 
-    def __init__(
-        self, cache: SingleFlight[IdOutcome] = QUOTA_CACHE, placements: Placements = PLACEMENTS
-    ) -> None:
-        self.cache = cache
-        self.placements = placements
+    def __init__(self, caches: LustreCaches) -> None:
+        self.cache = caches.quota
+        self.placements = caches.placements
 
     def applies_to(self, mount: Mount | None) -> bool:
         return mount is not None and mount.fstype == "lustre"

@@ -7,9 +7,9 @@ judges the OSTs that the `lfs df` probe marks as reached by the layout.
 
 from __future__ import annotations
 
+from fsprobe.lustre.caches import LustreCaches, process_caches
 from fsprobe.lustre.df import lfs_df_applies
 from fsprobe.lustre.imports import lctl_binary, own_mount, read_states
-from fsprobe.lustre.placement import PLACEMENTS
 from fsprobe.lustre.pools import fsname_from_mount
 from fsprobe.lustre.runner import lfs_binary
 from fsprobe.model import LustreImport
@@ -18,8 +18,11 @@ from fsprobe.quota.provider import Deadline
 from fsprobe.quota.settings import ServerProbeSettings
 
 
-def probe_imports(target: str, settings: ServerProbeSettings) -> tuple[LustreImport, ...] | None:
+def probe_imports(
+    target: str, settings: ServerProbeSettings, caches: LustreCaches | None = None
+) -> tuple[LustreImport, ...] | None:
     """The import of every MDT and OST of the target's mount; None when not on Lustre.
+    The `lfs getname` answer is kept in `caches` (default: `process_caches()`).
 
     Raises ProbeFailure (ENOENT for a missing `lctl`, or a missing `lfs` where it is needed, the
     errno name of an exit status, TIMEOUT, E2BIG, PARSE, ENODEV) when they cannot be read.
@@ -35,5 +38,6 @@ def probe_imports(target: str, settings: ServerProbeSettings) -> tuple[LustreImp
     except ValueError:  # several mounts of the filesystem: ask which one is the target's
         binary = lfs_binary(settings.lfs)
         ttl = max(settings.cache_seconds, settings.timeout)
-        fsname, instance = PLACEMENTS.instance(directory, mount, binary, ttl, deadline)
+        placements = (caches or process_caches()).placements
+        fsname, instance = placements.instance(directory, mount, binary, ttl, deadline)
         return own_mount(mounts, fsname, instance)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fsprobe.errors import ProbeFailure
+from fsprobe.lustre.caches import LustreCaches, process_caches
 from fsprobe.lustre.df import lfs_df_applies, read_targets
-from fsprobe.lustre.placement import PLACEMENTS
 from fsprobe.lustre.runner import lfs_binary
 from fsprobe.model import LustreTarget
 from fsprobe.probing.quota import locate
@@ -12,8 +12,11 @@ from fsprobe.quota.provider import Deadline
 from fsprobe.quota.settings import ServerProbeSettings
 
 
-def probe_lfs_df(target: str, settings: ServerProbeSettings) -> tuple[LustreTarget, ...] | None:
+def probe_lfs_df(
+    target: str, settings: ServerProbeSettings, caches: LustreCaches | None = None
+) -> tuple[LustreTarget, ...] | None:
     """Every MDT and OST of the target's filesystem; None when `lfs df` does not apply.
+    Answers are kept in `caches` (default: `process_caches()`).
 
     Raises ProbeFailure (ENOENT for a missing `lfs`, the errno name of the exit status, TIMEOUT,
     E2BIG, PARSE) when the tables cannot be read. Targets that lfs could not ask are included with
@@ -24,10 +27,11 @@ def probe_lfs_df(target: str, settings: ServerProbeSettings) -> tuple[LustreTarg
         return None
     deadline = Deadline.after(settings.timeout)
     binary = lfs_binary(settings.lfs)
-    PLACEMENTS.check_supported(binary, deadline)
-    targets = read_targets(directory, mount, binary, settings, deadline)
+    caches = caches or process_caches()
+    caches.placements.check_supported(binary, deadline)
+    targets = read_targets(directory, mount, binary, settings, deadline, caches.df)
     try:
-        placement = PLACEMENTS.read(directory, mount, binary, settings, deadline)
+        placement = caches.placements.read(directory, mount, binary, settings, deadline)
     except ProbeFailure:
         return targets
     return placement.mark(targets)

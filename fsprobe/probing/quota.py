@@ -5,8 +5,10 @@ All `lfs` calls of one probe share one deadline; `lfs quota` is asked as who pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from fsprobe.lustre.caches import LustreCaches, process_caches
 from fsprobe.lustre.provider import LustreQuotaProvider
 from fsprobe.model import Mount, QuotaReport
 from fsprobe.posix.identity import Identity
@@ -16,21 +18,25 @@ from fsprobe.quota.ids import resolve_ids
 from fsprobe.quota.provider import Deadline, QuotaProvider, QuotaRequest, assemble
 from fsprobe.quota.settings import PROVIDER_CHOICES, ServerProbeSettings
 
-#: By --quota-provider name; "auto" tries them in this order. New filesystems go here.
-PROVIDERS: dict[str, QuotaProvider] = {"lfs": LustreQuotaProvider()}
+#: By --quota-provider name, made with the caches they keep their answers in; "auto" tries
+#: them in this order. New filesystems go here.
+PROVIDERS: dict[str, Callable[[LustreCaches], QuotaProvider]] = {"lfs": LustreQuotaProvider}
 
 
-def select_provider(settings: ServerProbeSettings, mount: Mount | None) -> QuotaProvider | None:
+def select_provider(
+    settings: ServerProbeSettings, mount: Mount | None, caches: LustreCaches
+) -> QuotaProvider | None:
     """The provider that `settings` asks for, or that fits `mount` for "auto"; None for none."""
     choice = settings.provider
     if choice == "none":
         return None
     if choice == "auto":
-        return next((p for p in PROVIDERS.values() if p.applies_to(mount)), None)
+        providers = (make(caches) for make in PROVIDERS.values())
+        return next((p for p in providers if p.applies_to(mount)), None)
     if choice not in PROVIDERS:
         known = ", ".join(PROVIDER_CHOICES)
         raise ValueError(f"unknown quota provider {choice!r} (known: {known})")
-    return PROVIDERS[choice]
+    return PROVIDERS[choice](caches)
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,16 @@ def locate(target: str, probe_as: str = OWNER) -> tuple[str, Mount | None, Ident
         return directory.path, find_mount(directory.path), directory.identity
 
 
-def lookup_quota(target: str, settings: ServerProbeSettings, probe_as: str = OWNER) -> QuotaLookup:
-    """Read the quota of `target`; raises as `probe_quota` does when nothing could be read."""
+def lookup_quota(
+    target: str,
+    settings: ServerProbeSettings,
+    probe_as: str = OWNER,
+    caches: LustreCaches | None = None,
+) -> QuotaLookup:
+    """Read the quota of `target`; raises as `probe_quota` does when nothing could be read.
+    Answers are kept in `caches` (default: `process_caches()`)."""
     directory, mount, identity = locate(target, probe_as)
-    provider = select_provider(settings, mount)
+    provider = select_provider(settings, mount, caches or process_caches())
     if provider is None:
         return QuotaLookup(target, directory, mount, None, None)
     deadline = Deadline.after(settings.timeout)
@@ -75,7 +87,10 @@ def lookup_quota(target: str, settings: ServerProbeSettings, probe_as: str = OWN
 
 
 def probe_quota(
-    target: str, settings: ServerProbeSettings, probe_as: str = OWNER
+    target: str,
+    settings: ServerProbeSettings,
+    probe_as: str = OWNER,
+    caches: LustreCaches | None = None,
 ) -> QuotaReport | None:
     """The quota report of `target`; None when no provider applies.
 
@@ -84,4 +99,4 @@ def probe_quota(
     the target itself cannot be reached. A partial result is returned with `errors` (and
     `inaccurate`) set.
     """
-    return lookup_quota(target, settings, probe_as).report
+    return lookup_quota(target, settings, probe_as, caches).report

@@ -30,8 +30,6 @@ from typing import Any
 
 import pytest
 
-from fsprobe.lustre.placement import PLACEMENTS
-
 FAKE_LFS = Path(__file__).resolve().with_name("lfs")
 FAKE_LCTL = Path(__file__).resolve().with_name("lctl")
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lfs"
@@ -90,11 +88,7 @@ class FakeLfs:
 
         `imports` is the fake `lctl`'s state ({"targets": {"OST0001": {"state", "history"}},
         "now"}), `lctl_fail` its failure (hang, garbage, flood); see tests/support/fakes/lctl.
-
-        The layouts, pools and versions this process remembers (`PLACEMENTS`) are forgotten:
-        the fake now plays another filesystem, maybe of another version.
         """
-        PLACEMENTS.clear()
         values: dict[str, Any] = {
             "VERSION": version,
             "CONTROL": control,
