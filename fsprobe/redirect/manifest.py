@@ -303,32 +303,33 @@ def _open_manifest(area_fd: int, area: Area, flags: int) -> int:
     return open_file(area_fd, MANIFEST, flags, area.owner, mode=_MANIFEST_MODE, where=area.path)
 
 
-def _lock(fd: int, path: str, timeout: float) -> None:
+def _lock(fd: int, path: str, timeout: float) -> bool:
     """Take the manifest's exclusive lock, waiting at most `timeout`; ETIMEDOUT past it.
 
-    Filesystems without `flock` (Lustre mounted with ``noflock``) go on unlocked, with a
-    warning once: concurrent rewrites are then not serialised, appends still are by O_APPEND.
+    False on filesystems without `flock` (Lustre mounted with ``noflock``), which go on
+    unlocked: concurrent rewrites are then not serialised, appends still are by O_APPEND.
     """
     try:
         locked = lock_within(fd, timeout, _LOCK_POLL)
     except OSError as error:
         if error.errno not in _LOCK_UNSUPPORTED:
             raise
-        if path not in _warned_unlocked:
-            _warned_unlocked.add(path)
-            log.warning("cannot lock %s (%s): concurrent updates are not serialised", path, error)
-        return
+        return False
     if not locked:
         raise OSError(errno.ETIMEDOUT, f"the manifest stayed locked for {timeout:g} s", path)
+    return True
 
 
 _LOCK_UNSUPPORTED = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
-_warned_unlocked: set[str] = set()
+
+#: What `record` and `rewrite` returning False means, for their callers to say.
+UNLOCKED = "cannot lock the redirect manifest in {}: concurrent updates are not serialised"
 
 
 @contextlib.contextmanager
-def _locked_manifest(area_fd: int, area: Area, create: bool) -> Iterator[int | None]:
-    """The manifest opened for appending and exclusively locked; None if absent and not created.
+def _locked_manifest(area_fd: int, area: Area, create: bool) -> Iterator[tuple[int, bool] | None]:
+    """The manifest opened for appending and exclusively locked, with whether the filesystem
+    could lock it (`_lock`); None if absent and not created.
 
     `rewrite` replaces the file, so a lock taken on the old inode would protect nothing: after
     locking, the descriptor must still be the file of that name, else take the new one.
@@ -342,30 +343,32 @@ def _locked_manifest(area_fd: int, area: Area, create: bool) -> Iterator[int | N
             yield None
             return
         try:
-            _lock(fd, path, LOCK_TIMEOUT)
+            locked = _lock(fd, path, LOCK_TIMEOUT)
             try:
                 named = os.stat(MANIFEST, dir_fd=area_fd, follow_symlinks=False)
                 same = os.path.samestat(os.fstat(fd), named)
             except FileNotFoundError:
                 same = False
             if same:
-                yield fd
+                yield fd, locked
                 return
         finally:
             os.close(fd)  # releases the lock
 
 
-def record(entry: Entry) -> None:
-    """Append `entry` to its area's manifest: one write of one line, then fsync.
+def record(entry: Entry) -> bool:
+    """Append `entry` to its area's manifest: one write of one line, then fsync. False when
+    the filesystem could not lock the manifest (`UNLOCKED`): the line is in all the same.
 
     A manifest grown past `COMPACT_BYTES` is then compacted (best effort: the line is in).
     """
     line = entry.to_line()
     area_fd = entry.area.open(create=True)
     try:
-        with _locked_manifest(area_fd, entry.area, create=True) as fd:
-            if fd is None:  # only possible without create; keeps the type checker honest
+        with _locked_manifest(area_fd, entry.area, create=True) as opened:
+            if opened is None:  # only possible without create; keeps the type checker honest
                 raise FileNotFoundError(errno.ENOENT, "manifest vanished", entry.area.path)
+            fd, locked = opened
             written = os.write(fd, line)
             if written != len(line):
                 raise OSError(errno.EIO, f"short append to the manifest in {entry.area.path}")
@@ -380,6 +383,7 @@ def record(entry: Entry) -> None:
                 rewrite(entry.area, set(replaced))
         except OSError as error:
             log.warning("could not compact the manifest in %s: %s", entry.area.path, error)
+    return locked
 
 
 def _read(area_fd: int, area: Area) -> list[Entry]:
@@ -434,17 +438,19 @@ def read_manifest(area: Area) -> list[Entry]:
         os.close(area_fd)
 
 
-def rewrite(area: Area, remove: set[Entry]) -> None:
+def rewrite(area: Area, remove: set[Entry]) -> bool:
     """Drop `remove` from the area's manifest, atomically; unlink the manifest once empty.
+    False when the filesystem could not lock the manifest (`UNLOCKED`).
 
     Re-read under the lock, so that lines appended by a saver since `sync` read the manifest
     are kept.
     """
     area_fd = area.open()
     try:
-        with _locked_manifest(area_fd, area, create=False) as fd:
-            if fd is None:
-                return
+        with _locked_manifest(area_fd, area, create=False) as opened:
+            if opened is None:
+                return True
+            locked = opened[1]
             kept = [entry for entry in _read(area_fd, area) if entry not in remove]
             if not kept:
                 os.unlink(MANIFEST, dir_fd=area_fd)
@@ -460,6 +466,7 @@ def rewrite(area: Area, remove: set[Entry]) -> None:
             os.fsync(area_fd)
     finally:
         os.close(area_fd)
+    return locked
 
 
 def latest_per_file(entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
@@ -702,6 +709,6 @@ def forget(requested: str, fallback_dirs: Iterable[str]) -> list[str]:
                     continue
                 except OSError as error:
                     log.warning("not removing %s: %s", entry.actual, error)
-            if entries:
-                rewrite(area, set(entries))
+            if entries and not rewrite(area, set(entries)):
+                log.warning(UNLOCKED.format(area.path))
     return removed

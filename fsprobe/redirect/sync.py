@@ -30,6 +30,7 @@ from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.fallback import AREA_NAME, Area, area_name
 from fsprobe.redirect.manifest import (
     MAX_AREA_ENTRIES,
+    UNLOCKED,
     Areas,
     Entry,
     OpenCopy,
@@ -331,8 +332,8 @@ def _sync_area(
             result.message,
         )
     settled = {o.entry for o in outcomes if o.done}
-    if settled and not options["dry_run"]:
-        rewrite(area, settled)
+    if settled and not options["dry_run"] and not rewrite(area, settled):
+        log.warning(UNLOCKED.format(area.path))
     return outcomes
 
 

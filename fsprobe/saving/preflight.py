@@ -261,7 +261,7 @@ class SaveContext:
                     self._warned.add(f"fallback:{fallback}")
                 continue
             why = exists.message or "it does not exist"
-            self._warn_once(
+            self.warn_once(
                 f"fallback:{fallback}",
                 f"the fallback directory {fallback} cannot take a redirected save: {why}",
             )
@@ -273,8 +273,8 @@ class SaveContext:
 
     # -- the daemon's state file ----------------------------------------------------------------
 
-    def _warn_once(self, key: str, message: str, level: int = logging.WARNING) -> None:
-        """Log `message` the first time `key` comes up in this process: a trainer saves often."""
+    def warn_once(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        """Log `message` the first time `key` comes up in this context: a trainer saves often."""
         with self._lock:
             if key in self._warned:
                 return
@@ -294,13 +294,13 @@ class SaveContext:
         try:
             state = reader.read()
         except (StateFileError, OSError) as error:
-            self._warn_once(
+            self.warn_once(
                 f"state:{error}",
                 f"not using the fsprobe state file: {error}; probing inline instead",
             )
             return None
         if state is None:
-            self._warn_once(
+            self.warn_once(
                 f"absent:{reader.path}",
                 f"no fsprobe state file at {reader.path} (no `fsprobe run` on this node?); "
                 "probing inline instead",
@@ -329,7 +329,7 @@ class SaveContext:
             try:
                 report = state.target(target).report
             except StateFileError as error:
-                self._warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
+                self.warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
                 return None
             judged = _Judged(target, judge_need(report.verdict, need_bytes, need_inodes), "state")
             with self._lock:
@@ -342,7 +342,7 @@ class SaveContext:
             since = (
                 f" {format_duration(now - verdict.fresh_until)} ago" if verdict.fresh_until else ""
             )
-            self._warn_once(
+            self.warn_once(
                 f"stale:{judged.directory}",
                 f"the fsprobe state for {judged.directory} went stale{since}: is `fsprobe run` "
                 "still running? probing inline",

@@ -37,7 +37,7 @@ from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.events.emit import report
 from fsprobe.events.event import Failure, SaveEvent
 from fsprobe.redirect.fallback import prepare_directory, redirect_path, remove_mirrored_dirs
-from fsprobe.redirect.manifest import new_entry, record
+from fsprobe.redirect.manifest import UNLOCKED, new_entry, record
 from fsprobe.saving.options import SaveOptions
 from fsprobe.saving.preflight import Decision, SaveContext, default_context
 from fsprobe.units import format_bytes, format_seconds
@@ -510,7 +510,11 @@ class RetryState:
         """
         requested, actual = self.requested, self.destination
         try:
-            record(new_entry(fallback, requested, actual, nbytes, digest_of(actual)))
+            entry = new_entry(fallback, requested, actual, nbytes, digest_of(actual))
+            if not record(entry):
+                self.context.warn_once(
+                    f"unlocked:{entry.area.path}", UNLOCKED.format(entry.area.path)
+                )
         except OSError as error:
             log.error(
                 "save %s: written to %s, but the redirect manifest in %s could not be updated "
