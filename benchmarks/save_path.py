@@ -4,10 +4,12 @@
   file answering): how often the code being run moves from one fsprobe module to another
   (`sys.setprofile`), and through how many modules;
 - **first preflight**: `import fsprobe` and the first `fsprobe.preflight` in a fresh process
-  with a fresh state file (next to it, the interpreter's own start and exit, timed the same
-  way in the same run);
+  with a fresh state file, timed inside it; and a whole process doing only that, timed from
+  outside, minus a bare interpreter's start and exit timed the same way right before it (the
+  median of these paired differences: what a training process pays above Python itself);
 - **redirect decision**: the first `fsprobe.preflight` in a fresh process whose state file says
-  the target is read-only and the fallback healthy: its time, and the child processes started;
+  the target is read-only and the fallback healthy: its time (inside, and above a bare
+  interpreter as above), and the child processes started;
 - **lines** of `fsprobe/saving/`, `report.py` and `state.py`.
 
     python benchmarks/save_path.py [--before /path/to/older/tree] [--runs 7] [--json]
@@ -64,7 +66,8 @@ import psutil
 assert (decision.action, decision.source) == ("proceed", "state"), decision
 print(json.dumps({"seconds": seconds,
                   "modules": len([m for m in sys.modules if m.startswith("fsprobe")]),
-                  "lfs_parsers": sorted(m for m in sys.modules if m.endswith("_parser"))}))
+                  "lfs_parsers": sorted(m for m in sys.modules
+                                      if m.startswith("fsprobe.") and m.endswith("_parser"))}))
 """
 
 _REDIRECT = r"""
@@ -100,6 +103,25 @@ def _run(tree: Path, code: str, *args: str) -> dict:
     return json.loads(done.stdout)
 
 
+#: Only the import and the first preflight: timed from outside, against `_interpreter_start`.
+_ONLY_PREFLIGHT = r"""
+import os, sys, fsprobe
+fsprobe.preflight(os.path.join(sys.argv[1], "model.pt"), state_dir=sys.argv[2],
+                  fallback_dirs=sys.argv[3:])
+"""
+
+
+def _wall(tree: Path, *args: str) -> float:
+    """Seconds for a fresh process to import fsprobe, preflight once and exit, from outside."""
+    environment = {**os.environ, "PYTHONPATH": str(tree)}
+    environment.pop("FSPROBE_FALLBACK_DIRS", None)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", _ONLY_PREFLIGHT, *args], env=environment, cwd=tree, check=True
+    )
+    return time.perf_counter() - start
+
+
 def _interpreter_start() -> float:
     """The baseline: seconds for a fresh interpreter to start and exit, timed from outside."""
     start = time.perf_counter()
@@ -117,7 +139,10 @@ def measure(trees: dict[str, Path], runs: int) -> dict[str, dict]:
     sys.path.insert(0, str(HERE))
     from tests.support.state import daemon_view, publish  # the tree's own helpers
 
-    results: dict[str, dict] = {name: {"first": [], "redirect": [], "python": []} for name in trees}
+    results: dict[str, dict] = {
+        name: {"first": [], "redirect": [], "python": [], "first_above": [], "redirect_above": []}
+        for name in trees
+    }
     with tempfile.TemporaryDirectory(prefix="fsprobe-bench-") as scratch:
         target, fallback = os.path.join(scratch, "ckpt"), os.path.join(scratch, "fallback")
         full, state = os.path.join(scratch, "full"), os.path.join(scratch, "state")
@@ -136,6 +161,12 @@ def measure(trees: dict[str, Path], runs: int) -> dict[str, dict]:
             )
             for name, tree in trees.items():
                 results[name]["python"].append(_interpreter_start())
+                results[name]["first_above"].append(
+                    _wall(tree, target, state) - _interpreter_start()
+                )
+                results[name]["redirect_above"].append(
+                    _wall(tree, full, redirect_state, fallback) - _interpreter_start()
+                )
                 results[name]["first"].append(_run(tree, _FIRST_PREFLIGHT, target, state))
                 results[name]["redirect"].append(
                     _run(tree, _REDIRECT, full, fallback, redirect_state)
@@ -148,9 +179,11 @@ def measure(trees: dict[str, Path], runs: int) -> dict[str, dict]:
             "modules_in_one_save": len(result["switches"]["modules"]),
             "first_preflight_ms": 1e3 * statistics.median(r["seconds"] for r in first),
             "interpreter_start_ms": 1e3 * statistics.median(result["python"]),
+            "first_preflight_above_python_ms": 1e3 * statistics.median(result["first_above"]),
             "fsprobe_modules_loaded": first[-1]["modules"],
             "lfs_parsers_loaded": first[-1]["lfs_parsers"],
             "redirect_ms": 1e3 * statistics.median(r["seconds"] for r in result["redirect"]),
+            "redirect_above_python_ms": 1e3 * statistics.median(result["redirect_above"]),
             "redirect_children": max(r["children"] for r in result["redirect"]),
             "lines": result["lines"],
             "sequence": result["switches"]["sequence"],
