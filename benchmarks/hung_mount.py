@@ -1,6 +1,6 @@
 """A hung mount against a running daemon: how fast it still answers scrapes and stops.
 
-The tests (tests/test_daemon_hung_mount.py) hold the properties: scrapes are answered and
+The tests (tests/daemon/test_daemon_hung_mount.py) hold the properties: scrapes are answered and
 SIGTERM ends the daemon while a `statfs` stays blocked in the kernel. This measures how fast,
 against the same daemon on the same FUSE fault filesystem while the mount is healthy, in one run:
 

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.attacks.test_attack_delegation import HOLD_LOCK, MEDDLE
+from tests.redirect.test_trust_fallback import make_dir, save_as
 from tests.support.users import REPO, LocalUsers, SharedPython, share
-from tests.test_attack_delegation import HOLD_LOCK, MEDDLE
-from tests.test_trust_fallback import make_dir, save_as
 
 USERS = 10
 

@@ -37,10 +37,17 @@ from tests.support.users import LocalUsers, SharedPython, users_problem
 MOUNT_FIXTURES = frozenset({"tmpfs", "faultfs", "faultfs_factory"})
 
 
+#: What makes a test slow by itself: a mount, a second account, a real Prometheus.
+SLOW_FIXTURES = MOUNT_FIXTURES | {"local_users", "shared_python", "prometheus_for"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if MOUNT_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if MOUNT_FIXTURES & fixtures:
             item.add_marker(pytest.mark.mount)
+        if SLOW_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

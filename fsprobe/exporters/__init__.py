@@ -1,5 +1,5 @@
 """What Prometheus sees: metrics built from the daemon's view of each target, and their serving.
 
 `metrics` (the families, as data), `exposition` (the text, encoded once per change), `server`
-with `webconfig` and `auth`, `textfile`. They see views only (tests/test_layout.py).
+with `webconfig` and `auth`, `textfile`. They see views only (tests/package/test_layout.py).
 """

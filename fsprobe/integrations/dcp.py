@@ -1,7 +1,7 @@
 """PyTorch Distributed Checkpoint: every rank's shards and the ``.metadata``, committed once.
 
 `FsprobeWriter`, `save`, `async_save`, `load` (docs/integrations.md). Built on private parts
-of torch 2.13's DCP filesystem writer, pinned by tests/test_integration_dcp.py.
+of torch 2.13's DCP filesystem writer, pinned by tests/integrations/test_integration_dcp.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Every test that needs something from its environment (root, a mount, a command s
 :func:`require` turns a reason into a skip on a developer's machine, or into a failure where
 the environment is part of what is tested (``FSPROBE_REQUIRE_MOUNT_TESTS=1``, as in CI): there
 a missing ``shellcheck`` must not turn a run green by leaving out what it would have checked.
-tests/test_skips_are_central.py makes sure no test skips any other way.
+tests/harness/test_skips_are_central.py makes sure no test skips any other way.
 
 The mount checks try the real thing once per session (a probe mount), because the reasons a
 mount fails in a container are many and only the attempt knows them all.

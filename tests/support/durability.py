@@ -22,7 +22,8 @@ real thing; the journal (:mod:`tests.support.journal`) keeps the order. Use::
 Both check the *last* rename onto the final name and return it, so a test with failed attempts
 before the one that succeeded checks the attempt that counts. The checks themselves are plain
 functions of a list of :class:`Call` (``check_file_published``, ``check_directory_published``),
-so that tests/test_durability_helper.py can show each rule failing on a journal that breaks it.
+so that tests/saving/test_durability_helper.py can show each rule failing on a journal that
+breaks it.
 """
 
 from __future__ import annotations

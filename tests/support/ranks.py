@@ -2,7 +2,7 @@
 
 ::
 
-    ranks = start_ranks("tests.test_save_distributed:two_shards", 2, tmp_path, target=str(t))
+    ranks = start_ranks("tests.saving.test_save_distributed:two_shards", 2, tmp_path, target=str(t))
     results = finish(ranks)          # [RankResult(rank=0, ...), RankResult(rank=1, ...)]
 
 Each rank runs ``python -m tests.support.ranks MODULE:FUNCTION RANK WORLD RENDEZVOUS TIMEOUT

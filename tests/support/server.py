@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.daemon_process import free_port
+from tests.support.daemon_process import free_port
 
 #: Times a server is started on another port when the one that was free a moment ago
 #: has been taken since (an outgoing connection's ephemeral port, say) before it could bind.

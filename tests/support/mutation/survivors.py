@@ -29,7 +29,7 @@ EXPLAINED: dict[str, str] = {
     "fsprobe/probing/statvfs.py probe_statvfs: .f_favail -> .f_ffree in "
     "`files_free=_count(stats.f_favail),`": (
         "equivalent on Linux: the kernel's statfs has no f_favail and glibc's statvfs() copies "
-        "f_ffree into it (tests/test_headroom_reserved.py)"
+        "f_ffree into it (tests/policy/test_headroom_reserved.py)"
     ),
     "fsprobe/saving/file.py _io_failure: or -> and in "
     '`return FailedAttempt.of(stream.first_error, stream.first_error_step or "write")`': (
@@ -48,7 +48,8 @@ EXPLAINED: dict[str, str] = {
     ),
     "fsprobe/probing/write.py _Rehearsal: call deleted in `self.temp.release()`": (
         "equivalent: discard() releases in its own finally, and release is idempotent; the "
-        "probe closes its file either way (tests/test_write_probe_faults.py counts descriptors)"
+        "probe closes its file either way (tests/probing/test_write_probe_faults.py counts "
+        "descriptors)"
     ),
     "fsprobe/redirect/manifest.py is_superseded: > -> >= in "
     "`return original is not None and original.st_mtime > entry.time`": (
@@ -102,8 +103,8 @@ EXPLAINED: dict[str, str] = {
     "fsprobe/posix/staging.py Staging.swap_in: True -> False in `self.published = True`": (
         "equivalent at all three places: `published` only decides whether close() removes the "
         "staging name, and after any publish that name is gone (renamed) or held the replaced "
-        "checkpoint, which publish() removes itself (tests/test_save_dir.py checks both paths "
-        "leave nothing and log nothing)"
+        "checkpoint, which publish() removes itself (tests/saving/test_save_dir.py checks both "
+        "paths leave nothing and log nothing)"
     ),
     "fsprobe/posix/staging.py Staging.swap_in: False -> True in "
     "`os.stat(self.name, dir_fd=self.parent_fd, follow_symlinks=False)`": (

@@ -1,0 +1,363 @@
+"""What reaches a person: the shipped rules in a real Prometheus, the shipped inhibitions and
+route in a real Alertmanager, a webhook in the person's place, and a real `fsprobe run`.
+
+Every `for:` is compressed 60 times (a minute becomes a second), which keeps the order in which
+a path's alerts fire; Alertmanager's group timers become a second. Each scenario waits until the
+notifications are the expected ones and every other alert Prometheus fires for the path is held
+back by an inhibition: from then on nothing more would reach the person. Each notification
+names the path, the cause and the first thing to do.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.events.test_save_events import run_trainer
+from tests.support.alertmanager import Alertmanager, Webhook, compressed_config
+from tests.support.daemon_process import PATIENCE, REPO_ROOT, DaemonProcess, clean_environment
+from tests.support.fakes.fake_lfs import fake_lfs_for
+from tests.support.prometheus import Prometheus
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+RULES = REPO_ROOT / "deploy" / "prometheus" / "fsprobe.rules.yml"
+ALERTMANAGER = REPO_ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+#: The receivers that reach a person (the shipped route sends severity info to "null").
+PERSON = ("fsprobe-pager", "fsprobe-tickets")
+
+DAEMON = """
+[defaults]
+statvfs_interval = 0.5
+write_interval = 1
+deadline = 1
+write_bytes = "4K"
+quota_probe = "never"
+"""
+
+
+def compressed_rules(directory: Path) -> Path:
+    """The shipped rules with every `for:` 60 times shorter (5m -> 5s, 1h -> 60s)."""
+
+    def shorter(match: re.Match) -> str:
+        amount, unit = int(match[2]), match[3]
+        return f"{match[1]}for: {amount * (60 if unit == 'h' else 1)}s"
+
+    text = re.sub(r"^(\s+)for: (\d+)([mh])$", shorter, RULES.read_text(), flags=re.MULTILINE)
+    path = directory / "fsprobe.rules.yml"
+    path.write_text(text)
+    return path
+
+
+Alert = tuple[str, str]  # (alertname, severity)
+
+
+@dataclass
+class Pipeline:
+    daemon: DaemonProcess
+    prometheus: Prometheus
+    alertmanager: Alertmanager
+    webhook: Webhook
+
+    def notified(self, path: str) -> list[tuple[str, dict]]:
+        """Every firing alert of `path` that reached a person, as (receiver, alert), in order."""
+        return [
+            (receiver, alert)
+            for receiver, notification in self.webhook.notifications()
+            if receiver in PERSON
+            for alert in notification["alerts"]
+            if alert["status"] == "firing" and alert["labels"].get("path") == path
+        ]
+
+    def firing(self, path: str) -> set[Alert]:
+        return {
+            (a["labels"]["alertname"], a["labels"]["severity"])
+            for a in self.prometheus.alerts()
+            if a["state"] == "firing" and a["labels"].get("path") == path
+        }
+
+    def held(self, path: str) -> dict[Alert, dict]:
+        """The alerts of `path` Alertmanager holds, with their status."""
+        return {
+            (a["labels"]["alertname"], a["labels"]["severity"]): a["status"]
+            for a in self.alertmanager.alerts()
+            if a["labels"].get("path") == path
+        }
+
+    def settle(self, path: str, expected: list[Alert], inhibited: set[Alert] = frozenset()):
+        """Wait until the notifications of `path` are `expected` (in this order), `inhibited`
+        fires in Prometheus, and Alertmanager holds back every alert it fires beyond
+        `expected`; returns the notified alerts."""
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            notified = self.notified(path)
+            names = [(a["labels"]["alertname"], a["labels"]["severity"]) for _, a in notified]
+            firing, held = self.firing(path), self.held(path)
+            quiet = all(
+                key in held and held[key]["state"] == "suppressed" for key in firing - set(expected)
+            )
+            if names == expected and inhibited <= firing and quiet:
+                print(
+                    f"\n{path}: {len(names)} notification(s) {names}; without the "
+                    f"inhibitions {len(held)}: {sorted(held)}"
+                )
+                return [alert for _, alert in notified]
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"notified {names}, expected {expected}; firing {sorted(firing)}; "
+                    f"Alertmanager {held}"
+                )
+            time.sleep(0.25)
+
+
+@pytest.fixture
+def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
+    """``pipeline(*targets, env=..., settings=...)``: a daemon watching `targets` (each with
+    the TOML lines `settings`), scraped by Prometheus
+    with the shipped rules (compressed), alerting the shipped Alertmanager, notifying a
+    webhook."""
+    started: list[object] = []
+
+    def start(*targets: Path, env: dict[str, str] | None = None, settings: str = "") -> Pipeline:
+        home = tmp_path / "daemon"
+        home.mkdir()
+        config = tmp_path / "fsprobe.toml"
+        config.write_text(
+            DAEMON + "".join(f'[[targets]]\npath = "{t}"\n{settings}' for t in targets)
+        )
+        daemon = DaemonProcess(home, "--config", str(config), env=env or clean_environment())
+        started.append(daemon.start())
+        webhook = Webhook()
+        started.append(webhook)
+        (tmp_path / "alertmanager").mkdir()
+        alertmanager = Alertmanager(
+            tmp_path / "alertmanager", compressed_config(ALERTMANAGER, webhook)
+        )
+        started.append(alertmanager)
+        alertmanager.wait_ready()
+        (tmp_path / "prometheus").mkdir()
+        prometheus = Prometheus(
+            tmp_path / "prometheus",
+            daemon.url.split("//")[1].split("/")[0],
+            [compressed_rules(tmp_path)],
+            alertmanager.address,
+        )
+        started.append(prometheus)
+        prometheus.wait_ready()
+        prometheus.wait_for('up{job="fsprobe"}', 1.0)
+        return Pipeline(daemon, prometheus, alertmanager, webhook)
+
+    yield start
+    for thing in reversed(started):
+        thing.stop()  # type: ignore[attr-defined]
+
+
+def says_what_to_do(alert: dict, path: str, *cause: str) -> None:
+    """The notification names the path, the cause (`cause`: words of its description) and a
+    first action, and links its runbook section and the dashboard."""
+    annotations = alert["annotations"]
+    assert path in annotations["summary"], annotations
+    for word in cause:
+        assert word in annotations["description"], (word, annotations["description"])
+    assert len(annotations["action"].split()) >= 8, annotations
+    name = alert["labels"]["alertname"].lower()
+    assert annotations["runbook_url"].endswith(f"#{name}")
+    assert "/d/fsprobe-overview/" in annotations["dashboard_url"]
+
+
+def _watched(directory: Path, start: Callable[..., Pipeline], **env: str) -> Pipeline:
+    """A pipeline watching `directory` (made here)."""
+    directory.mkdir()
+    return start(directory, env=clean_environment(**env))
+
+
+def fill_to(path: Path, free_ratio: float) -> None:
+    """Write filler files into `path` until about `free_ratio` of it is free."""
+    st = os.statvfs(path)
+    to_write = int(st.f_bavail * st.f_frsize - free_ratio * st.f_blocks * st.f_frsize)
+    filler = path / f"filler-{time.monotonic_ns()}"
+    with open(filler, "wb") as stream:
+        try:
+            while to_write > 0:
+                to_write -= stream.write(bytes(min(to_write, 1 << 20)))
+        except OSError:  # ENOSPC: full is what was asked
+            pass
+
+
+def test_a_full_filesystem_reaches_a_person_as_one_alert_warning_then_critical(
+    tmp_path, tmpfs, pipeline
+):
+    target = tmpfs(size="8M").path
+    run, path = pipeline(target, env=clean_environment(TMPDIR=str(target))), str(target)
+    fill_to(target, 0.06)  # under 10 % left: the warning
+    run.settle(path, [("FsprobeSpaceHeadroomLow", "warning")])
+    fill_to(target, 0.02)  # under 3 %: the critical one (the warning is inhibited)
+    fill_to(target, 0.0)  # full: test writes fail with ENOSPC, filling-up is obvious
+    alerts = run.settle(
+        path,
+        [("FsprobeSpaceHeadroomLow", "warning"), ("FsprobeSpaceHeadroomLow", "critical")],
+        inhibited={("FsprobeWriteProbeFailing", "critical")},
+    )
+    says_what_to_do(alerts[-1], path, "the filesystem", "ENOSPC")
+    assert "delete old checkpoints" in alerts[-1]["annotations"]["action"]
+    receivers = [receiver for receiver, _ in run.notified(path)]
+    assert receivers == ["fsprobe-tickets", "fsprobe-pager"]
+
+
+def test_a_hung_mount_reaches_a_person_as_one_alert(faultfs, pipeline):
+    target = faultfs.mountpoint / "ckpt"
+    run, path = _watched(target, pipeline, TMPDIR=str(faultfs.mountpoint)), str(target)
+    run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 1.0)
+    rule = faultfs.ctl.block("*", path="/ckpt*")
+    try:
+        (alert,) = run.settle(
+            path,
+            [("FsprobeMountStuck", "critical")],
+            inhibited={("FsprobeWriteProbeFailing", "critical")},  # its probe timed out
+        )
+    finally:
+        faultfs.ctl.remove(rule)
+    says_what_to_do(alert, path, f"mount {faultfs.mountpoint}", "device")
+    assert "do not touch the mount" in alert["annotations"]["action"]
+
+
+def test_a_job_that_ended_reaches_nobody(tmp_path, pipeline):
+    """The trainer saved every 0.2 s and exited: its checkpoint is not overdue."""
+    target = tmp_path / "ckpt"
+    run, path = _watched(target, pipeline), str(target)
+    trainer = run_trainer(target, run.daemon.state_dir, "exit")
+    assert trainer.wait(PATIENCE) == 0
+    ended = time.time()
+    run.prometheus.wait_for(f'fsprobe_saves_total{{path="{path}",outcome="ok"}}', 4.0)
+    run.prometheus.wait_for(f'fsprobe_savers{{path="{path}"}}', 0.0)
+    # Had it been expected, it was overdue 3 intervals (0.6 s) after its last save: wait for
+    # the alert rules to be evaluated twice after that on what Prometheus scraped since.
+    deadline = time.monotonic() + PATIENCE
+    while _last_alert_evaluation(run.prometheus) < ended + 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.25)
+    assert run.firing(path) == set()
+    assert run.settle(path, []) == []
+
+
+def _last_alert_evaluation(prometheus: Prometheus) -> float:
+    groups = prometheus.api("/api/v1/rules")["data"]["groups"]
+    (alerts,) = [group for group in groups if group["name"] == "fsprobe.alerts"]
+    stamp = alerts["lastEvaluation"]  # RFC 3339 in UTC, with nanoseconds
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
+    return seconds + float(f"0.{fraction[:6] or 0}")
+
+
+def test_a_live_trainer_that_stopped_saving_reaches_a_person(tmp_path, pipeline):
+    target = tmp_path / "ckpt"
+    run, path = _watched(target, pipeline), str(target)
+    trainer = run_trainer(target, run.daemon.state_dir, "stop")
+    try:
+        assert trainer.stdout.readline() == "saved\n"  # then SIGSTOPped: alive, silent
+        (alert,) = run.settle(path, [("FsprobeCheckpointOverdue", "critical")])
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    says_what_to_do(alert, path, "it is saved about every")
+    assert "py-spy" in alert["annotations"]["action"]
+
+
+SAVER = """
+import sys
+import fsprobe
+from fsprobe.saving.options import Backoff
+target, fallback = sys.argv[1], sys.argv[2:]
+try:
+    fsprobe.atomic_write(
+        target + "/step-7.pt", lambda f: f.write(b"x" * 4096), attempts=2,
+        backoff=Backoff(sleep=lambda seconds: None), fallback_dirs=fallback,
+    )
+    print("saved", flush=True)
+except OSError as error:
+    print("failed", error.errno, flush=True)
+"""
+
+
+def _save_once(target: Path, state_dir: Path, *fallback: Path) -> str:
+    import subprocess
+    import sys
+
+    env = clean_environment(FSPROBE_STATE_DIR=str(state_dir))
+    done = subprocess.run(
+        [sys.executable, "-c", SAVER, str(target), *map(str, fallback)],
+        env=env, capture_output=True, text=True, timeout=PATIENCE, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_a_failed_save_reaches_a_person_with_file_user_errno_and_fallback(faultfs, pipeline):
+    target = faultfs.mountpoint / "ckpt"
+    run, path = _watched(target, pipeline, TMPDIR=str(faultfs.mountpoint)), str(target)
+    run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 1.0)
+    faultfs.ctl.fail("write", "EIO", path="/ckpt/*step-7*", times=None)
+    assert _save_once(target, run.daemon.state_dir).startswith("failed")
+    (alert,) = run.settle(path, [("FsprobeSaveFailed", "critical")])
+    says_what_to_do(
+        alert, path, f"{target}/step-7.pt", f"uid {os.getuid()}", "EIO", "fallback none"
+    )
+
+
+def test_a_redirected_save_reaches_a_person_with_where_it_landed(tmp_path, faultfs, pipeline):
+    target = faultfs.mountpoint / "ckpt"
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    run, path = _watched(target, pipeline, TMPDIR=str(faultfs.mountpoint)), str(target)
+    run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 1.0)
+    faultfs.ctl.fail("write", "ENOSPC", path="/ckpt/*step-7*", times=None)
+    assert _save_once(target, run.daemon.state_dir, fallback) == "saved"
+    # The daemon was never told of this fallback: the save's event said where it landed.
+    run.prometheus.wait_for(f'fsprobe_redirected_pending_bytes{{path="{path}"}}', 4096.0)
+    (alert,) = run.settle(path, [("FsprobeSaveRedirected", "warning")])
+    says_what_to_do(alert, path, f"{target}/step-7.pt", "ENOSPC", f"landed ({fallback}")
+    assert "fsprobe sync" in alert["annotations"]["action"]
+
+
+@pytest.fixture
+def fake_lfs(monkeypatch, tmp_path):
+    yield from fake_lfs_for(monkeypatch, tmp_path)
+
+
+def test_a_lost_lustre_target_reaches_a_person_once_naming_the_target(faultfs, fake_lfs, pipeline):
+    """The node loses OST0001 (the fake `lctl` prints DISCONN): one notification names the
+    target and the path; the failing test writes it causes are held back."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    fake_lfs.configure(control=faultfs.ctl.socket_path, imports={"targets": {}})
+    lustre = {name: os.environ[name] for name in ("FSPROBE_LFS", "FSPROBE_LCTL", "PATH")}
+    lustre.update(
+        {k: v for k, v in os.environ.items() if k.startswith(("FAKE_LFS_", "FAKE_LCTL_"))}
+    )
+    run = pipeline(
+        target,
+        env=clean_environment(TMPDIR=str(faultfs.mountpoint), **lustre),
+        settings='quota_provider = "lfs"\nimports_interval = 0.5\n',  # as often as statvfs
+    )
+    path = str(target)
+    run.prometheus.wait_for(
+        f'fsprobe_lustre_target_connected{{path="{path}",target="lustre-OST0001"}}', 1.0
+    )
+    now = int(time.time())
+    lost = {"state": "DISCONN", "history": [[now - 3600, "FULL"], [now, "DISCONN"]]}
+    fake_lfs.configure(control=faultfs.ctl.socket_path, imports={"targets": {"OST0001": lost}})
+    faultfs.ctl.fail("write", "EIO", path="/ckpt/*", times=None)  # what the lost OST does to writes
+    (alert,) = run.settle(
+        path,
+        [("FsprobeLustreTargetDisconnected", "warning")],
+        inhibited={("FsprobeWriteProbeFailing", "critical")},
+    )
+    says_what_to_do(alert, path, "lustre-OST0001")
+    assert "lctl get_param" in alert["annotations"]["action"]
