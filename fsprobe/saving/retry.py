@@ -22,6 +22,7 @@ whatever kind of save it is, so that `fsprobe sync` finds it.
 from __future__ import annotations
 
 import difflib
+import errno as errno_module
 import functools
 import itertools
 import logging
@@ -138,6 +139,15 @@ _TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "PytorchStreamWr
 FULL_BELOW_BYTES = 1024 * 1024
 FULL_TIMEOUT = 10.0
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+#: How torch's archive writer (caffe2/serialize/inline_container.cc) says that it could not
+#: open the file it writes, its only trace of the errno: ``RuntimeError("[enforce fail at
+#: inline_container.cc:747] . open file failed with strerror: No space left on device")``,
+#: what `torch.save(obj, path)` raises when the filesystem has no inode left.
+_TORCH_OPEN_FAILURE = re.compile(
+    r"open file failed (?:with strerror: (?P<text>[^\n]+)|because of errno (?P<code>\d+))"
+)
+#: The errno of each strerror text of this C library (what torch printed).
+_ERRNO_OF_TEXT = {os.strerror(code): code for code in sorted(errno_module.errorcode, reverse=True)}
 
 
 #: What ends a save at once, whatever a writer wrapped it in: Ctrl-C, `sys.exit` (a job's
@@ -194,7 +204,8 @@ def failure_of(
     with `where` (the directory written into, its partial files still there), a failure
     without errno on a filesystem that has no room left now counts as ENOSPC: redirected, not
     retried into the same full target (asked in `context`'s probe runner). A full quota
-    cannot be told this way.
+    cannot be told this way. A file torch could not open (no inode left, a read-only mount)
+    is said in its message as the errno's strerror text: that errno counts.
 
     An interrupt in the chain (`interrupt_in`) is no failure of the filesystem: it is raised
     here, the original KeyboardInterrupt or SystemExit, to end the save.
@@ -212,6 +223,11 @@ def failure_of(
     rust = _RUST_OS_ERROR.search(str(error))
     if rust is not None:
         return FailedAttempt(errno_name(int(rust[1])), step, str(error))
+    torch_open = _TORCH_OPEN_FAILURE.search(str(error)) if isinstance(error, RuntimeError) else None
+    if torch_open is not None:
+        text, code = torch_open["text"], torch_open["code"]
+        found = int(code) if code else _ERRNO_OF_TEXT.get(text.strip())
+        return FailedAttempt(errno_name(found), step, str(error))
     return None
 
 

@@ -322,6 +322,32 @@ def test_checkpoints_that_do_not_fit_are_redirected_whole_and_a_resume_finds_the
     assert last_checkpoint(output, fallback_dirs=[fallback]).endswith("checkpoint-4")
 
 
+@pytest.mark.parametrize("inodes", [15, 18])
+def test_a_checkpoint_torch_cannot_open_for_want_of_inodes_is_redirected(
+    tmpfs, tmp_path, caplog, inodes
+):
+    """With the second checkpoint's inodes running out at a file torch.save opens itself
+    (training_args.bin, optimizer.pt...), torch raises RuntimeError("... open file failed with
+    strerror: No space left on device"), no errno: the unprotected Trainer dies of it, the
+    protected one redirects the checkpoint (it died of it too: not an I/O failure)."""
+    with pytest.raises(RuntimeError, match="open file failed with strerror: No space left"):
+        tiny_trainer(tmpfs(size="4M", nr_inodes=inodes).path / "run").train()
+
+    output = tmpfs(size="4M", nr_inodes=inodes).path / "run"
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    trainer = protect(tiny_trainer(output), fallback_dirs=[fallback], backoff=quick())
+    with caplog.at_level(logging.WARNING, logger="fsprobe.save"):
+        trainer.train()
+    results = protected_results(trainer)
+    assert [r.redirected for r in results] == [False, True, True]
+    assert results[1].errors == ("ENOSPC",)
+    assert "ENOSPC (capacity): [enforce fail" in caplog.text
+    assert "open file failed with strerror: No space left on device" in caplog.text
+    for result in results[1:]:
+        assert_complete_and_loads(Path(result.path), int(result.path.rsplit("-", 1)[1]))
+
+
 def test_last_checkpoint_is_the_newest_at_the_output_dir_without_redirects(tmp_path):
     assert last_checkpoint(tmp_path / "nothing-yet") is None
     trainer = protect(tiny_trainer(tmp_path / "run", max_steps=2))

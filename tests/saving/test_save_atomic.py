@@ -207,6 +207,15 @@ def test_torch_secondary_error_is_seen_through_to_the_errno(tmp_path):
         (RuntimeError("[enforce fail at inline_container.cc:672] . file write failed"), "EUNKNOWN"),
         # safetensors (Rust): an exception of its own, the errno only in its message
         (Exception("Error while serializing: I/O error: Input/output error (os error 5)"), "EIO"),
+        # torch given a path it cannot open (torch 2.x inline_container.cc): the strerror text
+        (
+            RuntimeError(
+                "[enforce fail at inline_container.cc:747] . open file failed with strerror: "
+                "Input/output error"
+            ),
+            "EIO",
+        ),
+        (RuntimeError("open file failed because of errno 5 on fopen: x, file path: y"), "EIO"),
     ],
 )
 def test_a_write_failure_without_an_oserror_is_retried_as_what_it_says(
