@@ -28,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from fsprobe.lustre.caches import LustreCaches  # noqa: E402
 from fsprobe.lustre.imports import parse_states  # noqa: E402
 from fsprobe.lustre.runner import run_lfs  # noqa: E402
 from fsprobe.probing.imports import probe_imports  # noqa: E402
@@ -77,12 +78,15 @@ def main() -> None:
         true = shutil.which("true") or "/bin/true"
         text = lctl_text(args.osts)
         assert len(parse_states(text)[("lustre", INSTANCE)]) == args.osts + 1
-        assert probe_imports(str(root), settings)
+        caches = LustreCaches()  # as the worker keeps them across rounds
+        assert probe_imports(str(root), settings, caches=caches)
         statvfs = median_seconds(lambda: os.statvfs(root), args.rounds * 20)
         costs = {
             "run": median_seconds(lambda: run_lfs((), binary=true, timeout=10.0), args.rounds),
             "parse": median_seconds(lambda: parse_states(text), args.rounds),
-            "probe": median_seconds(lambda: probe_imports(str(root), settings), args.rounds),
+            "probe": median_seconds(
+                lambda: probe_imports(str(root), settings, caches=caches), args.rounds
+            ),
         }
     targets = args.osts + 1
     print(f"os.statvfs: {statvfs * 1e6:.1f} µs (median of {args.rounds * 20})")

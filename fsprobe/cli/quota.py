@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -14,8 +13,8 @@ from fsprobe.cli.render_quota import as_json, render
 from fsprobe.model import ProbeResult
 from fsprobe.posix.paths import escaped
 from fsprobe.probing.plan import LFS_KILL_SLACK
-from fsprobe.probing.quota import QuotaLookup, lookup_quota
-from fsprobe.probing.runner import ProbeRunner
+from fsprobe.probing.quota import QuotaLookup
+from fsprobe.probing.runner import ProbeCall, ProbeRunner
 from fsprobe.probing.worker import ProcessExecutor
 from fsprobe.quota import ServerProbeSettings
 
@@ -33,7 +32,7 @@ def _lookup_in_worker(path: str, settings: ServerProbeSettings) -> ProbeResult:
         run = ProbeRunner(executor).submit(
             os.path.abspath(path),
             "quota",
-            functools.partial(lookup_quota, path, settings),
+            ProbeCall("quota_lookup", (path, settings)),
             settings.timeout + LFS_KILL_SLACK,
         )
         return run.result()

@@ -14,18 +14,9 @@ from fsprobe.quota.provider import IdOutcome
 @dataclass(frozen=True)
 class LustreCaches:
     """The `lfs df` tables, the `lfs quota` rows and the placements, shared by every target
-    whose probes are handed this object (one `lfs` call per filesystem and ID per interval)."""
+    whose probes are handed this object (one `lfs` call per filesystem and ID per interval).
+    Where probes run builds one: the worker's `main`, each `ThreadExecutor`."""
 
     df: SingleFlight[tuple[LustreTarget, ...] | ProbeFailure] = field(default_factory=SingleFlight)
     quota: SingleFlight[IdOutcome] = field(default_factory=SingleFlight)
     placements: Placements = field(default_factory=Placements)
-
-
-_PROCESS = LustreCaches()
-
-
-def process_caches() -> LustreCaches:
-    """The caches of this process, which the probes use unless handed others: a probe reaches
-    the worker process as a pickled function and runs in a thread of it, and all those threads
-    must share one (docs/design.md §7, "What stays per process")."""
-    return _PROCESS

@@ -7,7 +7,7 @@ judges the OSTs that the `lfs df` probe marks as reached by the layout.
 
 from __future__ import annotations
 
-from fsprobe.lustre.caches import LustreCaches, process_caches
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.lustre.df import lfs_df_applies
 from fsprobe.lustre.imports import lctl_binary, own_mount, read_states
 from fsprobe.lustre.pools import fsname_from_mount
@@ -19,10 +19,10 @@ from fsprobe.quota.settings import ServerProbeSettings
 
 
 def probe_imports(
-    target: str, settings: ServerProbeSettings, caches: LustreCaches | None = None
+    target: str, settings: ServerProbeSettings, *, caches: LustreCaches
 ) -> tuple[LustreImport, ...] | None:
     """The import of every MDT and OST of the target's mount; None when not on Lustre.
-    The `lfs getname` answer is kept in `caches` (default: `process_caches()`).
+    The `lfs getname` answer is kept in `caches`.
 
     Raises ProbeFailure (ENOENT for a missing `lctl`, or a missing `lfs` where it is needed, the
     errno name of an exit status, TIMEOUT, E2BIG, PARSE, ENODEV) when they cannot be read.
@@ -38,6 +38,5 @@ def probe_imports(
     except ValueError:  # several mounts of the filesystem: ask which one is the target's
         binary = lfs_binary(settings.lfs)
         ttl = max(settings.cache_seconds, settings.timeout)
-        placements = (caches or process_caches()).placements
-        fsname, instance = placements.instance(directory, mount, binary, ttl, deadline)
+        fsname, instance = caches.placements.instance(directory, mount, binary, ttl, deadline)
         return own_mount(mounts, fsname, instance)

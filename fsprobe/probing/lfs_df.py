@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsprobe.errors import ProbeFailure
-from fsprobe.lustre.caches import LustreCaches, process_caches
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.lustre.df import lfs_df_applies, read_targets
 from fsprobe.lustre.runner import lfs_binary
 from fsprobe.model import LustreTarget
@@ -13,10 +13,10 @@ from fsprobe.quota.settings import ServerProbeSettings
 
 
 def probe_lfs_df(
-    target: str, settings: ServerProbeSettings, caches: LustreCaches | None = None
+    target: str, settings: ServerProbeSettings, *, caches: LustreCaches
 ) -> tuple[LustreTarget, ...] | None:
     """Every MDT and OST of the target's filesystem; None when `lfs df` does not apply.
-    Answers are kept in `caches` (default: `process_caches()`).
+    Answers are kept in `caches`.
 
     Raises ProbeFailure (ENOENT for a missing `lfs`, the errno name of the exit status, TIMEOUT,
     E2BIG, PARSE) when the tables cannot be read. Targets that lfs could not ask are included with
@@ -27,7 +27,6 @@ def probe_lfs_df(
         return None
     deadline = Deadline.after(settings.timeout)
     binary = lfs_binary(settings.lfs)
-    caches = caches or process_caches()
     caches.placements.check_supported(binary, deadline)
     targets = read_targets(directory, mount, binary, settings, deadline, caches.df)
     try:

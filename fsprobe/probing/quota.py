@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsprobe.lustre.caches import LustreCaches, process_caches
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.lustre.provider import LustreQuotaProvider
 from fsprobe.model import Mount, QuotaReport
 from fsprobe.posix.identity import Identity
@@ -63,12 +63,13 @@ def lookup_quota(
     target: str,
     settings: ServerProbeSettings,
     probe_as: str = OWNER,
-    caches: LustreCaches | None = None,
+    *,
+    caches: LustreCaches,
 ) -> QuotaLookup:
     """Read the quota of `target`; raises as `probe_quota` does when nothing could be read.
-    Answers are kept in `caches` (default: `process_caches()`)."""
+    Answers are kept in `caches`."""
     directory, mount, identity = locate(target, probe_as)
-    provider = select_provider(settings, mount, caches or process_caches())
+    provider = select_provider(settings, mount, caches)
     if provider is None:
         return QuotaLookup(target, directory, mount, None, None)
     deadline = Deadline.after(settings.timeout)
@@ -90,7 +91,8 @@ def probe_quota(
     target: str,
     settings: ServerProbeSettings,
     probe_as: str = OWNER,
-    caches: LustreCaches | None = None,
+    *,
+    caches: LustreCaches,
 ) -> QuotaReport | None:
     """The quota report of `target`; None when no provider applies.
 
@@ -99,4 +101,4 @@ def probe_quota(
     the target itself cannot be reached. A partial result is returned with `errors` (and
     `inaccurate`) set.
     """
-    return lookup_quota(target, settings, probe_as, caches).report
+    return lookup_quota(target, settings, probe_as, caches=caches).report

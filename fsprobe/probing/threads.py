@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.probing.probes import bound
 from fsprobe.probing.runner import ProbeRunner, Work, timed_call
 from fsprobe.probing.worker import share_runner
@@ -16,13 +17,17 @@ class ThreadExecutor:
     Cheap, and enough where nothing has to exit while a mount hangs (tests, short-lived
     helpers); a thread stuck in the kernel keeps its process from exiting, which is why the
     CLI, the daemon and the save hook use `fsprobe.probing.worker.ProcessExecutor` instead.
+    Its probes share `caches` (a new `LustreCaches` unless given).
     """
+
+    def __init__(self, caches: LustreCaches | None = None) -> None:
+        self.caches = caches or LustreCaches()
 
     def submit(self, probe: str, work: Work) -> Future:
         future: Future = Future()
 
         def run() -> None:
-            future.set_result(timed_call(probe, bound(work)))
+            future.set_result(timed_call(probe, bound(work, self.caches)))
 
         threading.Thread(target=run, name=f"fsprobe-{probe}", daemon=True).start()
         return future

@@ -9,17 +9,18 @@ import socket
 import threading
 from typing import Any, cast
 
+from fsprobe.lustre.caches import LustreCaches
 from fsprobe.posix import children
 from fsprobe.probing.probes import bound
 from fsprobe.probing.runner import Work, timed_call
 from fsprobe.probing.worker import Channel
 
 
-def _serve(connection: Channel) -> None:
+def _serve(connection: Channel, caches: LustreCaches) -> None:
     send_lock = threading.Lock()
 
     def run(job: int, probe: str, work: Work) -> None:
-        result = timed_call(probe, bound(work))
+        result = timed_call(probe, bound(work, caches))
         with send_lock:
             connection.send((job, result))
 
@@ -40,5 +41,7 @@ def main(argv: list[str]) -> None:
     # first, and the parent would report a worker lost before it stops itself. Caught, not
     # ignored: an `lfs` it starts gets the default back at exec.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    _serve(Channel(socket.socket(fileno=int(argv[0]))))
+    # One for the worker's life, shared by every probe thread: one `lfs` call per filesystem
+    # and ID per interval, however many targets and callers ask (docs/design.md §7).
+    _serve(Channel(socket.socket(fileno=int(argv[0]))), LustreCaches())
     os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer

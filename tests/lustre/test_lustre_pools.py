@@ -256,17 +256,17 @@ def test_a_plain_layout_without_a_pool_takes_the_roots_pool(faultfs, fake_lfs: F
     state = world(faultfs.mountpoint, full=(4,), layouts=layouts)
     fake_lfs.configure(state=state)
     settings = ServerProbeSettings(provider="lfs")
-    targets = probe_lfs_df(str(ckpt), settings, LustreCaches())
+    targets = probe_lfs_df(str(ckpt), settings, caches=LustreCaches())
     assert targets is not None
     assert {t.name for t in targets if t.kind == "OST" and t.in_layout} == {
         "lustre-OST0000", "lustre-OST0001",
     }  # fmt: skip
     fake_lfs.configure(state={**state, "layouts": {str(ckpt): {"stripe_count": 4}}})
-    targets = probe_lfs_df(str(ckpt), settings, LustreCaches())  # the root has no pool: any OST
+    # the root has no pool: any OST
+    targets = probe_lfs_df(str(ckpt), settings, caches=LustreCaches())
     assert targets is not None and all(t.in_layout for t in targets)
     composite = [{"end": 1048576}, {"end": "EOF"}]
     fake_lfs.configure(state={**state, "layouts": {**layouts, str(ckpt): composite}})
-    targets = probe_lfs_df(
-        str(ckpt), settings, LustreCaches()
-    )  # a composite default is taken as it is
+    # a composite default is taken as it is
+    targets = probe_lfs_df(str(ckpt), settings, caches=LustreCaches())
     assert targets is not None and all(t.in_layout for t in targets)
