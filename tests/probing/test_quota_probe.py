@@ -17,6 +17,8 @@ from fsprobe.lustre.caches import LustreCaches
 from fsprobe.model import QuotaState
 from fsprobe.probing.lfs_df import probe_lfs_df
 from fsprobe.probing.quota import probe_quota
+from fsprobe.probing.runner import ProbeCall, ProbeRunner
+from fsprobe.probing.threads import ThreadExecutor
 from fsprobe.quota import ServerProbeSettings
 from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for, is_fake_process
 
@@ -147,6 +149,29 @@ def test_results_are_cached_for_cache_seconds(
     uncached = ServerProbeSettings(provider="lfs", user=1000, group=1000)
     probe_quota(str(tmp_path), uncached, caches=caches)
     assert len(fake_lfs.quota_calls()) == 4
+
+
+def test_the_probes_of_one_executor_share_its_caches_and_another_has_its_own(
+    tmp_path: Path, fake_lfs: FakeLfs, caches: LustreCaches
+):
+    """Named probes are handed the caches of where they run: two targets of one filesystem
+    through one executor ask `lfs quota` once per ID; a new executor asks again."""
+    fake_lfs.configure(state={"mountpoint": str(tmp_path)})
+    cached = ServerProbeSettings(provider="lfs", user=1000, group=1000, cache_seconds=300)
+
+    def probe(executor: ThreadExecutor, target: Path) -> None:
+        call = ProbeCall("quota", (str(target), cached))
+        result = ProbeRunner(executor).submit(str(target), "quota", call, 60).result()
+        assert result.ok, result
+
+    shared = ThreadExecutor(caches)
+    probe(shared, tmp_path / "a")
+    probe(shared, tmp_path / "b")
+    assert len(fake_lfs.quota_calls()) == 2  # user and group, once for both targets
+    probe(ThreadExecutor(), tmp_path / "a")
+    assert len(fake_lfs.quota_calls()) == 4  # its own caches: asked again
+    probe(ThreadExecutor(caches), tmp_path / "b")
+    assert len(fake_lfs.quota_calls()) == 4  # handed the first one's: nothing new asked
 
 
 def test_partial_result_names_what_failed(tmp_path: Path, fake_lfs: FakeLfs, caches: LustreCaches):
