@@ -32,5 +32,7 @@ def probe_tmpdir(
     tmpdir = current_tmpdir(environ)
     with open_target(target, probe_as) as directory:
         same_device = os.stat(tmpdir).st_dev == os.fstat(directory.fd).st_dev
+    if same_device:  # its room is the target's, which statvfs measures: no second statfs there
+        return TmpdirInfo(tmpdir, same_device)
     room = os.statvfs(tmpdir)
     return TmpdirInfo(tmpdir, same_device, free_bytes=room.f_bavail * room.f_frsize)

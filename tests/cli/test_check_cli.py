@@ -64,9 +64,8 @@ def test_json_has_every_documented_key(same_fs_tmpdir):
     assert report["quota"] is None and report["lustre_targets"] is None
     assert report["write_probe"]["ok"] is True
     assert set(report["write_probe"]["latency_seconds"]) >= {"create", "write", "fsync", "total"}
-    free = report["tmpdir"]["free_bytes"]
-    assert isinstance(free, int) and free > 0
-    expected = {"path": str(same_fs_tmpdir), "same_device": True, "free_bytes": free}
+    # On the target's filesystem its room is the target's (statvfs), not measured again.
+    expected = {"path": str(same_fs_tmpdir), "same_device": True, "free_bytes": None}
     assert report["tmpdir"] == expected
 
 
