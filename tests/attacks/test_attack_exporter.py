@@ -14,9 +14,12 @@ import time
 from collections.abc import Iterator
 
 import bcrypt
+import pytest
 
 from tests.exporters.test_exporter_web import basic
 from tests.support.daemon_process import DaemonProcess, clean_environment
+
+pytestmark = pytest.mark.slow  # a bcrypt flood: the full run only
 
 #: A realistic bcrypt cost: Prometheus' docs suggest 10 or more; `htpasswd -B` makes 5..17.
 ROUNDS = 12

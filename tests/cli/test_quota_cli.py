@@ -15,6 +15,8 @@ from fsprobe.probing.mounts import find_mount, nearest_existing
 from tests.support.cli import cli_runner
 from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for
 
+pytestmark = pytest.mark.slow  # the CLI and the fake lfs as processes: the full run only
+
 NOW = 1_700_000_000
 GIB = 2**30
 JSON_KEYS = {"path", "mountpoint", "provider", "quota", "inaccurate", "errors", "notes"}

@@ -15,6 +15,8 @@ from fsprobe.state import StateReader
 from tests.support.capability import ipv6_problem, require
 from tests.support.daemon_process import DaemonProcess, clean_environment, fast_config, run_fsprobe
 
+pytestmark = pytest.mark.slow  # daemons: the full run only
+
 
 def target_dir(tmp_path: Path, name: str) -> Path:
     path = tmp_path / name

@@ -20,6 +20,8 @@ from fsprobe.state import LOCK_FILE, StateDirBusy, StateReader, WriterLock, writ
 from tests.support.capability import require
 from tests.support.daemon_process import DaemonProcess, clean_environment, fast_config, run_fsprobe
 
+pytestmark = pytest.mark.slow  # daemons: the full run only
+
 NOBODY = 65534
 
 

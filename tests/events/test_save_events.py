@@ -37,6 +37,8 @@ from tests.support.daemon_process import REPO_ROOT, DaemonProcess, clean_environ
 from tests.support.ranks import run_ranks
 from tests.support.users import share
 
+pytestmark = pytest.mark.slow  # trainers and a daemon: the full run only
+
 HERE = "tests.events.test_save_events"
 RULES = REPO_ROOT / "deploy" / "prometheus" / "fsprobe.rules.yml"
 NO_WAIT = Backoff(sleep=lambda seconds: None)

@@ -20,6 +20,8 @@ from fsprobe.exporters.webconfig import WebConfig
 from tests.support.capability import open_files
 from tests.support.daemon_process import DaemonProcess
 
+pytestmark = pytest.mark.slow  # slow and flooding clients: the full run only
+
 SLOW_CLIENTS = 1500
 BURST = 500
 

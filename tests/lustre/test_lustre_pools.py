@@ -24,6 +24,8 @@ from fsprobe.probing.quota import probe_quota
 from fsprobe.quota import ServerProbeSettings
 from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for
 
+pytestmark = pytest.mark.slow  # the fake lfs and the CLI as processes: the full run only
+
 GIB_KIB = 2**20  # a GiB in the KiB that lfs df counts in
 UID = 1000
 AS_USER = ["--user", str(UID), "--group", str(UID), "--no-write-probe"]
