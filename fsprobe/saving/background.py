@@ -1,11 +1,5 @@
-"""`fsprobe.save_async()` and `fsprobe.wait_saves()`: checkpoints written in the background.
-
-The training thread pays for a snapshot only (`fsprobe.saving.cpu_copy`: the tensors copied to
-CPU memory, so that the optimizer's next in-place update cannot reach the checkpoint); the save
-itself, exactly as `fsprobe.save` makes it, runs on the context's writer threads
-(`fsprobe.saving.writers`: one save per destination at a time and in order, bounded memory,
-nothing lost silently, interpreter exit waits; docs/saving.md says why). Ctrl-C while
-waiting for them, or that ends the process, ends them too (`BackgroundSaves.interrupt`).
+"""`fsprobe.save_async()` and `fsprobe.wait_saves()`: a snapshot in the training thread
+(`cpu_copy`), the save itself on the context's writers (`writers`); docs/saving.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
-"""A consistent copy of a checkpoint object, taken so that it can be written while training goes on.
-
-A background save must write the checkpoint as it was when the save was asked for: the optimizer
-updates the weights in place a moment later, and without a copy the file would hold some tensors
-from before that step and some from after. So `cpu_copy` copies every tensor into fresh CPU
-memory and rebuilds the containers around the copies. The copy is made to be exactly what
-`torch.save` would have written from the original:
-
-- tensors are copied by storage, not one by one: two tensors that share a storage (tied
-  weights, a view of a buffer) share the copied one, with the same offset, size and stride, so
-  the file holds each storage once, as it would, and loads with the same sharing;
-- an object met twice (the same tensor under two keys) is copied once, so pickle's memo sees
-  the same sharing;
-- dicts keep their type and attributes (``state_dict()`` returns an ``OrderedDict`` whose
-  ``_metadata`` is saved too), lists and tuples (named ones too) their type;
-- ``nn.Parameter`` stays a parameter, ``requires_grad`` is kept.
-
-Tensors on an accelerator are copied to CPU memory: the checkpoint then holds CPU tensors, as a
-checkpoint staged for a background write must (device memory is the scarcest there is), and
-loads onto the CPU unless ``torch.load`` is given a ``map_location``. Tensors that are not plain
-dense ones (sparse, quantized, nested, conjugate views, subclasses, tensors with Python
-attributes) and objects that are neither containers nor immutable values are deep-copied
-(``copy.deepcopy``): still a consistent snapshot, on the device where they are.
-
-torch is imported when a snapshot is taken, never when this module is: `fsprobe.wait_saves`
-loads this package without needing torch.
+"""A snapshot of a checkpoint object, tensors copied to CPU memory, that `torch.save` writes
+exactly as it would the original (sharing, types, attributes kept): docs/design.md §7, "A
+background save's snapshot". torch is imported when a snapshot is taken, not with this module.
 """
 
 from __future__ import annotations

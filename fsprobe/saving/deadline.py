@@ -1,19 +1,6 @@
-"""A deadline for one attempt of a save (`save_timeout`): past it, the attempt is abandoned.
-
-A filesystem can hold a write or an fsync in the kernel for minutes (a hung NFS server, a Lustre
-client waiting for an evicted lock); the thread in that call sleeps uninterruptibly and no
-signal ends it. The preflight is bounded, but once writing starts nothing was: the trainer sat
-in D state for as long as the filesystem pleased. So with a deadline, an attempt runs in a
-thread of its own and the save waits for it at most `timeout` seconds. Past that the attempt
-is abandoned: the save goes on (to a fallback, or it fails with ``TIMEOUT``) and the stuck
-thread is left behind, logged with the step it is stuck in. Should that thread ever come back,
-it sees that it was abandoned and publishes nothing: the save has moved on without it, and a
-late rename must not replace what the save did since; nor does it write on (its file object
-checks at every write).
-
-An interrupt (Ctrl-C, `sys.exit` in a signal handler) reaches the thread that waits, not the
-attempt's: it abandons the attempt and removes what the attempt made (`Progress.made`) before
-it is raised on, so that nothing is left behind when it ends the process.
+"""`save_timeout`: an attempt runs in a thread of its own and is abandoned past its deadline;
+an abandoned attempt publishes nothing and writes no more, and an interrupt removes what it
+made (docs/design.md §7, "Abandoning an attempt").
 """
 
 from __future__ import annotations

@@ -1,18 +1,5 @@
-"""`fsprobe.save_dir()`: a checkpoint directory, committed whole or not at all.
-
-Hugging Face writes ``checkpoint-N/``, DCP a directory of shards and a ``.metadata``: a
-checkpoint that is many files. One attempt (docs/design.md §7): remove the leftovers of crashed
-saves; create a hidden staging directory beside the destination (same filesystem, named like a temp
-file so that no checkpoint glob matches it); let `write(staging_dir)` fill it; fsync every file
-and then every directory in it, bottom up; put it in place with one rename (`fsprobe.posix.swap`:
-an existing checkpoint of the same name is replaced only now, when the new one is complete);
-fsync the parent directory; remove the old checkpoint. A failure at any step removes the staging
-directory and leaves the previous checkpoint as it was; the retries and redirects around the
-attempts are those of every save (`fsprobe.saving.retry`).
-
-While `write` fills it, the staging directory is closed to everyone but its owner (even with a
-group-writable umask), so that nothing another user plants can become part of the checkpoint;
-it gets the mode a plain `mkdir` would have given it when it is published.
+"""`fsprobe.save_dir()`: a checkpoint directory, committed whole or not at all, through a
+staging directory beside it (`fsprobe.posix.staging`); one attempt is docs/design.md §7.
 """
 
 from __future__ import annotations

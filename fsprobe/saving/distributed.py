@@ -1,29 +1,6 @@
-"""A checkpoint directory that every rank of a job writes part of, committed once for all.
-
-Every rank calls `save_dir` with the same path; rank 0 of the process group coordinates. Per
-save, then per attempt (docs/design.md §7, "One decision for all ranks"):
-
-1. every rank's `need_bytes` is gathered and summed; the coordinator runs the one preflight,
-   so the whole checkpoint goes to the target or to one fallback, never split between them;
-2. the coordinator cleans up after crashed saves and makes the staging directory, and
-   broadcasts where it is;
-3. every rank runs `write(staging_dir)` and fsyncs the files it wrote (a rank's fsync is what
-   makes its own writes durable on a distributed filesystem), within `save_timeout` if given
-   (`fsprobe.saving.deadline`): a rank held longer abandons its part and reports ``TIMEOUT``;
-4. every rank's outcome is gathered on the coordinator: all succeeded, so it fsyncs the
-   directories, publishes the staging directory with one rename and fsyncs the parent; any
-   rank failed, so it removes the staging directory and takes the retry decision for all
-   (`RetryState.failed`: the same errno classes, backoff and redirects as any save);
-5. the coordinator broadcasts the result, the error, or (implicitly, by starting over) the
-   next attempt.
-
-Collectives and timeouts: the collectives are those of `torch.distributed` on the group's own
-backend and obey its timeout (``init_process_group(timeout=...)``). A rank that dies closes
-its connections, so the others fail at the next collective (with gloo, at once); a rank that
-hangs (a write stuck on a dead mount) makes the others fail once the timeout passes. Either
-way every surviving rank raises `SaveError` (errno ``ECONNABORTED``, step ``collective``), and
-nothing is published: the previous checkpoint stays, and the staging directory left behind is
-removed by the next save (the crashed-save rule). The group cannot be used after that.
+"""A checkpoint directory that every rank of a job writes part of, committed once for all:
+rank 0 runs the one preflight and the one loop, every rank writes and fsyncs its part
+(docs/design.md §7, "One loop for every kind of save" and "Collectives and timeouts").
 """
 
 from __future__ import annotations

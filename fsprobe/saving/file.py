@@ -1,19 +1,6 @@
-"""`fsprobe.atomic_write()` and `fsprobe.save()`: a checkpoint file that survives a bad minute.
-
-One attempt (docs/design.md §7): remove the temp files of crashed saves; write a hidden temp file in
-the destination directory through a Python file object; flush, fsync, close; `os.replace` over
-the final name; fsync the directory. The previous checkpoint stays untouched until the rename,
-so a failure at any step costs the new checkpoint at most, never the old one. A failed attempt
-removes its temp file; the preflight, the retries and the redirects around the attempts are
-those of every save (`fsprobe.saving.retry`).
-
-Why a Python file object: `torch.save(obj, "path")` writes through a C++ stream that loses the
-errno (every failure reads "file write failed"). Given a file object, torch calls its `write`,
-and the real `OSError` is raised there; torch may then surface a secondary RuntimeError
-("unexpected pos ...") with the OSError only in its `__context__`, or none at all. So the file
-object records the first OSError it sees, and that is what counts, not what surfaced. Ctrl-C
-during a write is raised in the file object too, and torch surfaces it the same way: the
-interrupt that passed through is raised again as it was, the temp file removed, no retry.
+"""`fsprobe.atomic_write()` and `fsprobe.save()`: one file, written beside the checkpoint through
+a Python file object that keeps the first `OSError` (and an interrupt) that torch would hide;
+one attempt is docs/design.md §7.
 """
 
 from __future__ import annotations

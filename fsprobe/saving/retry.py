@@ -1,22 +1,6 @@
-"""The attempts of a save: where each one goes, and what a failure means for the next.
-
-Every kind of save (one file, a directory, a directory written by many ranks) is the same loop
-around a different "one attempt" (docs/design.md §7): preflight once; then attempt; on failure
-classify the errno (`fsprobe.errors.classify`) and decide:
-
-- transient (EIO, ESTALE, ETIMEDOUT, ..., or a failure without errno): back off, retry;
-- capacity (ENOSPC, EDQUOT): redirect to a fallback that can take it, else back off and retry
-  (a soft-quota bounce passes, a sibling job's cleanup frees space);
-- permanent (EACCES, EROFS, ENAMETOOLONG, ...): redirect, else give up at once.
-
-A redirect that fails too goes back to the target or on to the next fallback. `SaveError`
-after the last attempt, with every attempt's errno.
-
-`RetryState` holds those decisions for one save, apart from the attempt itself, and
-`attempt_until_done` is the one loop around them for every kind of save (a collective save runs
-it on its coordinator and announces each decision to the other ranks). A save that lands in a
-fallback is entered in that fallback's manifest when it succeeds (`RetryState.succeeded`),
-whatever kind of save it is, so that `fsprobe sync` finds it.
+"""The attempts of a save: `RetryState` decides what a failure means for the next attempt
+(errno classes, backoff, redirect) and `attempt_until_done` is the one loop of every kind of
+save (docs/design.md §7).
 """
 
 from __future__ import annotations

@@ -1,23 +1,5 @@
-"""Cleaning up after crashed saves: temp files and staging directories whose writer is gone.
-
-A save killed mid-write (SIGKILL, OOM, a node crash) leaves its hidden temp file beside the
-checkpoints, often gigabytes that count against the quota that made the next save fail. Before
-writing, `fsprobe.save` removes such leftovers from the destination directory, and only there.
-
-A file is removed only when all of this holds:
-
-- its name is one that `fsprobe.posix.atomic.temp_name` makes, and it is a regular file;
-- it belongs to the user cleaning up: nobody, root included, removes another user's file;
-- it is not one that this very process is writing (another thread may be saving);
-- its writer is gone. Every writer holds a lock (``flock``) on its temp file for as long as it
-  may write it (`fsprobe.posix.atomic.TempFile`); a lock that can be taken proves the writer dead.
-  That holds across PID namespaces (two containers of a pod share the host name, not the pids)
-  and whatever ``/proc`` hides, where a pid proves nothing. It is trusted for writers on this
-  host only: a lock of another node may be invisible here (Lustre ``localflock``). A file from
-  another host, or on a filesystem without locks, is stale once unmodified for an hour.
-
-And a file younger than a minute is always left alone: a writer creates its file and locks it
-in two steps, and in between it looks dead.
+"""Cleaning up after crashed saves: a leftover is removed only when provably theirs
+(docs/design.md §7, "Which leftovers are a crashed save's").
 """
 
 from __future__ import annotations

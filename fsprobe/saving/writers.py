@@ -1,11 +1,6 @@
-"""The background writers of one `SaveContext`: a bounded pool of threads with one in-order
-queue per destination, which `fsprobe.save_async` and DCP's `async_save` hand their saves to and
-`fsprobe.wait_saves` waits for (the rules and why: docs/saving.md, "Saving in the background").
-
-Interpreter exit waits for every pool's saves; a forked child (a DataLoader worker) starts with
-none: its parent's are the parent's to finish. An interrupt ends them instead: Ctrl-C (or
-`sys.exit` in a signal handler) while `wait` waits, or a KeyboardInterrupt that ends the process
-(Python runs `atexit` after it): `BackgroundSaves.interrupt`.
+"""The background writers of one `SaveContext`: a bounded pool, one in-order queue per
+destination; interpreter exit waits for them, an interrupt ends them (docs/saving.md,
+"Saving in the background").
 """
 
 from __future__ import annotations
