@@ -50,7 +50,13 @@ def test_a_users_sync_back_is_not_killed_by_the_lfs_runs_beside_it(local_users, 
     lfs_runs.touch(mode=0o666)  # `lfs quota` of Alice's directory runs as Alice
     lfs_runs.chmod(0o666)
     lfs = place / "lfs"
-    lfs.write_text(f"#!/bin/sh\necho run >> {lfs_runs}\n")
+    # Each `lfs` waits (up to 10 s) for Alice's sync run and ends while it runs: "during".
+    lfs.write_text(
+        f"#!/bin/sh\nfor i in $(seq 100); do\n"
+        f"  if pgrep -u {alice.uid} -f 'sync.*--json' >/dev/null; then\n"
+        f"    echo during >> {lfs_runs}; exit 0\n  fi\n  sleep 0.1\ndone\n"
+        f"echo run >> {lfs_runs}\n"
+    )
     lfs.chmod(0o755)
     daemon = syncing_daemon(
         place, target, fallback, local_users.python,
@@ -64,9 +70,14 @@ def test_a_users_sync_back_is_not_killed_by_the_lfs_runs_beside_it(local_users, 
             assert time.monotonic() < deadline, daemon.log()
             time.sleep(0.1)
         line = daemon.wait_for_log("event=sync ")
+    # The fake lfs runs that still wait for a sync end by themselves (10 s at most).
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-u", str(alice.uid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "a fake lfs of Alice's outlived its 10 s"
+        time.sleep(0.1)
     assert "action=synced" in line, daemon.log()
     assert (target / "model.pt").read_text() == "alice's weights"
-    assert len(lfs_runs.read_text().splitlines()) > 5  # lfs ran, and ended, during the sync
+    assert "during" in lfs_runs.read_text().split()  # an lfs ended while the sync ran
     assert "could not sync" not in daemon.log()
 
 
