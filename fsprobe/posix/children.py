@@ -51,6 +51,16 @@ def finish(process: subprocess.Popen[bytes]) -> None:
         _running.discard(process.pid)
 
 
+def kill_runs() -> None:
+    """Kill the process group of every run in progress (each is started in a session of its
+    own): what the worker does as it exits, so that no `lfs` outlives it."""
+    with _lock:
+        running = sorted(_running)
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 def reap_orphans() -> list[int]:
     """Kill and reap every child that is not a run in progress; returns their pids."""
     if not _adopting:

@@ -44,4 +44,8 @@ def main(argv: list[str]) -> None:
     # One for the worker's life, shared by every probe thread: one `lfs` call per filesystem
     # and ID per interval, however many targets and callers ask (docs/design.md §7).
     _serve(Channel(socket.socket(fileno=int(argv[0]))), LustreCaches())
-    os._exit(0)  # do not wait for probe threads: the parent has gone, nobody wants their answer
+    # The parent has gone, nobody wants the probes' answers: their `lfs` runs (each in a
+    # session of its own) and what they left behind end with the worker, not after it.
+    children.kill_runs()
+    children.reap_orphans()
+    os._exit(0)  # do not wait for probe threads

@@ -94,6 +94,25 @@ def test_a_helper_that_escapes_is_reaped_and_does_not_hold_the_answer(fake_lfs, 
     assert [pid for pid in helpers if not wait_gone(pid)] == []  # none leaked, run after run
 
 
+def test_an_lfs_still_running_when_the_worker_ends_ends_with_it(fake_lfs: FakeLfs, worker):
+    """The daemon stops (its worker is let go) while an `lfs` hangs far from its deadline: the
+    `lfs` and its child are killed as the worker exits, not left to run out the deadline."""
+    fake_lfs.configure(fail="hang")
+    runner, executor = worker
+    probe = functools.partial(
+        run_lfs, ("quota", "-u", "1000", "/mnt/lustre"), binary=lfs_binary(), timeout=3600
+    )
+    pending = runner.submit("/mnt/lustre", "quota", probe, 60)  # the wait for its answer
+    deadline = time.monotonic() + 60
+    while len(fake_lfs.pids()) < 2:  # the hanging fake and its child both run
+        assert time.monotonic() < deadline, "the fake lfs never started"
+        time.sleep(0.05)
+    process = psutil.Process(executor.pid)
+    executor.close()
+    assert pending.result().error is not None  # reported lost
+    process.wait(timeout=60)
+    assert [pid for pid in fake_lfs.pids() if not wait_gone(pid)] == []
+
 def test_fsprobe_quota_reports_a_flood_and_exits_3(fake_lfs: FakeLfs, tmp_path: Path):
     fake_lfs.configure(fail="flood")
     result = subprocess.run(
