@@ -112,9 +112,11 @@ def contents(paths: list[str]) -> dict[str, bytes]:
     found = {}
     for path in paths:
         parent = os.path.dirname(path)
-        files = [path] if os.path.isfile(path) else [
-            os.path.join(d, n) for d, _, names in os.walk(path) for n in names
-        ]
+        files = (
+            [path]
+            if os.path.isfile(path)
+            else [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
+        )
         for name in files:
             with open(name, "rb") as stream:
                 found[os.path.relpath(name, parent)] = stream.read()

@@ -54,8 +54,8 @@ _SAVE_DIR_PARAMETERS = OPTION_NAMES | {"options", "context"}
 _COLLECTIVE_PARAMETERS = _SAVE_DIR_PARAMETERS | {"process_group"}
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)$")
 _NOT_OPTIONS = ("path", "write")  # what protect() gives save_dir itself
-#: The protected trainers; weakly held, so that a trainer is freed as if never protected.
-_PROTECTED: weakref.WeakKeyDictionary[Trainer, _ProtectedCheckpoints] = weakref.WeakKeyDictionary()
+#: The attribute of a protected trainer that holds its protection: the trainer owns it.
+_PROTECTION = "_fsprobe_protected_checkpoints"
 
 
 def _tree_size(directory: str) -> tuple[int, int]:
@@ -214,9 +214,9 @@ def protect(trainer: Trainer, **save_dir_kwargs: Any) -> Trainer:
     given = dict(save_dir_kwargs)
     context = given.pop("context", None)
     options = save_options(given.pop("options", None), given)
-    if trainer in _PROTECTED:
+    if _PROTECTION in vars(trainer):
         raise ValueError("this trainer's checkpoints are protected already")
-    _PROTECTED[trainer] = _ProtectedCheckpoints(trainer, options, context)
+    setattr(trainer, _PROTECTION, _ProtectedCheckpoints(trainer, options, context))
     return trainer
 
 
@@ -261,7 +261,7 @@ def _step_of(name: str) -> int | None:
 
 def protected_results(trainer: Trainer) -> list[SaveResult]:
     """The `SaveResult` of every checkpoint `trainer` saved since `protect(trainer)`."""
-    protection = _PROTECTED.get(trainer)
+    protection: _ProtectedCheckpoints | None = vars(trainer).get(_PROTECTION)
     if protection is None:
         raise ValueError("this trainer's checkpoints are not protected: call protect(trainer)")
     return list(protection.results)

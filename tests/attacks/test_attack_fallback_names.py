@@ -105,9 +105,7 @@ def _flood_of_names(fallback: Path, count: int) -> None:
         os.close(os.open(fallback / f"n{number}", os.O_CREAT | os.O_WRONLY, 0o600))
 
 
-def test_a_squat_and_a_flood_of_names_do_not_hide_a_users_area_from_herself(
-    local_users, tmpfs
-):
+def test_a_squat_and_a_flood_of_names_do_not_hide_a_users_area_from_herself(local_users, tmpfs):
     """Mallory squats ``uid-<alice>``, Alice's saves use the private area they make instead,
     then Mallory fills the fallback with more than `MAX_AREA_NAMES` names. On tmpfs (newest
     name listed first) Alice's area came after the cap: her own `own_area` fell back to the

@@ -365,9 +365,7 @@ def test_a_full_disk_under_the_learning_rate_file_is_survived_and_resumed(
     assert temps(run) == []
 
 
-def test_a_tmpfs_short_of_inodes_ends_every_epoch_saved_and_resumes_after_the_last(
-    tmpfs, tmp_path
-):
+def test_a_tmpfs_short_of_inodes_ends_every_epoch_saved_and_resumes_after_the_last(tmpfs, tmp_path):
     """The seed's situation, inodes: the files of two epochs fill the filesystem. As shipped,
     RETURNN dies of ENOSPC; protected, whatever does not fit goes to the fallback (deleting an
     old optimizer state frees one inode, so a model may fit and its optimizer state not), the

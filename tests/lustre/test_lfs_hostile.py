@@ -113,6 +113,7 @@ def test_an_lfs_still_running_when_the_worker_ends_ends_with_it(fake_lfs: FakeLf
     process.wait(timeout=60)
     assert [pid for pid in fake_lfs.pids() if not wait_gone(pid)] == []
 
+
 def test_fsprobe_quota_reports_a_flood_and_exits_3(fake_lfs: FakeLfs, tmp_path: Path):
     fake_lfs.configure(fail="flood")
     result = subprocess.run(

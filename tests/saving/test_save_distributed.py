@@ -240,9 +240,7 @@ def test_an_fsync_held_past_save_timeout_on_one_rank_moves_every_rank_to_the_fal
     fallback = tmp_path / "fallback"
     fallback.mkdir()
     target = faultfs.mountpoint / "step-10"
-    results = held_on_rank_1(
-        faultfs, tmp_path, target=str(target), fallback_dirs=[str(fallback)]
-    )
+    results = held_on_rank_1(faultfs, tmp_path, target=str(target), fallback_dirs=[str(fallback)])
     for result in results:
         assert result.returncode == 0, f"rank {result.rank} failed:\n{result.errors[-4000:]}"
     result = results[0].value
