@@ -156,6 +156,17 @@ def _take(store: Store, path: str, kind: str, result: ProbeResult) -> TargetView
         _log_too_many_entries(
             store, path, [o.entry.area.path for o in outcomes if o.action == "too_many_entries"]
         )
+        for fallback in store.first_seen(
+            path, "fallback_missing", report.missing if report is not None else ()
+        ):
+            event(
+                logging.WARNING,
+                "fallback_missing",
+                target=path,
+                fallback=fallback,
+                message="the fallback directory does not exist (a typo, or not mounted on this "
+                "node): nothing is synced back from it",
+            )  # once: a missing directory is found every round
         for outcome in outcomes:
             if outcome.action not in ("superseded", "too_many_entries"):
                 _log_outcome(path, outcome)

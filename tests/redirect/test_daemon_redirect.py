@@ -365,3 +365,20 @@ def test_a_save_event_names_its_fallback_only_through_an_area_of_its_sender():
         ("/scratch/../fb/uid-1000/lustre/ckpt/step-1.pt", 1000),  # not normal
     ):
         assert fallback_of(requested, landed, uid) is None, landed
+
+
+def test_a_fallback_that_does_not_exist_is_named_once_in_the_log(tmp_path):
+    """A configured fallback that is missing (a typo, scratch not mounted on this node) cannot be
+    synced back from: the daemon says so once, not every round, and keeps the rest going."""
+    target, there, missing = tmp_path / "ckpt", tmp_path / "fallback", tmp_path / "scratch"
+    target.mkdir()
+    there.mkdir()
+    config = daemon_config(tmp_path, target, missing, there)
+    with DaemonProcess(tmp_path, "--config", str(config), "--sync-redirected") as daemon:
+        daemon.wait_for_log("event=fallback_missing", timeout=30)
+        daemon.wait_for_value("fsprobe_redirected_pending_bytes", 0.0, path=str(target))
+        time.sleep(2.0)  # four more rounds of sync and count
+        log = daemon.log()
+    [line] = [line for line in log.splitlines() if "event=fallback_missing" in line]
+    assert "level=warning" in line and f"target={target}" in line, line
+    assert f"fallback={missing}" in line and "does not exist" in line, line
