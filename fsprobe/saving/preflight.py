@@ -8,12 +8,10 @@ judges; this module asks, and decides ``proceed``, ``delay``, ``redirect`` or ``
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,22 +20,22 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsprobe.model import FilesystemInfo, ProbeResult, Snapshot, Status
 from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, write_errno
-from fsprobe.probing.plan import ProbeSettings, plan, run_plans
-from fsprobe.probing.runner import ProbeRunner
-from fsprobe.probing.worker import shared_runner
-from fsprobe.quota import ServerProbeSettings
 from fsprobe.redirect.fallback import redirect_path
 from fsprobe.report import REASON
 from fsprobe.saving.options import DEFAULT_TIMEOUT, SaveOptions, save_options
-from fsprobe.saving.writers import BackgroundSaves
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
 
-if TYPE_CHECKING:  # a type only: the manifest is not loaded for a save that is not redirected
+if TYPE_CHECKING:  # types only: what is built on first use (`SaveContext`), or redirected
     from typing_extensions import Unpack
 
+    from fsprobe.probing.plan import ProbeSettings
+    from fsprobe.probing.runner import ProbeRunner
+    from fsprobe.quota import ServerProbeSettings
     from fsprobe.redirect.manifest import Entry
+    from fsprobe.saving.inline import InlineProbes
     from fsprobe.saving.options import SaveOverrides
+    from fsprobe.saving.writers import BackgroundSaves
 
 log = logging.getLogger("fsprobe.preflight")
 
@@ -134,20 +132,6 @@ def _remember(memory: dict[Any, Any], key: object, value: object, entries: int) 
         memory.pop(next(iter(memory)))
 
 
-def _inline_settings(
-    settings: ProbeSettings | None, quota: ServerProbeSettings | None, timeout: float
-) -> ProbeSettings:
-    """Cheap probes only: never a test write, quota only when the caller configured it."""
-    base = settings or ProbeSettings(server_probes=ServerProbeSettings(provider="none"))
-    chosen = quota or base.server_probes
-    return dataclasses.replace(
-        base,
-        deadline=min(base.deadline, timeout),
-        write_probe=False,
-        server_probes=dataclasses.replace(chosen, timeout=min(chosen.timeout, timeout)),
-    )
-
-
 def _wait_for_recovery(
     target: _Judged, max_wait: float, judge: Callable[[float], _Judged]
 ) -> tuple[_Judged, float]:
@@ -176,15 +160,15 @@ class SaveContext:
     The state readers (one per state directory, so that its parse cache serves every call),
     the verdicts made from the state file, the inline probes' results (reused for
     `INLINE_CACHE_SECONDS`), the size of the last save per file and per directory (the default
-    need of the next one), the warnings said once, the probe runner that inline probes run
-    in (`fsprobe.probing.worker.shared_runner` unless given), and the writer threads of its
-    background saves. Every public function takes one as ``context=``, `default_context()`
-    unless given; a test or an embedding builds its own.
+    need of the next one), the warnings said once, the inline probes and the probe runner
+    they run in (`fsprobe.probing.worker.shared_runner` unless given), and the writer threads
+    of its background saves; the last two are built on first use. Every public function takes
+    one as ``context=``, `default_context()` unless given; a test or an embedding builds its own.
     """
 
     def __init__(
         self,
-        runner: Callable[[], ProbeRunner] = shared_runner,
+        runner: Callable[[], ProbeRunner] | None = None,
         memory_entries: int = MEMORY_ENTRIES,
     ) -> None:
         self._runner = runner
@@ -200,18 +184,33 @@ class SaveContext:
             str, tuple[StateFile, tuple[int | None, int | None], _Judged]
         ] = {}
         self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
+        self._probes: InlineProbes | None = None
         self._background: BackgroundSaves | None = None
+
+    # What only some saves use is built, and its module imported, on first use: the only
+    # imports inside a function in fsprobe (docs/design.md §3, tests/package/test_layout.py).
 
     def background(self) -> BackgroundSaves:
         """The writer threads of this context's background saves (started on first use)."""
         with self._lock:
             if self._background is None:
+                from fsprobe.saving.writers import BackgroundSaves
+
                 self._background = BackgroundSaves()
             return self._background
 
+    def inline(self) -> InlineProbes:
+        """This context's inline probes (built on first use)."""
+        with self._lock:
+            if self._probes is None:
+                from fsprobe.saving.inline import InlineProbes
+
+                self._probes = InlineProbes(self._runner)
+            return self._probes
+
     def runner(self) -> ProbeRunner:
         """The probe runner inline probes run in (started on first use)."""
-        return self._runner()
+        return self.inline().runner()
 
     # -- remembered save sizes ------------------------------------------------------------------
 
@@ -366,12 +365,17 @@ class SaveContext:
 
     # -- inline probes --------------------------------------------------------------------------
 
+    def _inline_settings(
+        self, settings: ProbeSettings | None, quota: ServerProbeSettings | None, timeout: float
+    ) -> ProbeSettings:
+        return self.inline().settings(settings, quota, timeout)
+
     def _probe_inline(
         self, directories: list[str], settings: ProbeSettings, fresh: bool
     ) -> dict[str, Snapshot]:
         """Snapshots of every directory, probed in parallel (or reused from the cache)."""
         snapshots: dict[str, Snapshot] = {}
-        plans = {}
+        probed = []
         now = time.monotonic()
         for directory in directories:
             key = (directory, settings.server_probes)  # a probe with quota is not one without
@@ -380,9 +384,8 @@ class SaveContext:
             if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
                 snapshots[directory] = cached[1]
                 continue
-            plans[directory] = plan(directory, settings)
-        for directory, results in run_plans(plans, self.runner()).items():
-            snapshot = Snapshot(directory, results)
+            probed.append(directory)
+        for directory, snapshot in self.inline().snapshots(probed, settings).items():
             with self._lock:
                 _remember(
                     self._inline_cache,
@@ -439,23 +442,13 @@ class SaveContext:
             if known is not None:
                 checks[fallback] = functools.partial(ProbeResult, "exists", time.time(), 0.0, known)
             else:
-                checks[fallback] = (
-                    self.runner()
-                    .submit(
-                        fallback, "exists", functools.partial(_is_directory, fallback), deadline
-                    )
-                    .result
-                )
+                checks[fallback] = self.inline().is_directory(fallback, deadline).result
         return checks
 
     def room(self, directory: str, timeout: float) -> int | None:
         """The bytes a new file in `directory` has room for now (None: unknown), from a bounded
         statvfs in the probe runner (a mount that hangs now costs `timeout`)."""
-        settings = _inline_settings(None, None, timeout)
-        directory = os.path.abspath(directory)
-        results = run_plans({directory: plan(directory, settings)}, self.runner())[directory]
-        snapshot = Snapshot(directory, results)
-        return evaluate(snapshot, settings.policy, time.time()).headroom.bytes
+        return self.inline().room(os.path.abspath(directory), timeout)
 
     # -- the decisions --------------------------------------------------------------------------
 
@@ -491,7 +484,7 @@ class SaveContext:
             need,
             options.need_inodes,
             state,
-            functools.partial(_inline_settings, settings, quota, options.timeout),
+            functools.partial(self._inline_settings, settings, quota, options.timeout),
             fresh=True,
         )
         return _first_acceptable(candidates, existence, judgements, requested, skipped)
@@ -508,10 +501,7 @@ class SaveContext:
                 return requested
             if watched is not None:
                 return parent  # the same watched target judges both
-        check = self.runner().submit(
-            requested, "exists", functools.partial(os.path.isdir, requested), timeout
-        )
-        result = check.result()
+        result = self.inline().is_directory(requested, timeout).result()
         return requested if result.ok and result.value else parent
 
     def preflight(
@@ -537,7 +527,7 @@ class SaveContext:
         need = options.need_bytes
         if need is None:
             need = self.expected_need(requested)
-        probe_settings = functools.partial(_inline_settings, settings, quota, timeout)
+        probe_settings = functools.partial(self._inline_settings, settings, quota, timeout)
 
         # Fallbacks are worked out only when needed: the common case, a healthy target in a
         # fresh state file, pays for none of it.
@@ -563,7 +553,9 @@ class SaveContext:
         if options.max_wait > 0 and target.verdict.worth_waiting:
 
             def judge_again(deadline: float) -> _Judged:
-                again = functools.partial(_inline_settings, settings, quota, min(timeout, deadline))
+                again = functools.partial(
+                    self._inline_settings, settings, quota, min(timeout, deadline)
+                )
                 return self._judge_all(
                     [directory], need, need_inodes, self._read_state(options.state_dir), again, True
                 )[directory]
@@ -603,15 +595,6 @@ class SaveContext:
         )
         _log_decision(decision)
         return decision
-
-
-def _is_directory(path: str) -> bool:
-    """Whether `path` is a directory: False if it does not exist; any other error (EACCES: a
-    fallback this user cannot reach) is raised, for the result to say."""
-    try:
-        return stat.S_ISDIR(os.stat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The architecture, held by a test: who may import whom (docs/design.md §3), and no import cycles.
 
 Every `import` of an fsprobe module anywhere in a file counts, also one inside a function: a
-call-time import that dodges a cycle is still the cycle.
+call-time import that dodges a cycle is still the cycle. Imports inside a function are only
+where a `SaveContext` builds what some saves use on first use (`LAZY`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import ast
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -24,26 +26,43 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports() -> dict[str, set[str]]:
-    """Every fsprobe module and the fsprobe modules it imports (anywhere in the file)."""
+def _imported(node: ast.AST, modules: Mapping[str, Path]) -> set[str]:
+    """The fsprobe modules that the imports in `node` (at any depth) name."""
+    found: set[str] = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Import):
+            found.update(alias.name for alias in child.names)
+        elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+            for alias in child.names:
+                name = f"{child.module}.{alias.name}"
+                found.add(name if name in modules else child.module)
+    return {target for target in found if target in modules} - {"fsprobe"}
+
+
+def _imports() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
+    """Every fsprobe module and the fsprobe modules it imports (anywhere in the file); and
+    the (module, imported) pairs of imports inside a function."""
     modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
+    inside: set[tuple[str, str]] = set()
     for name, path in modules.items():
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    child = f"{node.module}.{alias.name}"
-                    found.add(child if child in modules else node.module)
-        graph[name] = {target for target in found if target in modules and target != name} - {
-            "fsprobe"
-        }
-    return graph
+        tree = ast.parse(path.read_text(), str(path))
+        graph[name] = _imported(tree, modules) - {name}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside.update((name, target) for target in _imported(node, modules))
+    return graph, inside
 
 
-GRAPH = _imports()
+GRAPH, INSIDE_FUNCTIONS = _imports()
+
+#: The only imports inside a function: the parts of a `SaveContext` that only some saves use,
+#: built (and their modules loaded) on first use (docs/design.md §3): the inline probes, with
+#: the probe plan and the worker's parent side, and the background saves' writers.
+LAZY = {
+    ("fsprobe.saving.preflight", "fsprobe.saving.inline"),
+    ("fsprobe.saving.preflight", "fsprobe.saving.writers"),
+}
 
 #: The bottom layer: plain values and the operating-system primitives every other part shares.
 BOTTOM = {"fsprobe.model", "fsprobe.errors", "fsprobe.units", "fsprobe.codec"} | {
@@ -167,6 +186,12 @@ def test_the_integrations_use_only_the_integration_api_of_the_save_path():
     assert {module: found for module, found in offenders.items() if found} == {}
 
 
+def test_only_the_save_context_imports_inside_a_function():
+    """Every other import is at the top of its module, where a reader looks for it; the
+    rules above count these like any other."""
+    assert INSIDE_FUNCTIONS == LAZY
+
+
 def test_the_bottom_layer_imports_only_itself():
     offenders = {module: GRAPH[module] - BOTTOM for module in BOTTOM if GRAPH[module] - BOTTOM}
     assert offenders == {}
@@ -195,14 +220,15 @@ def test_every_public_name_loads():
 
 
 #: What a preflight that the daemon's state file answers must not load: the `lfs` parsers (and
-#: all of `lustre/`), the probes themselves and the probe worker's own side (docs/design.md §4).
+#: all of `lustre/`), all of `probing/` (the probes, their plan, the runner, both sides of the
+#: probe worker), the quota settings, a save's inline probes and the background saves' writers
+#: (docs/design.md §3-§4).
 NOT_ON_THE_STATE_PATH = (
     "fsprobe.lustre",
-    "fsprobe.probing.probes",
-    "fsprobe.probing.worker_process",
-    "fsprobe.probing.statvfs",
-    "fsprobe.probing.write",
-    "fsprobe.probing.quota",
+    "fsprobe.probing",
+    "fsprobe.quota",
+    "fsprobe.saving.inline",
+    "fsprobe.saving.writers",
 )
 
 
@@ -212,7 +238,8 @@ def test_a_preflight_the_state_file_answers_loads_no_probe_and_starts_nothing(
 ):
     """Structure, not timing: a fresh process whose first `fsprobe.preflight` is answered by
     the state file (healthy, or read-only with a healthy fallback) imports no `lfs` parser, no
-    probe and not the worker's side, and starts no process."""
+    probe, neither side of the worker, no probe plan and no background writer, and starts no
+    process."""
     target, fallback, state = tmp_path / "ckpt", tmp_path / "fallback", tmp_path / "state"
     target.mkdir()
     fallback.mkdir()

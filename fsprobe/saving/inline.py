@@ -1,0 +1,73 @@
+"""A save's own probes, for when the daemon's state file cannot answer: cheap probes in the
+context's probe runner. A `SaveContext` builds its `InlineProbes` on first use, so that a
+preflight the state file answers loads neither the probe plan nor the worker (docs/design.md §3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import stat
+import time
+from collections.abc import Callable, Iterable
+
+from fsprobe.model import Snapshot
+from fsprobe.policy import evaluate
+from fsprobe.probing.plan import ProbeSettings, plan, run_plans
+from fsprobe.probing.runner import ProbeRunner, Run
+from fsprobe.probing.worker import shared_runner
+from fsprobe.quota import ServerProbeSettings
+
+
+class InlineProbes:
+    """The probe runner of a context (`fsprobe.probing.worker.shared_runner` unless given, started
+    on first use) and the probes a save makes in it, each bounded by its deadline."""
+
+    def __init__(self, runner: Callable[[], ProbeRunner] | None = None) -> None:
+        self._runner = runner or shared_runner
+
+    def runner(self) -> ProbeRunner:
+        return self._runner()
+
+    def settings(
+        self, settings: ProbeSettings | None, quota: ServerProbeSettings | None, timeout: float
+    ) -> ProbeSettings:
+        """Cheap probes only: never a test write, quota only when the caller configured it."""
+        base = settings or ProbeSettings(server_probes=ServerProbeSettings(provider="none"))
+        chosen = quota or base.server_probes
+        return dataclasses.replace(
+            base,
+            deadline=min(base.deadline, timeout),
+            write_probe=False,
+            server_probes=dataclasses.replace(chosen, timeout=min(chosen.timeout, timeout)),
+        )
+
+    def snapshots(self, directories: Iterable[str], settings: ProbeSettings) -> dict[str, Snapshot]:
+        """A snapshot of each directory, probed now, in parallel."""
+        plans = {directory: plan(directory, settings) for directory in directories}
+        return {
+            directory: Snapshot(directory, results)
+            for directory, results in run_plans(plans, self.runner()).items()
+        }
+
+    def room(self, directory: str, timeout: float) -> int | None:
+        """The bytes a new file in `directory` has room for now (None: unknown)."""
+        settings = self.settings(None, None, timeout)
+        snapshot = self.snapshots([directory], settings)[directory]
+        return evaluate(snapshot, settings.policy, time.time()).headroom.bytes
+
+    def is_directory(self, path: str, deadline: float) -> Run:
+        """Whether `path` is a directory, asked in the runner (a hung mount must not hang the
+        caller)."""
+        work = functools.partial(_is_directory, path)
+        return self.runner().submit(path, "exists", work, deadline)
+
+
+def _is_directory(path: str) -> bool:
+    """False if `path` does not exist; any other error (EACCES: a fallback this user cannot
+    reach) is raised, for the result to say."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
