@@ -7,15 +7,17 @@ of torch 2.13's DCP filesystem writer, pinned by tests/integrations/test_integra
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import math
 import os
 import queue
 import re
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,7 +45,6 @@ with extra_imports("torch", __name__, "torch"):
     from torch.distributed.checkpoint.stateful import Stateful
     from torch.futures import Future
 
-from fsprobe.errors import ErrorClass, classify
 from fsprobe.posix.tree import open_directory, open_regular, opened
 from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.locate import locate
@@ -57,16 +58,18 @@ from fsprobe.saving.commit import (
     SaveError,
     SaveOptions,
     SaveResult,
+    SaveSteps,
     Staging,
+    attempt_until_done,
     clean_directory,
     collective_failure,
     deciding,
     default_context,
     failure_of,
     save_options,
+    sha256_of,
     sha256_of_directory,
     split_keywords,
-    start,
     sync_file_at,
 )
 
@@ -213,12 +216,13 @@ class FsprobeWriter(FileSystemWriter):
         self.fs = _StagingFileSystem()
         self.fs.checkpoint = Path(self.path)
         self.last_result: SaveResult | None = None
-        self._attempts: RetryState | None = None  # the coordinator's, for one checkpoint
+        self._attempts: RetryState | None = None  # the coordinator's, of the attempt running
+        self._driven: RetryState | None = None  # the checkpoint whose attempts `save` makes
         self._staging: Staging | None = None  # the coordinator's, until published or dropped
-        self._continuing = False
+        self._committed = 0  # the bytes `finish` published
         self._cleaned: set[str] = set()
 
-    # -- the attempts of one checkpoint (driven by `save` and `async_save` below) --------------
+    # -- the attempts of one checkpoint (made by `save` and `async_save` below) ----------------
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
@@ -226,22 +230,16 @@ class FsprobeWriter(FileSystemWriter):
         super().reset(checkpoint_id)
         self.fs.checkpoint, self.fs.staging = Path(self.path), None
 
-    def decide(self, failure: FailedAttempt | None) -> NextAttempt | None:
-        """On the coordinator, after a failed attempt: what next (None: give up)."""
-        self.drop_staging()
-        assert self._attempts is not None and failure is not None
-        return self._attempts.failed(failure)
-
-    def follow(self, plan: NextAttempt | None) -> None:
-        """On every rank: the next `dcp.save` is the next attempt at this checkpoint."""
-        if self._attempts is not None and plan is not None:
-            self._attempts.follow(plan)
-        self._continuing = True
-
-    def give_up(self) -> SaveError:
-        """On the coordinator: the `SaveError` of a checkpoint that failed for good."""
-        assert self._attempts is not None
-        return self._attempts.error()
+    @contextlib.contextmanager
+    def driven(self, requested: str) -> Iterator[RetryState]:
+        """On the coordinator, for `save`: the `RetryState` of a new checkpoint of `requested`,
+        each `dcp.save` meanwhile one attempt at it (plain DCP's each a checkpoint of its own)."""
+        self._driven = RetryState(requested, self.options, context=self.context)
+        try:
+            yield self._driven
+        finally:
+            self._driven = None
+            self.drop_staging()
 
     def drop_staging(self) -> None:
         """Remove the staging directory of an attempt that did not commit."""
@@ -264,22 +262,23 @@ class FsprobeWriter(FileSystemWriter):
         return super().prepare_local_plan(plan)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """On the coordinator: preflight for every rank's bytes, staging dir, destination.
+        """On the coordinator: the destination of this attempt, prepared, its staging dir.
 
-        A new checkpoint, unless `follow` said this `dcp.save` is the next attempt at one.
+        The first attempt at a checkpoint runs its preflight, for every rank's planned bytes.
         """
         self.drop_staging()  # of an earlier `dcp.save` that failed without `save` to clean up
-        if self._attempts is None or not self._continuing:
+        state = self._driven or RetryState(str(self.path), self.options, context=self.context)
+        if state is not self._attempts:  # its first attempt: DCP's plan says what it needs
             need_bytes, need_inodes = _planned_bytes(plans)
-            options = dataclasses.replace(
-                self.options, need_bytes=need_bytes, need_inodes=need_inodes
+            state.options = dataclasses.replace(
+                state.options, need_bytes=need_bytes, need_inodes=need_inodes
             )
-            # SaveError: not this checkpoint, not anywhere
-            self._attempts = start(str(self.path), options, len(plans), self.context)
-        self._continuing = False
-        destination = self._attempts.destination
+            state.ranks = len(plans)
+            state.preflight()  # SaveError: not this checkpoint, not anywhere
+        self._attempts = state
+        destination = state.destination
         try:
-            self._attempts.prepare(clean_directory, self._cleaned)
+            state.prepare(clean_directory, self._cleaned)
             self._staging = Staging(destination)
         except OSError as error:
             raise FailedAttempt.of(error, "mkdir") from error
@@ -316,9 +315,11 @@ class FsprobeWriter(FileSystemWriter):
         return future
 
     def _write_file(self, planner: SavePlanner, task: _FileTask) -> list[Any]:
-        """One file of this rank's shards, written again from scratch on a transient error."""
-        backoff = self.options.backoff
-        for attempt in range(1, self.options.attempts + 1):
+        """One file of this rank's shards: a part of the attempt, written again from scratch
+        after a transient error (`RetryState` with `part`)."""
+        written: list[list[Any]] = []
+
+        def write(path: str) -> int:
             tasks: queue.Queue[_FileTask] = queue.Queue()
             tasks.put(task)
             results: queue.Queue[list[Any]] = queue.Queue()
@@ -334,27 +335,23 @@ class FsprobeWriter(FileSystemWriter):
                     thread_count=1,
                     serialization_format=self.serialization_format,
                 )
-                return results.get_nowait()
             except Exception as error:
                 failure = failure_of(error, "write")
                 if failure is None:
                     raise
-                kind = classify(failure.errno, failure.step)
-                where = f"rank {self.rank}: {task[0]}"
-                if kind is not ErrorClass.TRANSIENT or attempt == self.options.attempts:
-                    message = f"{where}: {failure.message}"
-                    raise FailedAttempt(failure.errno, failure.step, message) from error
-                wait = backoff.delay(attempt)
-                log.warning(
-                    "dcp save %s: %s failed with %s (%s); writing it again in %.1f s",
-                    self.path,
-                    where,
-                    failure.errno,
-                    kind.value,
-                    wait,
-                )
-                backoff.sleep(wait)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                message = f"rank {self.rank}: {path}: {failure.message}"
+                raise FailedAttempt(failure.errno, failure.step, message) from error
+            written.append(results.get_nowait())
+            return sum(result.storage_data.length for result in written[-1])
+
+        part = RetryState(str(task[0]), self.options, context=self.context, part=True)
+        # never redirected, nothing to prepare: `clean` and `digest` are not called
+        steps = SaveSteps(write, clean_directory, sha256_of, prepares_itself=True)
+        try:
+            attempt_until_done(part, steps)
+        except SaveError as gave_up:
+            raise gave_up.attempts[-1] from None  # the attempt fails: the coordinator decides
+        return written[-1]
 
     def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
         """On the coordinator: ``.metadata`` into the staging dir, then publish it whole."""
@@ -378,7 +375,9 @@ class FsprobeWriter(FileSystemWriter):
             raise FailedAttempt.of(error, progress.step) from error
         finally:
             self.drop_staging()
-        self.last_result = self._attempts.succeeded(size.bytes, sha256_of_directory)
+        self._committed = size.bytes
+        if self._attempts is not self._driven:  # plain DCP: this attempt is the whole save
+            self.last_result = self._attempts.succeeded(size.bytes, sha256_of_directory)
 
     def _carry_over(self) -> None:
         """The files of the checkpoint being replaced that DCP did not write, into the new one:
@@ -412,24 +411,22 @@ class FsprobeWriter(FileSystemWriter):
 # -- save, async_save, load -------------------------------------------------------------------
 
 
-def _verdict(writer: FsprobeWriter, error: CheckpointException) -> NextAttempt | SaveError | None:
-    """On the coordinator, after a failed `dcp.save`: the next attempt's plan, the error to
-    give up with, or None when some rank failed for another reason than I/O (a bug)."""
+def _verdict(error: CheckpointException) -> FailedAttempt | SaveError | None:
+    """On the coordinator, after a failed `dcp.save`: the failure that decides what comes
+    next (of every rank's), the preflight's `SaveError` (final), or None when some rank failed
+    for another reason than I/O (a bug)."""
     failures = []
     for rank, (exception, _trace) in sorted(error.failures.items()):
         if isinstance(exception, SaveError):  # the preflight said no: that is final
-            writer.drop_staging()
             return exception
         failure = exception if isinstance(exception, FailedAttempt) else None
         failure = failure or failure_of(exception, "write")
         if failure is None:
-            writer.drop_staging()
             return None
         if not failure.message.startswith("rank "):
             failure = FailedAttempt(failure.errno, failure.step, f"rank {rank}: {failure.message}")
         failures.append(failure)
-    plan = writer.decide(deciding(failures))
-    return plan if plan is not None else writer.give_up()
+    return deciding(failures)
 
 
 def _is_coordinator(group: Any) -> bool:
@@ -466,7 +463,11 @@ def save(
     """
     writer = writer or FsprobeWriter(path, context=context, **writer_kwargs)
     requested = os.path.abspath(os.fspath(path))
-    while True:
+    coordinator = _is_coordinator(process_group)
+
+    def attempt() -> int:
+        """One `dcp.save` by every rank, into the destination the writer's plan takes from
+        the attempts; on the coordinator, a failed one as `attempt_until_done` takes it."""
         try:
             torch_dcp.save(
                 state_dict,
@@ -480,17 +481,49 @@ def save(
             rank = dist.get_rank(process_group) if dist.is_initialized() else 0
             raise collective_failure(rank, requested, "DCP collectives", error) from error
         except CheckpointException as error:
-            verdict = _verdict(writer, error) if _is_coordinator(process_group) else None
-            verdict = _broadcast(verdict, process_group)
-            if isinstance(verdict, NextAttempt):
-                writer.follow(verdict)
-                continue
+            if not coordinator:
+                raise
+            writer.drop_staging()
+            verdict = _verdict(error)
+            if isinstance(verdict, FailedAttempt):
+                raise verdict from error  # decided and announced by `attempt_until_done`
+            _broadcast(verdict, process_group)  # the end: told to every rank here
             if verdict is None:
                 raise  # a bug (not an I/O failure) on some rank: DCP's own exception
             raise verdict from error
-        result = _broadcast(writer.last_result, process_group)
-        assert result is not None  # the coordinator's, which committed it
-        return result
+        return writer._committed
+
+    if not coordinator:
+        return _follow(attempt, process_group)
+    with writer.driven(requested) as state:
+        steps = SaveSteps(
+            lambda destination: attempt(),  # the writer's plan knows where
+            clean_directory,
+            sha256_of_directory,
+            functools.partial(_broadcast, group=process_group),
+            prepares_itself=True,
+        )
+        writer.last_result = attempt_until_done(state, steps)
+    return writer.last_result
+
+
+def _follow(attempt: Callable[[], int], group: Any) -> SaveResult:
+    """Every other rank's side: each attempt with the coordinator, until it says the result
+    or the error."""
+    while True:
+        failed: CheckpointException | None = None
+        try:
+            attempt()
+        except CheckpointException as error:
+            failed = error
+        order: NextAttempt | SaveResult | SaveError | None = _broadcast(None, group)
+        if isinstance(order, SaveResult):
+            return order
+        if isinstance(order, SaveError):
+            raise order from failed
+        if order is None:  # a bug on some rank: DCP's own exception, as the coordinator's
+            assert failed is not None
+            raise failed
 
 
 def async_save(

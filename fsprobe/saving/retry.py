@@ -257,7 +257,9 @@ class RetryState:
     fallback) and `number` which attempt it is; `failed` records a failure and says what comes
     next; `succeeded` makes the result. Its end, either way (`succeeded`, `error`, a
     preflight that says ``fail``), is reported once to the daemon (`fsprobe.events`), with
-    the `ranks` that wrote it.
+    the `ranks` that wrote it. A `part` of an attempt (a file of a DCP rank) is retried in
+    place after a transient failure only, any other failing the attempt it is part of; it is
+    never reported nor remembered.
     """
 
     def __init__(
@@ -266,8 +268,10 @@ class RetryState:
         options: SaveOptions,
         ranks: int = 1,
         context: SaveContext | None = None,
+        part: bool = False,
     ) -> None:
         self.requested = requested
+        self.part = part
         self.options = options
         self.context = context or default_context()
         self.ranks = ranks
@@ -342,6 +346,9 @@ class RetryState:
         self.failures.append(failure.bare())
         self._in_fallback.append(fallback is not None)
         kind = classify(failure.errno, failure.step)
+        if self.part and kind is not ErrorClass.TRANSIENT:
+            self._log(failure, kind, "failing the attempt it is part of")
+            return None
         if fallback is None and failure.errno == "ENOENT" and failure.step in _MAKING_STEPS:
             if self._never_seen_missing(known=True):
                 self._log(failure, kind, f"giving up: {self._missing}")
@@ -477,14 +484,17 @@ class RetryState:
                 format_bytes(nbytes),
                 format_seconds(result.seconds),
             )
-        self._report(result.path, nbytes)
-        self.context.remember_save(self.requested, nbytes)
-        if not result.redirected:
+        if not self.part:
+            self._report(result.path, nbytes)
+            self.context.remember_save(self.requested, nbytes)
+        if not (result.redirected or self.part):
             self.context.saw(os.path.dirname(self.requested))
         return result
 
     def _report(self, landed: str | None, nbytes: int) -> None:
         """Tell the daemon how this save ended (never waits, never fails the save)."""
+        if self.part:
+            return
         event = SaveEvent(
             requested=self.requested,
             landed=landed,
@@ -550,12 +560,17 @@ class SaveSteps(NamedTuple):
     the first attempt into it; `digest(destination)` is the sha256 that the fallback's
     manifest records for a redirected save; `announce` tells whoever else takes part (the
     other ranks of a collective save) each decision: the next attempt, the result, the error.
+    With `prepares_itself` the driver leaves preparing the destination (`RetryState.prepare`)
+    to `write`, `clean` unused: DCP's attempt learns what the save needs from its plan, inside
+    the attempt, so it runs the state's preflight on its first attempt too; a part of an
+    attempt has nothing to prepare.
     """
 
     write: Callable[[str], int]
     clean: Callable[[str], object]
     digest: Callable[[str], str]
     announce: Callable[[NextAttempt | SaveResult | SaveError], None] = lambda decision: None
+    prepares_itself: bool = False
 
 
 def start(
@@ -577,10 +592,11 @@ def attempt_until_done(state: RetryState, steps: SaveSteps) -> SaveResult:
     cleaned: set[str] = set()
     while True:
         try:
-            try:
-                state.prepare(steps.clean, cleaned)
-            except OSError as error:
-                raise FailedAttempt.of(error, "mkdir") from error
+            if not steps.prepares_itself:
+                try:
+                    state.prepare(steps.clean, cleaned)
+                except OSError as error:
+                    raise FailedAttempt.of(error, "mkdir") from error
             nbytes = steps.write(state.destination)
         except FailedAttempt as failure:
             plan = state.failed(failure)

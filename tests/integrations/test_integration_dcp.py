@@ -8,12 +8,14 @@ functions that are not tests are the scenarios the rank processes run.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as torch_dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 import fsprobe
 from fsprobe.integrations import dcp
@@ -171,10 +174,34 @@ def test_a_write_failing_once_on_each_rank_is_retried_per_file_and_commits(fault
     assert (faultfs.ctl.rule(eio)["hits"], faultfs.ctl.rule(estale)["hits"]) == (1, 1)
     result = saved[0].value["result"]
     assert (result["attempts"], result["errors"]) == (1, [])  # retried per file, not whole
-    assert "rank 1" in saved[1].errors and "failed with EIO" in saved[1].errors
-    assert "rank 0" in saved[0].errors and "failed with ESTALE" in saved[0].errors
+    assert "rank 1" in saved[1].errors and "failed at write with EIO" in saved[1].errors
+    assert "rank 0" in saved[0].errors and "failed at write with ESTALE" in saved[0].errors
     faultfs.ctl.clear()
     assert_loads(target, 2, seed=1)
+    assert leftovers(faultfs.backing) == []
+
+
+def test_a_file_out_of_room_is_not_written_again_the_whole_checkpoint_moves(faultfs, tmp_path):
+    """Only a transient error is retried per file: ENOSPC under one rank's file fails the
+    attempt at once, and the next one lands whole in the fallback, for every rank."""
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    target = faultfs.mountpoint / "step-10"
+    enospc = faultfs.ctl.fail("write", "ENOSPC", path="*/__1_0.distcp", sticky=True)
+    saved = run_ranks(
+        f"{HERE}:save_state",
+        2,
+        faultfs.mountpoint,
+        target=str(target),
+        fallback_dirs=[str(fallback)],
+    )
+    result = saved[0].value["result"]
+    assert saved[1].value["result"] == result
+    assert (result["redirected"], result["attempts"], result["errors"]) == (True, 2, ["ENOSPC"])
+    assert faultfs.ctl.rule(enospc)["hits"] == 1  # not written again in place
+    assert not target.exists()
+    faultfs.ctl.clear()
+    assert assert_loads(target, 2, seed=1, fallback_dirs=[fallback]) == result["path"]
     assert leftovers(faultfs.backing) == []
 
 
@@ -265,6 +292,38 @@ def test_async_save_writes_the_state_as_it_was_when_called(tmp_path):
     saved = run_ranks(f"{HERE}:async_save_state", 2, tmp_path, target=str(target), seed=4)
     assert saved[0].value == saved[1].value and saved[0].value["result"]["path"] == str(target)
     assert_loads(target, 2, seed=4)
+
+
+class _HeldPlanner(DefaultSavePlanner):
+    """DCP's planner, held in the plan (in the background save's thread) until `release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held, self.release = threading.Event(), threading.Event()
+
+    def create_local_plan(self):
+        self.held.set()
+        assert self.release.wait(120), "the test never released the save"
+        return super().create_local_plan()
+
+
+def test_wait_saves_waits_for_a_dcp_async_save_still_in_flight(tmp_path):
+    """DCP's `async_save` runs on the writers of the default context, which
+    `fsprobe.wait_saves()` waits for, as for `fsprobe.save_async`."""
+    target = tmp_path / "step-5"
+    planner = _HeldPlanner()
+    try:
+        future = dcp.async_save(all_ranks_state(1, seed=5), target, planner=planner)
+        assert planner.held.wait(60), "the background save never started"
+        with pytest.raises(concurrent.futures.TimeoutError, match=str(target)):
+            fsprobe.wait_saves(0.5)  # held: it cannot be done, however long the wait
+        assert not future.done() and not target.exists()
+    finally:
+        planner.release.set()
+    fsprobe.wait_saves(120)
+    assert future.done()
+    assert future.result().path == str(target)
+    assert assert_loads(target, 1, seed=5) == str(target)
 
 
 def dcp_refusal(writer: torch_dcp.FileSystemWriter, state: dict) -> BaseException:
