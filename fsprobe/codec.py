@@ -60,6 +60,7 @@ class _Codec:
         return value if self.write is None else self.write(value)
 
 
+@functools.cache  # four kinds, one codec each
 def _scalar(kind: type) -> _Codec:
     # bool is an int to Python, never to a reader of JSON.
     if kind is float:
@@ -175,6 +176,12 @@ def _evaluate(node: ast.expr, namespace: Mapping[str, Any]) -> Any:
     raise TypeError(f"unsupported type hint {ast.dump(node)}")
 
 
+@functools.cache  # the same hints recur: ``str``, ``float | None``
+def _hint(text: str, module: str) -> Any:
+    """The type hint `text` in `module`."""
+    return _evaluate(ast.parse(text, mode="eval").body, vars(sys.modules[module]))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Key:
     name: str  # in the document
@@ -227,7 +234,6 @@ class Form(Generic[T]):
     @functools.cached_property
     def _keys(self) -> tuple[_Key, ...]:
         """Compiled on first use, when every form a field refers to exists."""
-        namespace = vars(sys.modules[self.cls.__module__])
         fields = {field.name: field for field in dataclasses.fields(self.cls)}  # type: ignore[arg-type]
         keys = []
         for token in self._spec:
@@ -238,7 +244,7 @@ class Form(Generic[T]):
             if field is not None:
                 hint = field.type
                 if isinstance(hint, str):
-                    hint = _evaluate(ast.parse(hint, mode="eval").body, namespace)
+                    hint = _hint(hint, self.cls.__module__)
                 codec = _codec(hint, self._named.get(name, ()))
                 if field.default is not dataclasses.MISSING:
                     absent = _constant(field.default)

@@ -11,7 +11,6 @@ import errno
 import fcntl
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass
 
@@ -67,7 +66,8 @@ class TempName:
 
 def hostname() -> str:
     """This host's short name, made safe for a file name."""
-    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname().split(".")[0]) or "localhost"
+    # os.uname() is what socket.gethostname() asks on POSIX, without loading `socket`.
+    return re.sub(r"[^A-Za-z0-9.-]", "_", os.uname().nodename.split(".")[0]) or "localhost"
 
 
 def temp_name(base: str) -> str:

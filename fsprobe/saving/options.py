@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import os
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -71,13 +69,22 @@ __all__ = [
 def _number(name: str, value: object, minimum: float, inclusive: bool) -> None:
     """TypeError unless `value` is a real number (not a bool), ValueError unless it is finite
     and at least (or above) `minimum`; both name the option."""
-    if (type(value) is not float and type(value) is not int) and (  # the usual case, fast
-        isinstance(value, bool) or not isinstance(value, numbers.Real)
-    ):
+    number = _real(value)
+    if number is None:
         raise TypeError(f"{name} takes {_seconds(minimum, inclusive)}, not {value!r}")
-    number = float(value)
     if not (number >= minimum if inclusive else number > minimum) or not math.isfinite(number):
         raise ValueError(f"{name} takes {_seconds(minimum, inclusive)}, not {value!r}")
+
+
+def _real(value: object) -> float | None:
+    """`value` as a float if it is a real number (not a bool), else None."""
+    if type(value) is float or type(value) is int:  # the usual case, fast
+        return float(value)
+    import numbers  # here: only a number that is neither float nor int needs it
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
 
 
 def _seconds(minimum: float, inclusive: bool) -> str:
@@ -127,6 +134,13 @@ def _paths(name: str, value: object) -> tuple[str, ...]:
     return tuple(_path(name, directory) for directory in given)
 
 
+def _uniform() -> float:
+    """`random.random()`."""
+    import random  # here: a save that is never retried does not load it
+
+    return random.random()
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Exponential backoff with full jitter: before retry n, sleep U(0, min(cap, base·2ⁿ⁻¹)).
@@ -139,7 +153,7 @@ class Backoff:
     base: float = 2.0
     cap: float = 15.0
     sleep: Callable[[float], None] = time.sleep
-    random: Callable[[], float] = random.random
+    random: Callable[[], float] = _uniform
 
     def __post_init__(self) -> None:
         _number("Backoff.base", self.base, 0.0, inclusive=True)
