@@ -36,11 +36,6 @@ def fsname_from_mount(mount: Mount | None) -> str | None:
     return match.group(1) if match else None
 
 
-def parse_getname(run: LfsRun) -> str:
-    """The filesystem name from ``lfs getname DIR``."""
-    return parse_getname_instance(run)[0]
-
-
 def parse_getname_instance(run: LfsRun) -> tuple[str, str]:
     """The filesystem name and the mount's instance from ``lfs getname DIR``."""
     if run.status != 0:
@@ -68,11 +63,6 @@ def parse_pool_members(run: LfsRun, fsname: str, pool: str) -> frozenset[str]:
             raise ProbeFailure(PARSE, f"{run.command}: cannot read {line.strip()!r}")
         members.add(member.group(1))
     return frozenset(members)
-
-
-def parse_version(run: LfsRun) -> tuple[int, int]:
-    """(major, minor) from ``lfs --version``."""
-    return parse_printed_version(run)[0]
 
 
 def parse_printed_version(run: LfsRun) -> tuple[tuple[int, int], str]:

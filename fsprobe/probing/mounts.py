@@ -6,8 +6,6 @@ points are octal-escaped (``\\040``) and unescaped before comparison.
 
 from __future__ import annotations
 
-import errno
-import os
 import re
 from collections.abc import Iterable
 
@@ -65,28 +63,3 @@ def find_mount(real_path: str, mounts: Iterable[Mount] | None = None) -> Mount |
         ):
             best = mount
     return best
-
-
-def nearest_existing(path: str) -> str:
-    """`path` made absolute and resolved, or its nearest ancestor that exists.
-
-    A checkpoint directory often does not exist before the first save; the directory that will
-    hold it has the same filesystem and (almost always) the same quota as its parent. Only a
-    name that does not exist (ENOENT) hands over to its parent: a symlink loop (ELOOP), a file
-    in the way (ENOTDIR) or a directory we may not search (EACCES) is raised, an error of the
-    target itself, never judged by a parent that is fine. An empty path is refused (ENOENT),
-    not taken for the working directory.
-    """
-    if not path:
-        raise FileNotFoundError(errno.ENOENT, "an empty path names no directory", path)
-    candidate = os.path.abspath(path)
-    while True:
-        try:
-            os.stat(candidate)
-        except FileNotFoundError:
-            parent = os.path.dirname(candidate)
-            if parent == candidate:
-                raise
-            candidate = parent
-        else:
-            return os.path.realpath(candidate)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsprobe.cli import main
-from fsprobe.probing.mounts import find_mount, nearest_existing
+from fsprobe.probing.quota import locate
 from tests.support.cli import cli_runner
 from tests.support.fakes.fake_lfs import FakeLfs, fake_lfs_for
 
@@ -102,7 +102,7 @@ def test_json_contract(tmp_path: Path, fake_lfs: FakeLfs):
     assert set(document) == JSON_KEYS
     assert document["provider"] == "lfs"
     assert document["path"] == str(tmp_path)
-    assert document["mountpoint"] == find_mount(nearest_existing(str(tmp_path))).mountpoint
+    assert document["mountpoint"] == locate(str(tmp_path))[1].mountpoint
     assert (document["inaccurate"], document["errors"]) == (False, [])
     project = document["quota"][2]
     assert (project["type"], project["id"]) == ("project", 4242)
@@ -127,7 +127,7 @@ def test_partial_result_exits_0_with_warnings(tmp_path: Path, fake_lfs: FakeLfs)
 
 
 def test_not_lustre_is_said_plainly(tmp_path: Path, fake_lfs: FakeLfs):
-    fstype = find_mount(nearest_existing(str(tmp_path))).fstype
+    fstype = locate(str(tmp_path))[1].fstype
     result = run(str(tmp_path / "ckpt"))
     assert result.exit_code == 3
     assert result.stderr == (

@@ -14,9 +14,9 @@ from fsprobe.lustre.layout import Component, Layout, parse_layout
 from fsprobe.lustre.placement import Placement
 from fsprobe.lustre.pools import (
     fsname_from_mount,
-    parse_getname,
+    parse_getname_instance,
     parse_pool_members,
-    parse_version,
+    parse_printed_version,
 )
 from fsprobe.lustre.runner import LfsRun
 from fsprobe.model import LustreTarget, Mount
@@ -48,9 +48,9 @@ def read(name: str, case: dict[str, Any]) -> object:
         fsname, pool = case["command"].split()[-1].split(".")
         return {"members": sorted(parse_pool_members(run, fsname, pool))}
     if kind == "getname":
-        return {"fsname": parse_getname(run)}
+        return {"fsname": parse_getname_instance(run)[0]}
     assert kind == "version"
-    return {"version": list(parse_version(run))}
+    return {"version": list(parse_printed_version(run)[0])}
 
 
 @pytest.mark.parametrize(("name", "case"), CASES, ids=[name for name, _ in CASES])
@@ -113,8 +113,8 @@ LAYOUT_SAMPLES = [case["stdout"] for name, case in CASES if name.startswith("get
 READERS = {
     "getstripe": parse_layout,
     "pool_list": lambda run: parse_pool_members(run, "lustre", "flash"),
-    "getname": parse_getname,
-    "version": parse_version,
+    "getname": parse_getname_instance,
+    "version": parse_printed_version,
 }
 
 

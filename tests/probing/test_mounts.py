@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from fsprobe.probing.mounts import find_mount, nearest_existing, parse_mountinfo, read_mounts
+from fsprobe.probing.mounts import find_mount, parse_mountinfo, read_mounts
+from fsprobe.probing.quota import locate
 
 MOUNTINFO = (
     "22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
@@ -49,10 +50,10 @@ def test_real_mount_table_has_root():
     assert find_mount("/", read_mounts()).mountpoint == "/"
 
 
-def test_nearest_existing_walks_up_and_resolves_symlinks(tmp_path):
+def test_a_target_not_made_yet_is_stood_in_for_by_its_nearest_existing_directory(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     link = tmp_path / "link"
     link.symlink_to(real)
-    assert nearest_existing(str(link / "not" / "yet")) == os.path.realpath(real)
-    assert nearest_existing(str(real)) == os.path.realpath(real)
+    assert locate(str(link / "not" / "yet"))[0] == os.path.realpath(real)  # symlinks resolved
+    assert locate(str(real))[0] == os.path.realpath(real)
