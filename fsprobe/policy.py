@@ -163,8 +163,10 @@ class Verdict:
     when the verdict stops holding if no new probe result comes (the first of its results to
     go stale), None when there is nothing it could hold on.
 
-    The answers are computed on first use and kept: the save hook reuses one verdict for as
-    long as the daemon's state file is unchanged, which keeps each call in microseconds.
+    The answers to what a save asks (`refusing`, `passing`, `can_take_save`,
+    `acceptable_destination`) are worked out once, when the verdict is made: the save hook
+    reuses one verdict for as long as the daemon's state file is unchanged, and asks the
+    policy once for a new one, which keeps each call in microseconds.
     """
 
     status: Status
@@ -172,23 +174,28 @@ class Verdict:
     headroom: Headroom
     fits: bool | None = None
     fresh_until: float | None = None
+    refusing: tuple[Reason, ...] = field(init=False, repr=False, compare=False)
+    passing: tuple[Reason, ...] = field(init=False, repr=False, compare=False)
+    can_take_save: bool = field(init=False, repr=False, compare=False)
+    acceptable_destination: bool = field(init=False, repr=False, compare=False)
 
-    @functools.cached_property
-    def refusing(self) -> tuple[Reason, ...]:
-        """Why the target cannot take the save, and waiting will not change that."""
-        return tuple(r for r in self.reasons if r.errno is not None and not r.transient)
-
-    @functools.cached_property
-    def passing(self) -> tuple[Reason, ...]:
-        """Trouble in the way of the save that is expected to pass by itself."""
-        return tuple(r for r in self.reasons if r.transient)
-
-    @functools.cached_property
-    def can_take_save(self) -> bool:
-        """Whether a save should be written here now: nothing refuses it, nothing passing is
-        bad enough (unhealthy, or in the way of its writes) to write elsewhere instead."""
-        return not self.refusing and not any(
-            r.severity is Severity.UNHEALTHY or r.code in IN_THE_WAY for r in self.passing
+    def __post_init__(self) -> None:
+        refusing = tuple(r for r in self.reasons if r.errno is not None and not r.transient)
+        passing = tuple(r for r in self.reasons if r.transient)
+        answer = functools.partial(object.__setattr__, self)
+        answer("refusing", refusing)  # why the target cannot take it, and waiting won't help
+        answer("passing", passing)  # trouble in the way that is expected to pass by itself
+        # Write here now: nothing refuses it, nothing passing is bad enough (unhealthy, or in
+        # the way of its writes) to write elsewhere instead.
+        answer(
+            "can_take_save",
+            not refusing
+            and not any(r.severity is Severity.UNHEALTHY or r.code in IN_THE_WAY for r in passing),
+        )
+        # Good enough to redirect a save to: judged, and nothing in the way at all.
+        answer(
+            "acceptable_destination",
+            self.status is not Status.UNKNOWN and not (refusing or passing),
         )
 
     @property
@@ -196,11 +203,6 @@ class Verdict:
         """Whether waiting may make the save go better here: trouble that passes, none that
         stays."""
         return bool(self.passing) and not self.refusing
-
-    @functools.cached_property
-    def acceptable_destination(self) -> bool:
-        """Good enough to redirect a save to: judged, and nothing in the way at all."""
-        return self.status is not Status.UNKNOWN and not self.refusing and not self.passing
 
     @property
     def concerns(self) -> tuple[Reason, ...]:

@@ -18,7 +18,6 @@ from fsprobe.codec import Form, FormatError
 from fsprobe.model import LastSave
 from fsprobe.posix.atomic import lock_within
 from fsprobe.posix.outputdir import OutputDirectory
-from fsprobe.posix.paths import is_under
 from fsprobe.report import Report
 
 SCHEMA = 1
@@ -279,14 +278,21 @@ class StateFile:
         """The watched target that is `path` or its closest ancestor.
 
         A save into ``ckpt/epoch-5/`` is judged by the daemon's view of ``ckpt/``: same
-        filesystem, same quota.
+        filesystem, same quota. Targets are absolute paths (the daemon's configuration makes
+        them so): `path` and its ancestors are looked up, nearest first.
         """
         path = os.path.abspath(path)
-        best = None
-        for target in self._documents:
-            if is_under(path, target) and (best is None or len(target) > len(best)):
-                best = target
-        return best
+        while path not in self._documents:
+            parent = os.path.dirname(path)
+            if parent == path:
+                return None
+            path = parent
+        return path
+
+    def watching(self, path: str) -> tuple[str, TargetState] | None:
+        """The watched target that judges `path` (`target_for`) and its state, or None."""
+        target = self.target_for(path)
+        return None if target is None else (target, self.target(target))
 
 
 class StateReader:

@@ -14,7 +14,7 @@ import socket
 import stat
 import threading
 
-from fsprobe.events.event import MAX_EVENT_BYTES, Goodbye, SaveEvent
+from fsprobe.events.event import MAX_EVENT_BYTES, Goodbye
 from fsprobe.state import default_state_dir
 
 SOCKET_NAME = "events.sock"
@@ -24,17 +24,18 @@ MAX_GOODBYES = 16
 log = logging.getLogger("fsprobe.events")
 
 
-def report(event: SaveEvent, state_dir: str | None = None) -> bool:
-    """Send `event` to the daemon of `state_dir` (the default state dir if None); whether it
-    was handed to the kernel. Never raises, never blocks."""
+def send(datagram: bytes, state_dir: str | None = None) -> bool:
+    """Send a save event's `datagram` (`SaveEvent.encode`) to the daemon of `state_dir` (the
+    default state dir if None); whether it was handed to the kernel. Never raises, never
+    blocks."""
     try:
         directory = state_dir or default_state_dir()
-        sent = _send(event.encode(), directory)
+        sent = _send(datagram, directory)
         if sent:
             _GOODBYES.remember(directory)
         return sent
     except Exception as error:  # a report must never fail a save
-        log.debug("save event for %s not sent: %s", event.requested, error)
+        log.debug("save event not sent to %s: %s", state_dir, error)
         return False
 
 

@@ -61,7 +61,6 @@ from fsprobe.saving.commit import (
     SaveSteps,
     Staging,
     attempt_until_done,
-    clean_directory,
     collective_failure,
     deciding,
     default_context,
@@ -220,7 +219,6 @@ class FsprobeWriter(FileSystemWriter):
         self._driven: RetryState | None = None  # the checkpoint whose attempts `save` makes
         self._staging: Staging | None = None  # the coordinator's, until published or dropped
         self._committed = 0  # the bytes `finish` published
-        self._cleaned: set[str] = set()
 
     # -- the attempts of one checkpoint (made by `save` and `async_save` below) ----------------
 
@@ -278,7 +276,7 @@ class FsprobeWriter(FileSystemWriter):
         self._attempts = state
         destination = state.destination
         try:
-            state.prepare(clean_directory, self._cleaned)
+            state.prepare()
             self._staging = Staging(destination)
         except OSError as error:
             raise FailedAttempt.of(error, "mkdir") from error
@@ -345,8 +343,8 @@ class FsprobeWriter(FileSystemWriter):
             return sum(result.storage_data.length for result in written[-1])
 
         part = RetryState(str(task[0]), self.options, context=self.context, part=True)
-        # never redirected, nothing to prepare: `clean` and `digest` are not called
-        steps = SaveSteps(write, clean_directory, sha256_of, prepares_itself=True)
+        # never redirected, nothing to prepare: `digest` is not called
+        steps = SaveSteps(write, sha256_of, prepares_itself=True)
         try:
             attempt_until_done(part, steps)
         except SaveError as gave_up:
@@ -498,7 +496,6 @@ def save(
     with writer.driven(requested) as state:
         steps = SaveSteps(
             lambda destination: attempt(),  # the writer's plan knows where
-            clean_directory,
             sha256_of_directory,
             functools.partial(_broadcast, group=process_group),
             prepares_itself=True,

@@ -138,10 +138,11 @@ def unclaim(identity: tuple[int, int]) -> None:
 class TempFile:
     """A temp file of this process: created exclusively, locked until `release`.
 
-    `name` is relative to `dir_fd`, or a path when `dir_fd` is None. `fd` (open for writing,
-    and reading if `readable`) belongs to the TempFile and is closed by `release`: the lock
-    lives as long as it does. A writer that closes its own stream opens it on a duplicate.
-    As a context manager, a TempFile that was not renamed is removed on the way out.
+    `name` is relative to `dir_fd`, or a path when `dir_fd` is None; `identity` is its
+    (st_dev, st_ino). `fd` (open for writing, and reading if `readable`) belongs to the
+    TempFile and is closed by `release`: the lock lives as long as it does. A writer that
+    closes its own stream opens it on a duplicate. As a context manager, a TempFile that was
+    not renamed is removed on the way out.
     """
 
     def __init__(
@@ -153,7 +154,7 @@ class TempFile:
         self.fd = os.open(name, flags, mode, dir_fd=dir_fd)
         self.renamed = False
         info = os.fstat(self.fd)
-        self._identity = (info.st_dev, info.st_ino)
+        self.identity = (info.st_dev, info.st_ino)
         try:
             claim(self.fd)
         except OSError:
@@ -213,14 +214,14 @@ class TempFile:
         """Remove the file if its name is still this file (not released: `release` closes)."""
         try:
             named = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
-            if (named.st_dev, named.st_ino) == self._identity:
+            if (named.st_dev, named.st_ino) == self.identity:
                 os.unlink(self.name, dir_fd=self.dir_fd)
         except FileNotFoundError:
             pass
 
     def release(self) -> None:
         """Close the descriptor, which drops the lock; the file is no longer being written."""
-        unclaim(self._identity)
+        unclaim(self.identity)
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)

@@ -34,7 +34,6 @@ from fsprobe.saving.retry import (
     run_attempts,
     start,
 )
-from fsprobe.saving.stale import clean_directory
 
 __all__ = [
     "DEFAULT_ATTEMPTS",
@@ -55,7 +54,6 @@ __all__ = [
     "SaveSteps",
     "Staging",
     "attempt_until_done",
-    "clean_directory",
     "collective_failure",
     "deciding",
     "default_context",

@@ -5,7 +5,6 @@ made (docs/design.md §7, "Abandoning an attempt").
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -64,24 +63,16 @@ class Progress:
 def bounded(
     timeout: float | None,
     attempt: Callable[[str, Progress], int],
+    destination: str,
     stop: threading.Event | None = None,
-) -> Callable[[str], int]:
-    """`attempt(destination, progress)` as one attempt of a save (`fsprobe.saving.retry.SaveSteps`)
-    with at most `timeout` seconds for it; inline when None.
+) -> int:
+    """`attempt(destination, progress)`, one attempt of a save, with at most `timeout` seconds
+    for it; inline when None. (`functools.partial` of it is a `SaveSteps.write`.)
 
     The attempt raises `FailedAttempt` (``TIMEOUT``, at the step it is stuck in) past the
     deadline, KeyboardInterrupt at its next step once `stop` is set, and whatever `attempt`
     raised otherwise.
     """
-    return functools.partial(_within, timeout, attempt, stop)
-
-
-def _within(
-    timeout: float | None,
-    attempt: Callable[[str, Progress], int],
-    stop: threading.Event | None,
-    destination: str,
-) -> int:
     progress = Progress(stop)
     if timeout is None:
         return attempt(destination, progress)

@@ -17,7 +17,6 @@ from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options
 from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import FailedAttempt, SaveResult, SaveSteps, failure_of, run_attempts
-from fsprobe.saving.stale import clean_directory
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -98,13 +97,13 @@ def save_dir(
         path,
         chosen,
         SaveSteps(
-            write=bounded(
+            write=functools.partial(
+                bounded,
                 chosen.save_timeout,
                 lambda destination, progress: write_directory_once(
                     destination, write, chosen.fsync, progress
                 ),
             ),
-            clean=clean_directory,
             digest=sha256_of_directory,
         ),
         context,

@@ -38,7 +38,6 @@ from fsprobe.saving.retry import (
     failure_of,
     start,
 )
-from fsprobe.saving.stale import clean_directory
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -136,7 +135,7 @@ def _write_part(
         return 0
 
     try:
-        bounded(options.save_timeout, part)(staging)
+        bounded(options.save_timeout, part, staging)
     except FailedAttempt as held:  # TIMEOUT: abandoned at the deadline, left behind
         return _Outcome(rank, failure=_of_rank(rank, held)), None
     except Exception as error:
@@ -209,9 +208,7 @@ def _coordinate(
             group.broadcast(_Order(error=decision))
         # the next attempt: the other ranks wait for its order meanwhile
 
-    return attempt_until_done(
-        tries, SaveSteps(attempt, clean_directory, sha256_of_directory, announce)
-    )
+    return attempt_until_done(tries, SaveSteps(attempt, sha256_of_directory, announce))
 
 
 def _follow(group: _Group, write: Callable[[str], Written], options: SaveOptions) -> SaveResult:

@@ -6,6 +6,7 @@ one attempt is docs/design.md §7.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fsprobe.extras import import_extra
-from fsprobe.posix.atomic import TempFile, fsync_directory, temp_name
+from fsprobe.posix.atomic import CLAIMS, TempFile, fsync_directory, temp_name
 from fsprobe.redirect.manifest import sha256_of
 from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options, split_keywords
@@ -27,7 +28,6 @@ from fsprobe.saving.retry import (
     failure_of,
     run_attempts,
 )
-from fsprobe.saving.stale import clean_directory
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -160,9 +160,10 @@ def _write_once(
         )
     except OSError as error:
         raise FailedAttempt.of(error, "create") from error
-    stream = AtomicFile(temp, progress)
+    stream: AtomicFile | None = None
     try:
         progress.made(temp.remove)
+        stream = AtomicFile(temp, progress)
         try:
             progress.step = "write"
             write(stream)
@@ -185,14 +186,15 @@ def _write_once(
             fsync_directory(directory)
         return size
     except OSError as error:
-        if stream.first_error is not None:
+        if stream is not None and stream.first_error is not None:
             raise FailedAttempt.of(
                 stream.first_error, stream.first_error_step or progress.step
             ) from error
         raise FailedAttempt.of(error, progress.step) from error
     finally:
         if not temp.renamed:
-            stream.discard()
+            if stream is not None:
+                stream.discard()
             _remove_temp(temp)
         temp.release()
 
@@ -202,8 +204,9 @@ def _remove_temp(temp: TempFile) -> None:
     what it is (after an EIO the handle's close fails too, once the file is already gone)."""
     try:
         temp.remove()
-    except OSError as error:  # the next save's stale-temp cleanup gets another chance
+    except OSError as error:  # the next attempt there removes it (`fsprobe.saving.stale`)
         log.warning("could not remove the temp file %s: %s", temp.name, error)
+        CLAIMS.abandoned.add(temp.identity)
         removed = False
     else:
         removed = True
@@ -252,14 +255,14 @@ def write_file(
         path,
         options,
         SaveSteps(
-            write=bounded(
+            write=functools.partial(
+                bounded,
                 options.save_timeout,
                 lambda destination, progress: _write_once(
                     destination, write, options.fsync, progress
                 ),
-                stop,
+                stop=stop,
             ),
-            clean=clean_directory,
             digest=sha256_of,
         ),
         context,

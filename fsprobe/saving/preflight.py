@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # types only: what is built on first use (`SaveContext`), or 
     from fsprobe.saving.inline import InlineProbes
     from fsprobe.saving.options import SaveOverrides
     from fsprobe.saving.writers import BackgroundSaves
+    from fsprobe.state import TargetState
+
+    #: A watched target in the state file, and its state.
+    Watched = tuple[str, TargetState]
 
 log = logging.getLogger("fsprobe.preflight")
 
@@ -160,10 +164,11 @@ class SaveContext:
     The state readers (one per state directory, so that its parse cache serves every call),
     the verdicts made from the state file, the inline probes' results (reused for
     `INLINE_CACHE_SECONDS`), the size of the last save per file and per directory (the default
-    need of the next one), the warnings said once, the inline probes and the probe runner
-    they run in (`fsprobe.probing.worker.shared_runner` unless given), and the writer threads
-    of its background saves; the last two are built on first use. Every public function takes
-    one as ``context=``, `default_context()` unless given; a test or an embedding builds its own.
+    need of the next one), the directories cleaned of crashed saves' leftovers, the warnings
+    said once, the inline probes and the probe runner they run in
+    (`fsprobe.probing.worker.shared_runner` unless given), and the writer threads of its
+    background saves; the last two are built on first use. Every public function takes one as
+    ``context=``, `default_context()` unless given; a test or an embedding builds its own.
     """
 
     def __init__(
@@ -178,14 +183,17 @@ class SaveContext:
         self._seen: dict[str, None] = {}  # directories seen to exist (`saw`)
         self._readers: dict[str, StateReader] = {}
         self._warned: set[str] = set()
-        #: Verdicts made from the state file, by directory, with the parsed file and the need
+        #: Verdicts made from the state file, by directory, with the target's state and the need
         #: they were made for: reused while the `StateReader` hands out the same parsed file.
         self._state_judgements: dict[
-            str, tuple[StateFile, tuple[int | None, int | None], _Judged]
+            str, tuple[TargetState, tuple[int | None, int | None], _Judged]
         ] = {}
         self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
         self._probes: InlineProbes | None = None
         self._background: BackgroundSaves | None = None
+        #: The directories this context cleaned of crashed saves' leftovers (`was_cleaned`):
+        #: a save cleans its directory only when it is not here (docs/design.md §7).
+        self.cleaned: dict[str, None] = {}
 
     # What only some saves use is built, and its module imported, on first use: the only
     # imports inside a function in fsprobe (docs/design.md §3, tests/package/test_layout.py).
@@ -244,6 +252,16 @@ class SaveContext:
         with self._lock:
             return os.path.abspath(directory) in self._seen
 
+    def was_cleaned(self, directory: str, cleaned: bool = True) -> None:
+        """`directory` was just cleaned of crashed saves' leftovers (`fsprobe.saving.stale`):
+        the next saves into it need not look again. With `cleaned` False, an attempt there
+        failed: what it could not remove goes before the next attempt there."""
+        with self._lock:
+            if cleaned:
+                _remember(self.cleaned, directory, None, self._entries)
+            else:
+                self.cleaned.pop(directory, None)
+
     def warn_missing_fallbacks(self, options: SaveOptions) -> None:
         """Say once per process, at the first save that names it, which fallback directory of
         `options` does not exist (checked in the probe runner, bounded by `options.timeout`):
@@ -252,7 +270,7 @@ class SaveContext:
             new = [f for f in options.fallback_dirs if f"fallback:{f}" not in self._warned]
         if not new:
             return
-        checks = self._check_existence(new, self._read_state(options.state_dir), options.timeout)
+        checks = self._check_existence(new, self._read_state(options.state_dir)[0], options.timeout)
         for fallback, check in checks.items():
             exists = check()
             if exists.ok and exists.value:
@@ -280,24 +298,30 @@ class SaveContext:
             self._warned.add(key)
         log.log(level, "%s", message)
 
-    def _reader(self, state_dir: str | None) -> StateReader:
-        directory = state_dir or default_state_dir()
-        reader = self._readers.get(directory)
+    def _read_state(
+        self, state_dir: str | None, directory: str | None = None
+    ) -> tuple[StateFile | None, Watched | None]:
+        """The daemon's trusted state file, or None (said once) when there is none to use; and
+        with `directory`, the watched target that judges it with that target's state (None if
+        none does, or if its entry does not read: said once). The file is asked once, for both.
+        """
+        state_dir = state_dir or default_state_dir()
+        reader = self._readers.get(state_dir)
         if reader is None:  # two threads may race here; setdefault keeps one reader for both
-            reader = self._readers.setdefault(directory, StateReader(directory))
-        return reader
-
-    def _read_state(self, state_dir: str | None) -> StateFile | None:
-        """The daemon's trusted state file, or None (said once) when there is none to use."""
-        reader = self._reader(state_dir)
+            reader = self._readers.setdefault(state_dir, StateReader(state_dir))
+        state: StateFile | None = None
         try:
             state = reader.read()
+            watched = None if state is None or directory is None else state.watching(directory)
         except (StateFileError, OSError) as error:
-            self.warn_once(
-                f"state:{error}",
-                f"not using the fsprobe state file: {error}; probing inline instead",
-            )
-            return None
+            if state is not None:  # the file reads, this target's entry in it does not
+                self.warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
+            else:
+                self.warn_once(
+                    f"state:{error}",
+                    f"not using the fsprobe state file: {error}; probing inline instead",
+                )
+            return state, None
         if state is None:
             self.warn_once(
                 f"absent:{reader.path}",
@@ -305,39 +329,49 @@ class SaveContext:
                 "probing inline instead",
                 logging.INFO,
             )
-        return state
+        return state, watched
+
+    def _watched(self, state: StateFile | None, directory: str) -> Watched | None:
+        """The watched target that judges `directory` and its state, as `_read_state` says."""
+        if state is None:
+            return None
+        try:
+            return state.watching(directory)
+        except StateFileError as error:
+            self.warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
+            return None
 
     def _from_state(
         self,
         directory: str,
-        state: StateFile | None,
+        watched: Watched | None,
         need_bytes: int | None,
         need_inodes: int | None,
     ) -> _Judged | None:
-        """The daemon's verdict on `directory` for this save, or None if it has none to give."""
-        if state is None:
+        """The daemon's verdict on `directory` (judged by `watched`) for this save, or None if
+        it has none to give. The policy is asked once: the verdict for this need answers
+        everything a save asks of it (`policy.Verdict`); only its freshness is asked again."""
+        if watched is None:
             return None
+        target, target_state = watched
         need = (need_bytes, need_inodes)
+        now = time.time()
         cached = self._state_judgements.get(directory)  # replaced whole, never mutated
-        if cached is not None and cached[0] is state and cached[1] == need:
+        if cached is not None and cached[0] is target_state and cached[1] == need:
             judged = cached[2]
+            fresh = judged.verdict.is_fresh(now)
         else:
-            target = state.target_for(directory)
-            if target is None:
-                return None
-            try:
-                report = state.target(target).report
-            except StateFileError as error:
-                self.warn_once(f"corrupt:{error}", f"{error}; probing inline instead")
-                return None
-            judged = _Judged(target, judge_need(report.verdict, need_bytes, need_inodes), "state")
+            verdict = judge_need(target_state.report.verdict, need_bytes, need_inodes)
+            fresh = verdict.is_fresh(now)
+            judged = _Judged(target, verdict, "state")
             with self._lock:
-                _remember(self._state_judgements, directory, (state, need, judged), self._entries)
+                _remember(
+                    self._state_judgements, directory, (target_state, need, judged), self._entries
+                )
         verdict = judged.verdict
         if verdict.status is Status.UNKNOWN:
             return None  # the daemon has seen nothing yet; a probe of our own says more
-        now = time.time()
-        if not verdict.is_fresh(now):
+        if not fresh:
             since = (
                 f" {format_duration(now - verdict.fresh_until)} ago" if verdict.fresh_until else ""
             )
@@ -352,12 +386,10 @@ class SaveContext:
     def _exists_in_state(self, directory: str, state: StateFile | None) -> bool | None:
         """Whether the daemon, watching `directory` itself with a fresh verdict, found it a
         directory; None when its state cannot say."""
-        if state is None or state.target_for(directory) != directory:
+        watched = self._watched(state, directory)
+        if watched is None or watched[0] != directory:
             return None
-        try:
-            report = state.target(directory).report
-        except StateFileError:
-            return None
+        report = watched[1].report
         fs: FilesystemInfo | None = report.snapshot.value("statvfs")
         if fs is None or not report.verdict.is_fresh(time.time()):
             return None
@@ -412,7 +444,9 @@ class SaveContext:
         judgements: dict[str, _Judged] = {}
         unanswered = []
         for directory in dict.fromkeys(directories):
-            judged = self._from_state(directory, state, need_bytes, need_inodes)
+            judged = self._from_state(
+                directory, self._watched(state, directory), need_bytes, need_inodes
+            )
             if judged is None:
                 unanswered.append(directory)
             else:
@@ -477,7 +511,7 @@ class SaveContext:
         candidates = _candidates(requested, tuple(os.fspath(d) for d in fallback_dirs))
         if not candidates:
             return None
-        state = self._read_state(options.state_dir)
+        state = self._read_state(options.state_dir)[0]
         existence = self._check_existence([c.fallback for c in candidates], state, options.timeout)
         judgements = self._judge_all(
             [c.directory for c in candidates],
@@ -488,6 +522,12 @@ class SaveContext:
             fresh=True,
         )
         return _first_acceptable(candidates, existence, judgements, requested, skipped)
+
+    def preflight_save(self, requested: str, options: SaveOptions) -> Decision | None:
+        """The preflight of a save of `requested` (absolute): the fallbacks that do not exist
+        said once (`warn_missing_fallbacks`), then the decision (None without a preflight)."""
+        self.warn_missing_fallbacks(options)
+        return self.preflight(requested, options) if options.preflight else None
 
     def _judged_directory(self, requested: str, state: StateFile | None, timeout: float) -> str:
         """`requested` if it is a directory, else its parent; decided without touching the
@@ -519,7 +559,11 @@ class SaveContext:
         not `path` exists yet; with `directory_itself`, by `path` when it is a directory."""
         timeout, need_inodes = options.timeout, options.need_inodes
         requested = os.path.abspath(os.fspath(path))
-        state = self._read_state(options.state_dir)  # once: every answer below is from it
+        # The state file is read once: every answer below is from it. A directory judged
+        # itself is judged by the same watched target as its parent (`_judged_directory`).
+        state, watched = self._read_state(
+            options.state_dir, requested if directory_itself else os.path.dirname(requested)
+        )
         if directory_itself:
             directory = self._judged_directory(requested, state, timeout)
         else:
@@ -533,7 +577,7 @@ class SaveContext:
         # fresh state file, pays for none of it.
         candidates: list[_Candidate] | None = None
         existence: dict[str, Callable[[], ProbeResult[bool]]] | None = None
-        target = self._from_state(directory, state, need, need_inodes)
+        target = self._from_state(directory, watched, need, need_inodes)
         if target is None:
             # The target has to be probed: the fallbacks are judged alongside it, so that a
             # hung target costs `timeout` once, not once more for the fallbacks. When the
@@ -556,9 +600,8 @@ class SaveContext:
                 again = functools.partial(
                     self._inline_settings, settings, quota, min(timeout, deadline)
                 )
-                return self._judge_all(
-                    [directory], need, need_inodes, self._read_state(options.state_dir), again, True
-                )[directory]
+                now = self._read_state(options.state_dir)[0]
+                return self._judge_all([directory], need, need_inodes, now, again, True)[directory]
 
             target, waited = _wait_for_recovery(target, options.max_wait, judge_again)
 

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
 from fsprobe.redirect.fallback import prepare_directory, redirect_path, remove_mirrored_dirs
 from fsprobe.redirect.manifest import UNLOCKED, new_entry, record
 from fsprobe.saving.options import SaveOptions
 from fsprobe.saving.preflight import Decision, SaveContext, default_context
+from fsprobe.saving.stale import clean_directory
 from fsprobe.units import format_bytes, format_seconds
 
 log = logging.getLogger("fsprobe.save")
@@ -269,6 +270,7 @@ class RetryState:
         ranks: int = 1,
         context: SaveContext | None = None,
         part: bool = False,
+        started: float | None = None,
     ) -> None:
         self.requested = requested
         self.part = part
@@ -283,15 +285,19 @@ class RetryState:
         self._skipped: dict[str, str] = {}  # why each fallback could not take the save
         self._missing: str | None = None  # the directory to save into is gone: why, in words
         self._never_existed = False  # ... and it never existed in this process: a typo
-        self._start = time.monotonic()
+        self._start = time.monotonic() if started is None else started  # before its preflight
 
-    def preflight(self) -> Decision | None:
-        """Ask the preflight where the first attempt goes; `SaveError` if it says ``fail``."""
-        options = self.options
-        self.context.warn_missing_fallbacks(options)
-        if not options.preflight:
-            return None
-        decision = self.context.preflight(self.requested, options)
+    def preflight(self) -> None:
+        """Ask the context's preflight of this save (`SaveContext.preflight_save`) where the
+        first attempt goes (`begin`); as `start` does, for a caller that made the state first."""
+        self.begin(self.context.preflight_save(self.requested, self.options))
+
+    def begin(self, decision: Decision | None) -> None:
+        """Take the preflight's `decision` (None: no preflight): the first attempt goes where it
+        says; `SaveError` if it says ``fail``, or redirects a save into a directory that never
+        existed."""
+        if decision is None:
+            return
         if decision.action == "fail":
             attempt = FailedAttempt(decision.errno or "EIO", "preflight", decision.summary())
             self.failures.append(attempt)
@@ -300,13 +306,12 @@ class RetryState:
             raise SaveError(
                 self.requested, [attempt], f"not saving {self.requested}: {decision.summary()}"
             )
-        if decision.redirected and self._never_seen_missing(known=False):
+        if decision.action == "redirect" and self._never_seen_missing(known=False):
             self.failures.append(FailedAttempt("ENOENT", "preflight", self._missing or ""))
             self._in_fallback.append(False)
             log.warning("save %s: not redirected: %s", self.requested, self._missing)
             raise self.error()
         self.destination = decision.path
-        return decision
 
     @property
     def fallback(self) -> str | None:
@@ -326,23 +331,26 @@ class RetryState:
             None,
         )
 
-    def prepare(self, clean: Callable[[str], object], cleaned: set[str]) -> None:
+    def prepare(self) -> None:
         """Before an attempt: make the destination's mirrored directories in its fallback, and
-        `clean` its directory of crashed saves' leftovers once (the directories in `cleaned`
-        are done). OSError if the fallback's directories cannot be made."""
+        clean its directory of crashed saves' leftovers if this context has not yet (or an
+        attempt there failed since: `SaveContext.cleaned`). OSError if the fallback's
+        directories cannot be made."""
         fallback = self.fallback
         if fallback is not None:
             prepare_directory(fallback, self.destination)
         directory = os.path.dirname(self.destination)
-        if directory not in cleaned:
-            cleaned.add(directory)
-            clean(directory)
+        if directory not in self.context.cleaned:
+            clean_directory(directory)
+            self.context.was_cleaned(directory)
 
     def failed(self, failure: FailedAttempt) -> NextAttempt | None:
         """Record a failed attempt and decide the next one; None means give up."""
         fallback = self.fallback
         if fallback is not None:  # leave no empty mirrored directories in a fallback
             remove_mirrored_dirs(fallback, self.destination)
+        # What it could not remove (`CLAIMS.abandoned`) goes before the next attempt there.
+        self.context.was_cleaned(os.path.dirname(self.destination), False)
         self.failures.append(failure.bare())
         self._in_fallback.append(fallback is not None)
         kind = classify(failure.errno, failure.step)
@@ -492,7 +500,8 @@ class RetryState:
         return result
 
     def _report(self, landed: str | None, nbytes: int) -> None:
-        """Tell the daemon how this save ended (never waits, never fails the save)."""
+        """Tell the daemon how this save ended: the event, built and sent (never waits, never
+        fails the save)."""
         if self.part:
             return
         event = SaveEvent(
@@ -510,7 +519,7 @@ class RetryState:
             pid=os.getpid(),
             ranks=self.ranks,
         )
-        report(event, self.options.state_dir)
+        send(event.encode(), self.options.state_dir)
 
     def _record_redirect(self, fallback: str, nbytes: int, digest_of: Callable[[str], str]) -> None:
         """Add the redirected save to the fallback's manifest, so that `fsprobe sync` finds it.
@@ -556,18 +565,15 @@ class SaveSteps(NamedTuple):
 
     `write(destination)` makes one attempt and returns the bytes written, raising
     `FailedAttempt` for an I/O failure (anything else it raises ends the save as it is);
-    `clean(directory)` removes the leftovers of crashed saves there, once per directory before
-    the first attempt into it; `digest(destination)` is the sha256 that the fallback's
-    manifest records for a redirected save; `announce` tells whoever else takes part (the
-    other ranks of a collective save) each decision: the next attempt, the result, the error.
-    With `prepares_itself` the driver leaves preparing the destination (`RetryState.prepare`)
-    to `write`, `clean` unused: DCP's attempt learns what the save needs from its plan, inside
-    the attempt, so it runs the state's preflight on its first attempt too; a part of an
-    attempt has nothing to prepare.
+    `digest(destination)` is the sha256 that the fallback's manifest records for a redirected
+    save; `announce` tells whoever else takes part (the other ranks of a collective save) each
+    decision: the next attempt, the result, the error. With `prepares_itself` the driver
+    leaves preparing the destination (`RetryState.prepare`) to `write`: DCP's attempt learns
+    what the save needs from its plan, inside the attempt, so it runs the state's preflight on
+    its first attempt too; a part of an attempt has nothing to prepare.
     """
 
     write: Callable[[str], int]
-    clean: Callable[[str], object]
     digest: Callable[[str], str]
     announce: Callable[[NextAttempt | SaveResult | SaveError], None] = lambda decision: None
     prepares_itself: bool = False
@@ -579,22 +585,26 @@ def start(
     ranks: int = 1,
     context: SaveContext | None = None,
 ) -> RetryState:
-    """The `RetryState` of a new save of `path`, its preflight run (`SaveError` if it says
+    """The `RetryState` of a new save of `path` (in `context`, `default_context()` unless
+    given), its preflight asked (`SaveContext.preflight_save`; `SaveError` if it says
     ``fail``): its `destination` is where the first attempt goes."""
-    state = RetryState(os.path.abspath(os.fspath(path)), options, ranks, context)
-    state.preflight()
+    started = time.monotonic()
+    requested = os.path.abspath(os.fspath(path))
+    context = context or default_context()
+    decision = context.preflight_save(requested, options)
+    state = RetryState(requested, options, ranks, context, started=started)
+    state.begin(decision)
     return state
 
 
 def attempt_until_done(state: RetryState, steps: SaveSteps) -> SaveResult:
     """The attempts of every kind of save, its preflight done (`start`): attempt until one
     succeeds, or the attempts give up (`SaveError`)."""
-    cleaned: set[str] = set()
     while True:
         try:
             if not steps.prepares_itself:
                 try:
-                    state.prepare(steps.clean, cleaned)
+                    state.prepare()
                 except OSError as error:
                     raise FailedAttempt.of(error, "mkdir") from error
             nbytes = steps.write(state.destination)

@@ -60,6 +60,17 @@ def is_stale(name: TempName, mtime: float, alive: bool | None, now: float) -> bo
     return age > FOREIGN_STALE_SECONDS
 
 
+def _abandoned_here(writer: TempName, identity: tuple[int, int], alive: bool | None) -> bool:
+    """Whether an attempt of this process gave up this temp file or staging directory and
+    could not remove it (`CLAIMS.abandoned`): it goes at once, whatever its age."""
+    return (
+        identity in CLAIMS.abandoned
+        and not alive
+        and writer.pid == os.getpid()
+        and writer.host == hostname()
+    )
+
+
 def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> bool:
     name = parse_temp_name(entry)
     if name is None:
@@ -75,12 +86,18 @@ def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> boo
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             return False
-        if is_live_here(info) or not is_stale(name, info.st_mtime, writer_alive(fd), now):
+        if is_live_here(info):
+            return False
+        alive, identity = writer_alive(fd), (info.st_dev, info.st_ino)
+        if not (
+            _abandoned_here(name, identity, alive) or is_stale(name, info.st_mtime, alive, now)
+        ):
             return False
         # Still the file that was checked? (Only its owner could have swapped it meanwhile.)
         if not os.path.samestat(info, os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)):
             return False
         os.unlink(entry, dir_fd=dir_fd)
+        CLAIMS.abandoned.discard(identity)
     except FileNotFoundError:
         return False
     except OSError as error:
@@ -100,7 +117,9 @@ def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> boo
 
 
 def remove_stale_temps(directory: str) -> list[str]:
-    """Remove stale temp files of crashed saves in `directory`; returns the paths removed.
+    """Remove stale temp files of crashed saves in `directory`, and those an attempt of this
+    process gave up and could not remove (`CLAIMS.abandoned`: at once, whatever their age);
+    returns the paths removed.
 
     Never raises: cleaning up is a courtesy, and must not be why a save fails.
     """
@@ -129,10 +148,8 @@ def remove_stale_staging(directory: str) -> None:
     """Clean up after crashed directory saves in `directory`: their staging directories, and
     checkpoints they retired (restored if nothing took their place, removed otherwise).
 
-    The authorship rule of temp files (`fsprobe.saving.stale`), applied to directories owned by
-    this user; from another host, the newest write anywhere in the tree counts. One that an
-    attempt of this process gave up and could not remove (`CLAIMS.abandoned`) goes at once,
-    whatever its age. Never raises.
+    The authorship rule of temp files (`remove_stale_temps`), applied to directories owned by
+    this user; from another host, the newest write anywhere in the tree counts. Never raises.
     """
     this_host, now, euid = hostname(), time.time(), os.geteuid()
     try:
@@ -156,8 +173,7 @@ def remove_stale_staging(directory: str) -> None:
                     mtime = info.st_mtime
                     if writer.host != this_host:
                         mtime = measure_tree(fd).newest_mtime
-                mine = writer.pid == os.getpid() and writer.host == this_host
-                abandoned = mine and identity in CLAIMS.abandoned and not alive
+                abandoned = _abandoned_here(writer, identity, alive)
                 if not abandoned and not is_stale(writer, mtime, alive, now):
                     continue
                 if retired:

@@ -27,7 +27,7 @@ from fsprobe.events.admission import (
     Sender,
     may_write,
 )
-from fsprobe.events.emit import SOCKET_NAME, own_socket_name, report
+from fsprobe.events.emit import SOCKET_NAME, own_socket_name, send
 from fsprobe.events.event import OUTCOMES, Failure, Goodbye, MalformedEvent, SaveEvent, decode
 from fsprobe.model import ProbeResult, WriteProbeResult
 from fsprobe.policy import Policy
@@ -107,7 +107,7 @@ def settled(daemon: DaemonProcess, marker: Path) -> None:
     before = daemon.value(name, **labels) or 0.0
     landed = str(marker / "m.pt")
     event = SaveEvent(landed, landed, 1, 0.1, 1, (), time.time(), "h", 1)
-    assert report(event, str(daemon.state_dir))
+    assert send(event.encode(), str(daemon.state_dir))
     daemon.wait_for_value(name, before + 1.0, timeout=60, **labels)
 
 
@@ -248,17 +248,17 @@ def test_with_no_daemon_a_save_neither_waits_nor_fails(tmp_path):
     assert result.path == str(target / "a.pt")
     state_dir.mkdir(mode=0o700)
     event = SaveEvent(str(target / "a.pt"), str(target / "a.pt"), 1, 0.1, 1, (), 0.0, "h", 1)
-    assert report(event, str(state_dir)) is False
+    assert send(event.encode(), str(state_dir)) is False
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     dead.bind(str(state_dir / SOCKET_NAME))
     dead.close()  # the socket file of a daemon that died
-    assert report(event, str(state_dir)) is False
+    assert send(event.encode(), str(state_dir)) is False
     reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     (state_dir / SOCKET_NAME).unlink()
     reader.bind(str(state_dir / SOCKET_NAME))
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     with reader:  # a daemon that hangs: its queue fills, the sends after that are dropped
-        sent = [report(event, str(state_dir)) for _ in range(200)]
+        sent = [send(event.encode(), str(state_dir)) for _ in range(200)]
         assert sent[0] and not all(sent)
         fsprobe.atomic_write(target / "b.pt", lambda f: f.write(b"x"), state_dir=str(state_dir))
 
@@ -271,10 +271,10 @@ def test_an_event_is_not_sent_to_a_socket_someone_else_planted(tmp_path, local_u
     os.chmod(state_dir, 0o777)  # a state dir others may write: not trusted
     event = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 0.1, 1, (), 0.0, "h", 1)
     mallory.run(_listen, str(state_dir / SOCKET_NAME))
-    assert report(event, str(state_dir)) is False
+    assert send(event.encode(), str(state_dir)) is False
     os.chmod(state_dir, 0o755)  # trusted now, but the socket in it is mallory's
     assert (state_dir / SOCKET_NAME).stat().st_uid == mallory.uid
-    assert report(event, str(state_dir)) is False
+    assert send(event.encode(), str(state_dir)) is False
 
 
 def _listen(path: str) -> None:
@@ -286,11 +286,11 @@ def _listen(path: str) -> None:
 
 FORGE = """
 import json, socket, sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
 state_dir, requested, claimed_uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
 event = SaveEvent(requested, requested, 1, 0.5, 2, (Failure("EIO", "write"),), time.time(), "h", 1)
-sent = report(event, state_dir)
+sent = send(event.encode(), state_dir)
 why = None
 if not sent:  # say why, for the assertion's message
     try:
@@ -352,12 +352,12 @@ def test_a_flood_from_one_user_is_rate_limited(tmp_path, local_users):
         os.chmod(daemon.state_dir, 0o755)
         flood = (
             "import sys, time\n"
-            "from fsprobe.events.emit import report\n"
+            "from fsprobe.events.emit import send\n"
             "from fsprobe.events.event import SaveEvent\n"
             "e = SaveEvent(sys.argv[2], sys.argv[2], 1, 0.1, 1, (), time.time(), 'h', 1)\n"
             "sent, give_up = 0, time.monotonic() + 120\n"
             "while sent < 400 and time.monotonic() < give_up:\n"  # as fast as the kernel's
-            "    if report(e, sys.argv[1]):\n"  # queue (max_dgram_qlen datagrams) takes them
+            "    if send(e.encode(), sys.argv[1]):\n"  # queue (max_dgram_qlen datagrams) takes them
             "        sent += 1\n"
             "    else:\n"
             "        time.sleep(0.001)\n"

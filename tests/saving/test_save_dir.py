@@ -25,6 +25,7 @@ from fsprobe.posix.tree import digest_tree, open_directory, opened
 from fsprobe.redirect.fallback import own_area
 from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.options import Backoff
+from fsprobe.saving.preflight import SaveContext
 from tests.support.capability import need_module
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_directory_saved
@@ -265,7 +266,7 @@ def test_saver_killed_mid_save_leaves_the_previous_checkpoint_and_the_next_save_
     assert_checkpoint(target, 1)
     a_while_ago(faultfs.mountpoint / staging)
 
-    fsprobe.save_dir(target, checkpoint_writer(3))
+    fsprobe.save_dir(target, checkpoint_writer(3), context=SaveContext())  # the job restarted
     assert_checkpoint(target, 3)
     assert os.listdir(faultfs.mountpoint) == ["ckpt"]
 
@@ -294,7 +295,7 @@ def test_a_crash_between_the_two_renames_is_repaired_by_the_next_save(faultfs):
         checkpoint_writer(2)(staging)
 
     seen: list[list[str]] = []
-    fsprobe.save_dir(target, write)
+    fsprobe.save_dir(target, write, context=SaveContext())  # the job restarted
     assert [n for n in seen[0] if not parse_temp_name(n)] == ["ckpt"]  # restored, not retired
     assert_checkpoint(target, 2)
     assert os.listdir(faultfs.mountpoint) == ["ckpt"]
@@ -304,12 +305,13 @@ def test_a_retired_checkpoint_replaced_before_the_crash_is_removed(tmp_path):
     fsprobe.save_dir(tmp_path / "ckpt", checkpoint_writer(1))
     subprocess.run([sys.executable, "-c", _RETIRE_AND_DIE, str(tmp_path)], cwd=REPO, check=True)
     a_while_ago(*(tmp_path / name for name in leftovers(tmp_path)))
-    fsprobe.save_dir(tmp_path / "other", checkpoint_writer(5))  # restores ckpt, untouched
-    assert_checkpoint(tmp_path / "ckpt", 1)
+    restarted = SaveContext()  # the job, restarted after the crash
+    fsprobe.save_dir(tmp_path / "other", checkpoint_writer(5), context=restarted)
+    assert_checkpoint(tmp_path / "ckpt", 1)  # restored, untouched
     subprocess.run([sys.executable, "-c", _RETIRE_AND_DIE, str(tmp_path)], cwd=REPO, check=True)
     a_while_ago(*(tmp_path / name for name in leftovers(tmp_path)))
     (tmp_path / "ckpt").mkdir()  # the new one made it into place before the crash
-    fsprobe.save_dir(tmp_path / "other", checkpoint_writer(6))
+    fsprobe.save_dir(tmp_path / "other", checkpoint_writer(6), context=SaveContext())
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "other"]
     assert os.listdir(tmp_path / "ckpt") == []
 
@@ -327,7 +329,9 @@ def test_a_live_or_foreign_recent_staging_dir_is_kept(tmp_path):
     fsprobe.save_dir(tmp_path / "ckpt", checkpoint_writer(1))
     assert sorted(os.listdir(tmp_path)) == sorted(["ckpt", live.name, foreign.name])
     os.utime(foreign / "shard.pt", (hour_ago, hour_ago))  # now nothing was written for 2 h
-    fsprobe.save_dir(tmp_path / "ckpt", checkpoint_writer(2))
+    fsprobe.save_dir(tmp_path / "ckpt", checkpoint_writer(2))  # cleaned already: kept
+    assert foreign.exists()
+    fsprobe.save_dir(tmp_path / "ckpt", checkpoint_writer(3), context=SaveContext())
     assert sorted(os.listdir(tmp_path)) == sorted(["ckpt", live.name])
 
 

@@ -32,7 +32,6 @@ from fsprobe.saving.retry import (
     deciding,
     first_os_error,
 )
-from fsprobe.saving.stale import clean_directory
 from fsprobe.units import format_seconds
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_file_saved
@@ -142,7 +141,7 @@ def test_saver_killed_mid_write_leaves_the_previous_checkpoint_and_its_temp_is_c
 
     a_while_ago(faultfs.mountpoint / leftover[0])  # a younger one may still be being created
     newer = model_state(seed=3)
-    fsprobe.save(newer, target)
+    fsprobe.save(newer, target, context=SaveContext())  # the job restarted
     assert leftovers(faultfs.mountpoint) == []
     assert_same_state(torch.load(target), newer)
 
@@ -356,7 +355,7 @@ def test_a_part_of_an_attempt_is_written_again_only_after_a_transient_error_and_
 
     def attempts(write: Callable[[str], int], part: bool) -> SaveResult:
         state = RetryState(str(tmp_path / "__1_0.distcp"), options, context=context, part=part)
-        steps = SaveSteps(write, clean_directory, sha256_of, prepares_itself=part)
+        steps = SaveSteps(write, sha256_of, prepares_itself=part)
         return attempt_until_done(state, steps)
 
     result = attempts(failing("EIO", "ESTALE"), part=True)

@@ -22,6 +22,8 @@ import pytest
 import fsprobe
 from fsprobe.posix.atomic import TempFile, hostname, is_live_here, parse_temp_name, temp_name
 from fsprobe.probing.write import probe_write
+from fsprobe.saving.options import Backoff
+from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.stale import (
     FOREIGN_STALE_SECONDS,
     MIN_AGE_SECONDS,
@@ -29,6 +31,7 @@ from fsprobe.saving.stale import (
     remove_stale_temps,
 )
 from tests.support.capability import require
+from tests.support.crash import leftovers
 from tests.support.users import REPO, share
 
 #: A writer that holds its temp file (locked, as every fsprobe writer does) until killed.
@@ -311,3 +314,56 @@ def test_a_staging_directory_its_attempt_could_not_remove_goes_with_the_next_sav
     else:
         fsprobe.save_dir(run / "ckpt", write)
         assert os.listdir(run) == ["ckpt"]
+
+
+def test_a_context_cleans_a_directory_once_and_the_next_process_cleans_it_again(tmp_path):
+    """A crashed save's leftover comes from a process that ended before this one saved here:
+    the first save of a process (a `SaveContext`) into a directory removes it, the later ones
+    do not look again (docs/design.md §7); a restarted job's first save does."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    crashed = temp(target, hostname(), dead_pid(), age=2 * MIN_AGE_SECONDS)
+    job = SaveContext()
+    fsprobe.atomic_write(target / "a.bin", lambda f: f.write(b"1"), context=job)
+    assert not os.path.exists(crashed)
+
+    crashed = temp(target, hostname(), dead_pid(), age=2 * MIN_AGE_SECONDS)  # after it looked
+    fsprobe.atomic_write(target / "a.bin", lambda f: f.write(b"2"), context=job)
+    assert os.path.exists(crashed)
+    assert target in [Path(d) for d in job.cleaned]
+
+    restarted = SaveContext()
+    fsprobe.atomic_write(target / "a.bin", lambda f: f.write(b"3"), context=restarted)
+    assert sorted(os.listdir(target)) == ["a.bin"]
+
+
+def test_a_temp_file_its_attempt_could_not_remove_goes_before_the_next_attempt(faultfs):
+    """An attempt that failed and could not remove its temp file (an unlink the filesystem
+    refused) leaves it to this process: the next attempt into that directory removes it at
+    once, though it is seconds old, and so does the next save after a save that gave up."""
+    run = faultfs.mountpoint / "run"
+    run.mkdir()
+    job = SaveContext()
+    fsprobe.atomic_write(run / "a.bin", lambda f: f.write(b"0"), context=job)  # cleaned
+    faultfs.ctl.fail("write", "EIO", path="/run/.fsprobe~*", times=1)
+    busy = faultfs.ctl.fail("unlink", "EBUSY", path="/run/.fsprobe~*", times=1)
+    seen: list[list[str]] = []
+
+    def write(stream) -> None:
+        seen.append(sorted(os.listdir(run)))
+        stream.write(b"x" * 4096)
+
+    quick = Backoff(sleep=lambda seconds: None)
+    fsprobe.atomic_write(run / "a.bin", write, attempts=2, backoff=quick, context=job)
+    assert faultfs.ctl.rule(busy)["hits"] == 1
+    [abandoned] = [n for n in seen[0] if parse_temp_name(n)]  # the first attempt's own
+    assert abandoned not in seen[1]  # gone before the second attempt wrote
+    assert sorted(os.listdir(run)) == ["a.bin"]
+
+    faultfs.ctl.fail("write", "EIO", path="/run/.fsprobe~*", times=1)
+    faultfs.ctl.fail("unlink", "EBUSY", path="/run/.fsprobe~*", times=1)
+    with pytest.raises(OSError):
+        fsprobe.atomic_write(run / "a.bin", write, attempts=1, redirect=False, context=job)
+    assert len(leftovers(run)) == 1
+    fsprobe.atomic_write(run / "b.bin", lambda f: f.write(b"y"), context=job)
+    assert sorted(os.listdir(run)) == ["a.bin", "b.bin"]
