@@ -71,7 +71,9 @@ PROBE = Form(  # ok is derived from error and stuck; the value is in the documen
 )
 
 
-@dataclass(frozen=True)
+#: `_Need` and `_Document` only carry a document to and from its form: never compared, hashed,
+#: printed or kept, so their classes are made without those methods (each costs an `exec`).
+@dataclass(eq=False, repr=False)
 class _Need:
     """What was asked of the target: a save of `bytes` and `inodes`."""
 
@@ -82,7 +84,7 @@ class _Need:
 NEED = Form(_Need, "bytes inodes")
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class _Document:
     """The `check --json` object as its keys hold it (docs/reference.md)."""
 

@@ -219,9 +219,10 @@ class Writer:
     failure: str | None = None
 
 
-#: The state file's top level: when, and who wrote it (keys absent in earlier versions).
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)  # carries a document from its form only, as report._Need
 class _Head:
+    """The state file's top level: when, and who wrote it (keys absent in earlier versions)."""
+
     generated_at: float
     writer: Writer
 
