@@ -12,7 +12,6 @@ from fsprobe.saving.deadline import Progress
 from fsprobe.saving.options import (
     DEFAULT_ATTEMPTS,
     DEFAULT_TIMEOUT,
-    NEED_INODES,
     OPTION_NAMES,
     Backoff,
     SaveOptions,
@@ -38,7 +37,6 @@ from fsprobe.saving.retry import (
 __all__ = [
     "DEFAULT_ATTEMPTS",
     "DEFAULT_TIMEOUT",
-    "NEED_INODES",
     "NEED_MARGIN",
     "OPTION_NAMES",
     "Backoff",

@@ -31,9 +31,6 @@ class Progress:
         """The attempt enters `step`."""
         self.step = step
 
-    def abandon(self) -> None:
-        self.abandoned.set()
-
     def made(self, remove: Callable[[], object]) -> None:
         """The attempt made something that `remove()` removes (it must never fail), which the
         attempt removes itself on its way out; raises if the save is already abandoned."""
@@ -45,7 +42,7 @@ class Progress:
         """The save was interrupted while the attempt runs in a thread of its own: abandon it,
         and remove what it made now, before the interrupt ends the process."""
         with self._lock:
-            self.abandon()
+            self.abandoned.set()
             remove, self._remove = self._remove, None
         if remove is not None:
             remove()
@@ -97,7 +94,7 @@ def bounded(
         raise
     finally:
         if not finished.is_set():
-            progress.abandon()
+            progress.abandoned.set()
     if not done:
         log.error(
             "save %s: no answer from the filesystem for %s at %s; abandoned, its thread is "

@@ -53,18 +53,6 @@ DEFAULT_ATTEMPTS = 5
 DEFAULT_TIMEOUT = 10.0
 ON_UNHEALTHY = ("proceed", "fail")
 
-__all__ = [
-    "DEFAULT_ATTEMPTS",
-    "DEFAULT_TIMEOUT",
-    "NEED_INODES",
-    "ON_UNHEALTHY",
-    "OPTION_NAMES",
-    "Backoff",
-    "SaveOptions",
-    "save_options",
-    "split_keywords",
-]
-
 
 def _number(name: str, value: object, minimum: float, inclusive: bool) -> None:
     """TypeError unless `value` is a real number (not a bool), ValueError unless it is finite

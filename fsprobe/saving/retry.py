@@ -181,19 +181,12 @@ def failure_of(
 ) -> FailedAttempt | None:
     """What a writer raising `error` at `step` means for the save; None if not an I/O failure.
 
-    The first OSError in the chain counts, not what surfaced: torch turns a failed write into
-    a RuntimeError ("unexpected pos ...") with the OSError only in its `__context__`, or into
-    "file write failed" without any errno (then ``EUNKNOWN``, treated as transient). The errno
-    is lost entirely when torch writes to a path itself (the Hugging Face Trainer, Lightning's
-    strategies), or when DCP gathers the ranks' exceptions (pickling drops `__context__`); so
-    with `where` (the directory written into, its partial files still there), a failure
-    without errno on a filesystem that has no room left now counts as ENOSPC: redirected, not
-    retried into the same full target (asked in `context`'s probe runner). A full quota
-    cannot be told this way. A file torch could not open (no inode left, a read-only mount)
-    is said in its message as the errno's strerror text: that errno counts.
-
-    An interrupt in the chain (`interrupt_in`) is no failure of the filesystem: it is raised
-    here, the original KeyboardInterrupt or SystemExit, to end the save.
+    The first OSError in the exception's chain counts, not what surfaced (torch raises a
+    RuntimeError with the OSError in its `__context__`); else the errno a message names (Rust's
+    ``(os error 5)``, torch's "open file failed with strerror: ..."). A torch write failure
+    without any errno is ``EUNKNOWN``, or ENOSPC when `where` (the directory written into) has
+    no room left now, asked in `context`'s probe runner (docs/design.md §7). An interrupt in
+    the chain (`interrupt_in`) is raised, as it was: no failure of the filesystem.
     """
     interrupt = interrupt_in(error)
     if interrupt is not None:

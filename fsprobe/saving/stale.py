@@ -46,29 +46,27 @@ def writer_alive(fd: int) -> bool | None:
     return False
 
 
-def is_stale(name: TempName, mtime: float, alive: bool | None, now: float) -> bool:
+def is_stale(
+    name: TempName,
+    mtime: float,
+    alive: bool | None,
+    now: float,
+    identity: tuple[int, int] | None = None,
+) -> bool:
     """Whether a temp of ours (by name and owner) was certainly abandoned by its writer.
 
-    `mtime` is when it was last written, `alive` what `writer_alive` said. A temp that this
-    process is writing (`fsprobe.posix.atomic.is_live_here`) is the caller's to rule out first.
+    `mtime` is when it was last written, `alive` what `writer_alive` said, `identity` its
+    (st_dev, st_ino): one that an attempt of this process gave up and could not remove
+    (`CLAIMS.abandoned`) is stale at once, whatever its age. A temp that this process is
+    writing (`fsprobe.posix.atomic.is_live_here`) is the caller's to rule out first.
     """
-    age = now - mtime
-    if alive or age < MIN_AGE_SECONDS:
+    here = name.host == hostname()
+    if alive:
         return False
-    if alive is False and name.host == hostname():
+    if here and name.pid == os.getpid() and identity in CLAIMS.abandoned:
         return True
-    return age > FOREIGN_STALE_SECONDS
-
-
-def _abandoned_here(writer: TempName, identity: tuple[int, int], alive: bool | None) -> bool:
-    """Whether an attempt of this process gave up this temp file or staging directory and
-    could not remove it (`CLAIMS.abandoned`): it goes at once, whatever its age."""
-    return (
-        identity in CLAIMS.abandoned
-        and not alive
-        and writer.pid == os.getpid()
-        and writer.host == hostname()
-    )
+    age = now - mtime
+    return age >= MIN_AGE_SECONDS and ((alive is False and here) or age > FOREIGN_STALE_SECONDS)
 
 
 def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> bool:
@@ -86,12 +84,8 @@ def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> boo
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             return False
-        if is_live_here(info):
-            return False
-        alive, identity = writer_alive(fd), (info.st_dev, info.st_ino)
-        if not (
-            _abandoned_here(name, identity, alive) or is_stale(name, info.st_mtime, alive, now)
-        ):
+        identity = (info.st_dev, info.st_ino)
+        if is_live_here(info) or not is_stale(name, info.st_mtime, writer_alive(fd), now, identity):
             return False
         # Still the file that was checked? (Only its owner could have swapped it meanwhile.)
         if not os.path.samestat(info, os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)):
@@ -173,8 +167,7 @@ def remove_stale_staging(directory: str) -> None:
                     mtime = info.st_mtime
                     if writer.host != this_host:
                         mtime = measure_tree(fd).newest_mtime
-                abandoned = _abandoned_here(writer, identity, alive)
-                if not abandoned and not is_stale(writer, mtime, alive, now):
+                if not is_stale(writer, mtime, alive, now, identity):
                     continue
                 if retired:
                     restore_or_remove_retired(parent_fd, name, retired[1])

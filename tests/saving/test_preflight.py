@@ -212,9 +212,11 @@ def test_remembered_sizes_stay_bounded_for_runs_that_save_into_new_directories()
     context = SaveContext(memory_entries=4)
     for epoch in range(10):
         context.remember_save(f"/ckpt/epoch-{epoch}/model.pt", 1000 + epoch)
-    assert context.remembered() == 4
+    # 4 entries: the last two saves, each by file and by directory
     assert context.expected_need("/ckpt/epoch-9/model.pt") == math.ceil(1009 * 1.1)
-    assert context.expected_need("/ckpt/epoch-0/model.pt") is None  # forgotten
+    assert context.expected_need("/ckpt/epoch-8/other.pt") == math.ceil(1008 * 1.1)
+    assert context.expected_need("/ckpt/epoch-7/model.pt") is None  # forgotten
+    assert context.expected_need("/ckpt/epoch-0/model.pt") is None
 
 
 def test_reads_the_state_file_that_fsprobe_run_writes(dirs):
