@@ -251,9 +251,8 @@ class SaveContext:
             return os.path.abspath(directory) in self._seen
 
     def was_cleaned(self, directory: str, cleaned: bool = True) -> None:
-        """`directory` was just cleaned of crashed saves' leftovers (`fsprobe.saving.stale`):
-        the next saves into it need not look again. With `cleaned` False, an attempt there
-        failed: what it could not remove goes before the next attempt there."""
+        """`directory` was just cleaned of crashed saves' leftovers (`fsprobe.saving.stale`);
+        with `cleaned` False, an attempt there failed: clean it again before the next one."""
         with self._lock:
             if cleaned:
                 _remember(self.cleaned, directory, None, self._entries)

@@ -281,8 +281,7 @@ class RetryState:
         self._start = time.monotonic() if started is None else started  # before its preflight
 
     def preflight(self) -> None:
-        """Ask the context's preflight of this save (`SaveContext.preflight_save`) where the
-        first attempt goes (`begin`); as `start` does, for a caller that made the state first."""
+        """`begin` with the context's `preflight_save`, for a caller that made the state first."""
         self.begin(self.context.preflight_save(self.requested, self.options))
 
     def begin(self, decision: Decision | None) -> None:

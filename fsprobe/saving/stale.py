@@ -69,14 +69,52 @@ def is_stale(
     return age >= MIN_AGE_SECONDS and ((alive is False and here) or age > FOREIGN_STALE_SECONDS)
 
 
-def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> bool:
-    name = parse_temp_name(entry)
-    if name is None:
+def clean_directory(directory: str) -> list[str]:
+    """Remove the leftovers of crashed saves in `directory`, each only once its writer is
+    certainly gone (`is_stale`): temp files, staging directories, and checkpoints a two-step
+    replace retired (restored if nothing took their place, removed otherwise). Returns the temp
+    files and staging directories removed.
+
+    Never raises: cleaning up is a courtesy, and must not be why a save fails.
+    """
+    now, removed = time.time(), []
+    try:
+        dir_fd = open_parent(directory)
+    except OSError as error:
+        log.debug("not cleaning %s: %s", directory, error)
+        return []
+    try:
+        for name in os.listdir(dir_fd):
+            if _clean(dir_fd, directory, name, now):
+                removed.append(os.path.join(directory, name))
+    except OSError as error:
+        log.debug("not cleaning %s: %s", directory, error)
+    finally:
+        os.close(dir_fd)
+    return removed
+
+
+def _clean(dir_fd: int, directory: str, name: str, now: float) -> bool:
+    """Remove `name` if it is a leftover of ours that is stale; whether it was removed."""
+    temp, retired = parse_temp_name(name), parse_retired_name(name)
+    writer = temp or (retired and retired[0])
+    if not writer:
         return False
-    try:  # only a regular file of ours is ever opened (opening a device may act on it)
-        named = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
-        if not stat.S_ISREG(named.st_mode) or named.st_uid != os.geteuid():
-            return False
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False  # gone meanwhile
+    if info.st_uid != os.geteuid():
+        return False  # nobody, root included, removes another user's
+    if stat.S_ISDIR(info.st_mode):
+        return _clean_tree(dir_fd, directory, name, writer, info, now)
+    if temp is not None and stat.S_ISREG(info.st_mode):  # a device is never opened
+        return _remove_temp_file(dir_fd, directory, name, temp, now)
+    return False
+
+
+def _remove_temp_file(dir_fd: int, directory: str, entry: str, name: TempName, now: float) -> bool:
+    try:
         fd = os.open(entry, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError:
         return False  # gone meanwhile, replaced by a symlink (ELOOP), or not ours to read
@@ -110,85 +148,35 @@ def _remove_if_stale(dir_fd: int, directory: str, entry: str, now: float) -> boo
     return True
 
 
-def remove_stale_temps(directory: str) -> list[str]:
-    """Remove stale temp files of crashed saves in `directory`, and those an attempt of this
-    process gave up and could not remove (`CLAIMS.abandoned`: at once, whatever their age);
-    returns the paths removed.
-
-    Never raises: cleaning up is a courtesy, and must not be why a save fails.
-    """
-    now = time.time()
+def _clean_tree(
+    dir_fd: int, directory: str, name: str, writer: TempName, info: os.stat_result, now: float
+) -> bool:
+    """A staging directory, or a retired checkpoint: by the rule of temp files, where from
+    another host the newest write anywhere in the tree counts."""
+    identity = (info.st_dev, info.st_ino)
     try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        with opened(open_directory(name, dir_fd)) as fd:
+            alive = True if is_live_here(os.fstat(fd)) else writer_alive(fd)
+            mtime = info.st_mtime
+            if writer.host != hostname():
+                mtime = measure_tree(fd).newest_mtime
+        if not is_stale(writer, mtime, alive, now, identity):
+            return False
+        retired = parse_retired_name(name)
+        if retired is not None:
+            restore_or_remove_retired(dir_fd, name, retired[1])
+            return False
+        if not remove_tree(dir_fd, name):
+            return False
     except OSError as error:
-        log.debug("not cleaning %s: %s", directory, error)
-        return []
-    try:
-        names = os.listdir(dir_fd)
-    except OSError as error:
-        log.debug("not cleaning %s: %s", directory, error)
-        names = []
-    try:
-        return [
-            os.path.join(directory, entry)
-            for entry in names
-            if _remove_if_stale(dir_fd, directory, entry, now)
-        ]
-    finally:
-        os.close(dir_fd)
-
-
-def remove_stale_staging(directory: str) -> None:
-    """Clean up after crashed directory saves in `directory`: their staging directories, and
-    checkpoints they retired (restored if nothing took their place, removed otherwise).
-
-    The authorship rule of temp files (`remove_stale_temps`), applied to directories owned by
-    this user; from another host, the newest write anywhere in the tree counts. Never raises.
-    """
-    this_host, now, euid = hostname(), time.time(), os.geteuid()
-    try:
-        parent_fd = open_parent(directory)
-    except OSError as error:
-        log.debug("not cleaning %s: %s", directory, error)
-        return
-    try:
-        for name in os.listdir(parent_fd):
-            temp, retired = parse_temp_name(name), parse_retired_name(name)
-            writer = temp or (retired and retired[0])
-            if not writer:
-                continue
-            try:
-                info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-                if not stat.S_ISDIR(info.st_mode) or info.st_uid != euid:
-                    continue
-                identity = (info.st_dev, info.st_ino)
-                with opened(open_directory(name, parent_fd)) as fd:
-                    alive = True if is_live_here(os.fstat(fd)) else writer_alive(fd)
-                    mtime = info.st_mtime
-                    if writer.host != this_host:
-                        mtime = measure_tree(fd).newest_mtime
-                if not is_stale(writer, mtime, alive, now, identity):
-                    continue
-                if retired:
-                    restore_or_remove_retired(parent_fd, name, retired[1])
-                elif remove_tree(parent_fd, name):
-                    CLAIMS.abandoned.discard(identity)
-                    log.info(
-                        "removed %s in %s, left by a crashed save (pid %d on %s)",
-                        name,
-                        directory,
-                        writer.pid,
-                        writer.host,
-                    )
-            except OSError as error:
-                log.warning("cannot clean up %s in %s: %s", name, directory, error)
-    except OSError as error:
-        log.debug("not cleaning %s: %s", directory, error)
-    finally:
-        os.close(parent_fd)
-
-
-def clean_directory(directory: str) -> None:
-    """Before the first attempt into `directory`: the leftovers of crashed saves, files and dirs."""
-    remove_stale_temps(directory)
-    remove_stale_staging(directory)
+        log.warning("cannot clean up %s in %s: %s", name, directory, error)
+        return False
+    CLAIMS.abandoned.discard(identity)
+    log.info(
+        "removed %s in %s, left by a crashed save (pid %d on %s)",
+        name,
+        directory,
+        writer.pid,
+        writer.host,
+    )
+    return True

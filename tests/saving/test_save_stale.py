@@ -27,8 +27,8 @@ from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.stale import (
     FOREIGN_STALE_SECONDS,
     MIN_AGE_SECONDS,
+    clean_directory,
     is_stale,
-    remove_stale_temps,
 )
 from tests.support.capability import require
 from tests.support.crash import leftovers
@@ -46,8 +46,8 @@ time.sleep(300)
 #: Remove the stale temp files of a directory; print what was removed.
 _CLEANER = """
 import json, sys
-from fsprobe.saving.stale import remove_stale_temps
-print(json.dumps(remove_stale_temps(sys.argv[1])))
+from fsprobe.saving.stale import clean_directory
+print(json.dumps(clean_directory(sys.argv[1])))
 """
 
 
@@ -118,7 +118,7 @@ def test_removes_only_temps_whose_writer_is_certainly_gone(tmp_path, caplog):
         foreign_old = temp(tmp_path, "othernode", 4242, age=FOREIGN_STALE_SECONDS + 60)
         foreign_young = temp(tmp_path, "othernode", 4243, age=2 * MIN_AGE_SECONDS)
         with caplog.at_level(logging.INFO, logger="fsprobe.save"):
-            removed = remove_stale_temps(str(tmp_path))
+            removed = clean_directory(str(tmp_path))
         assert os.path.exists(writer.path)
     finally:
         writer.stop()
@@ -126,7 +126,7 @@ def test_removes_only_temps_whose_writer_is_certainly_gone(tmp_path, caplog):
     for path in (young, foreign_young):
         assert os.path.exists(path)
     assert "left by a crashed save" in caplog.text
-    assert remove_stale_temps(str(tmp_path)) == [writer.path]  # its writer is gone now
+    assert clean_directory(str(tmp_path)) == [writer.path]  # its writer is gone now
 
 
 def test_a_temp_this_process_is_writing_is_known_without_its_lock(tmp_path):
@@ -162,10 +162,9 @@ def test_never_touches_what_is_not_ours(tmp_path):
     os.mkfifo(fifo)
     for path in (directory, fifo):
         backdate(path, 2 * FOREIGN_STALE_SECONDS)
-    assert remove_stale_temps(str(tmp_path)) == []
-    assert sorted(os.listdir(tmp_path)) == sorted(
-        [*lookalikes, directory.name, link.name, fifo.name]
-    )
+    # The directory is what a crashed directory save leaves, its staging directory: that goes.
+    assert clean_directory(str(tmp_path)) == [str(directory)]
+    assert sorted(os.listdir(tmp_path)) == sorted([*lookalikes, link.name, fifo.name])
 
 
 def test_a_live_temp_of_another_pid_namespace_is_kept(tmp_path, unshare_works):
@@ -183,11 +182,11 @@ def test_a_dead_writer_of_another_pid_namespace_is_cleaned_up(tmp_path, unshare_
     try:
         assert parse_temp_name(os.path.basename(writer.path)).pid == 1  # a pid alive here too
         backdate(writer.path, 2 * MIN_AGE_SECONDS)
-        assert remove_stale_temps(str(tmp_path)) == []  # its lock is held: alive
+        assert clean_directory(str(tmp_path)) == []  # its lock is held: alive
     finally:
         writer.stop()  # its namespace's init dies a moment after unshare (--kill-child)
     deadline = time.monotonic() + 30
-    while not (removed := remove_stale_temps(str(tmp_path))) and time.monotonic() < deadline:
+    while not (removed := clean_directory(str(tmp_path))) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert removed == [writer.path]
 
@@ -233,7 +232,7 @@ def test_a_write_probe_held_by_the_filesystem_keeps_its_file(faultfs, unshare_wo
         [name] = [n for n in os.listdir(faultfs.backing) if parse_temp_name(n)]
         backdate(faultfs.backing / name, 2 * FOREIGN_STALE_SECONDS)
         assert clean_in_new_pid_namespace(str(faultfs.mountpoint)) == []
-        assert remove_stale_temps(str(faultfs.mountpoint)) == []
+        assert clean_directory(str(faultfs.mountpoint)) == []
     finally:
         faultfs.ctl.remove(rule)
         probing.join(60)
@@ -263,14 +262,14 @@ def test_nobody_removes_another_users_temp_file_root_included(local_users, tmp_p
     crashed = Path(alice.run(temp, str(shared), hostname(), dead_pid(), "model.pt"))
     backdate(crashed, 2 * FOREIGN_STALE_SECONDS)  # long dead, by every rule but ownership
 
-    assert bob.run(remove_stale_temps, str(shared)) == []
-    assert remove_stale_temps(str(shared)) == []  # root: not its file either
+    assert bob.run(clean_directory, str(shared)) == []
+    assert clean_directory(str(shared)) == []  # root: not its file either
     assert crashed.exists()
-    assert alice.run(remove_stale_temps, str(shared)) == [str(crashed)]
+    assert alice.run(clean_directory, str(shared)) == [str(crashed)]
 
 
 def test_missing_directory_is_not_an_error(tmp_path):
-    assert remove_stale_temps(str(tmp_path / "absent")) == []
+    assert clean_directory(str(tmp_path / "absent")) == []
 
 
 def test_a_temp_name_swapped_for_a_symlink_to_it_is_not_removed(tmp_path):
