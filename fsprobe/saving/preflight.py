@@ -194,7 +194,7 @@ class SaveContext:
         self.cleaned: dict[str, None] = {}
 
     # What only some saves use is built, and its module imported, on first use: the only
-    # imports inside a function in fsprobe (docs/design.md §3, tests/package/test_layout.py).
+    # fsprobe imports inside a function (docs/design.md §3, tests/package/test_layout.py).
 
     def background(self) -> BackgroundSaves:
         """The writer threads of this context's background saves (started on first use)."""

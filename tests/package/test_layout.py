@@ -56,9 +56,9 @@ def _imports() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
 
 GRAPH, INSIDE_FUNCTIONS = _imports()
 
-#: The only imports inside a function: the parts of a `SaveContext` that only some saves use,
-#: built (and their modules loaded) on first use (docs/design.md §3): the inline probes, with
-#: the probe plan and the worker's parent side, and the background saves' writers.
+#: The only fsprobe imports inside a function: the parts of a `SaveContext` that only some
+#: saves use, built (and their modules loaded) on first use (docs/design.md §3): the inline
+#: probes, with the probe plan and the worker's parent side, and the background saves' writers.
 LAZY = {
     ("fsprobe.saving.preflight", "fsprobe.saving.inline"),
     ("fsprobe.saving.preflight", "fsprobe.saving.writers"),
