@@ -484,11 +484,11 @@ class RetryState:
                 format_bytes(nbytes),
                 format_seconds(result.seconds),
             )
-        if not self.part:
-            self._report(result.path, nbytes)
+        self._report(result.path, nbytes)
+        if not self.part:  # a part is no save of its own
             self.context.remember_save(self.requested, nbytes)
-        if not (result.redirected or self.part):
-            self.context.saw(os.path.dirname(self.requested))
+            if not result.redirected:
+                self.context.saw(os.path.dirname(self.requested))
         return result
 
     def _report(self, landed: str | None, nbytes: int) -> None:

@@ -368,5 +368,7 @@ def test_a_part_of_an_attempt_is_written_again_only_after_a_transient_error_and_
         attempts(failing("EIO", "EIO", "EIO"), part=True)  # the attempts spent
     with pytest.raises(BlockingIOError):
         daemon.recv(65536)  # nothing reported of the parts
+    assert not context.has_seen(str(tmp_path))  # nor remembered as a save there
     assert attempts(failing("EIO"), part=False).attempts == 2  # a save: reported
     assert json.loads(daemon.recv(65536))["attempts"] == 2
+    assert context.has_seen(str(tmp_path))
