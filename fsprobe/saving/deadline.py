@@ -38,6 +38,13 @@ class Progress:
             self._remove = remove
         self.go_on()
 
+    def publishing(self) -> None:
+        """The attempt publishes now (`go_on` first): what it made becomes the checkpoint, which
+        an interrupt from here on leaves in place."""
+        with self._lock:
+            self.go_on()
+            self._remove = None
+
     def interrupt(self) -> None:
         """The save was interrupted while the attempt runs in a thread of its own: abandon it,
         and remove what it made now, before the interrupt ends the process."""

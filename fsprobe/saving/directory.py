@@ -52,7 +52,7 @@ def write_directory_once(
             raise failure from error
         progress.step = "fsync"
         size = staging.sync() if fsync else staging.measure()
-        progress.go_on()
+        progress.publishing()
         staging.publish(fsync, progress.at)
         return size.bytes
     except OSError as error:

@@ -178,7 +178,7 @@ def _write_once(
         progress.step = "close"
         size = stream.size()
         stream.close()
-        progress.go_on()
+        progress.publishing()
         progress.step = "rename"
         temp.rename(final)
         if fsync:

@@ -107,10 +107,16 @@ def _clean(dir_fd: int, directory: str, name: str, now: float) -> bool:
     if info.st_uid != os.geteuid():
         return False  # nobody, root included, removes another user's
     if stat.S_ISDIR(info.st_mode):
-        return _clean_tree(dir_fd, directory, name, writer, info, now)
-    if temp is not None and stat.S_ISREG(info.st_mode):  # a device is never opened
-        return _remove_temp_file(dir_fd, directory, name, temp, now)
-    return False
+        removed = _clean_tree(dir_fd, directory, name, writer, info, now)
+    elif temp is not None and stat.S_ISREG(info.st_mode):  # a device is never opened
+        removed = _remove_temp_file(dir_fd, directory, name, temp, now)
+    else:
+        return False
+    if removed:
+        size = f" ({info.st_size} bytes)" if stat.S_ISREG(info.st_mode) else ""
+        what = f"{name} in {directory}{size}, left by a crashed save"
+        log.info("removed %s (pid %d on %s)", what, writer.pid, writer.host)
+    return removed
 
 
 def _remove_temp_file(dir_fd: int, directory: str, entry: str, name: TempName, now: float) -> bool:
@@ -137,14 +143,6 @@ def _remove_temp_file(dir_fd: int, directory: str, entry: str, name: TempName, n
         return False
     finally:
         os.close(fd)
-    log.info(
-        "removed %s/%s (%d bytes), left by a crashed save (pid %d on %s)",
-        directory,
-        entry,
-        info.st_size,
-        name.pid,
-        name.host,
-    )
     return True
 
 
@@ -172,11 +170,4 @@ def _clean_tree(
         log.warning("cannot clean up %s in %s: %s", name, directory, error)
         return False
     CLAIMS.abandoned.discard(identity)
-    log.info(
-        "removed %s in %s, left by a crashed save (pid %d on %s)",
-        name,
-        directory,
-        writer.pid,
-        writer.host,
-    )
     return True

@@ -208,3 +208,50 @@ def test_ctrl_c_to_a_job_in_a_collective_save_ends_it_on_every_rank(
     assert not target.exists() and leftovers(parent) == []
     assert events(listener) == []
     listener.close()
+
+
+#: A trainer whose save (bounded: its attempt runs in a thread of its own) is published and then
+#: held in the fsync of its directory.
+PUBLISHED = """
+import os, sys
+import fsprobe
+print("saving", flush=True)
+fsprobe.atomic_write(os.path.join(sys.argv[1], "model.pt"), lambda f: f.write(b"new"),
+                     save_timeout=600)
+print("saved", flush=True)
+"""
+
+
+def test_ctrl_c_after_the_rename_keeps_the_checkpoint_it_published(faultfs):
+    """Ctrl-C while the directory is fsynced after the rename: the checkpoint is in place, and
+    the interrupt must not remove it as the attempt's temp file (the waiting thread removes
+    what the attempt made only until it publishes)."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    faultfs.ctl.delay("fsyncdir", 5.0, path="/ckpt")
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHED, str(target)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline() == "saving\n"
+        give_up = time.monotonic() + HANG
+        while not (target / "model.pt").exists():
+            assert trainer.poll() is None, trainer.communicate()
+            assert time.monotonic() < give_up, "the save never published"
+            time.sleep(0.02)
+        trainer.send_signal(signal.SIGINT)
+        out, err = trainer.communicate(timeout=HANG)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        faultfs.ctl.clear()
+    assert trainer.returncode == -signal.SIGINT, err
+    assert "saved" not in out
+    assert (target / "model.pt").read_bytes() == b"new"
+    assert leftovers(target) == []

@@ -61,11 +61,6 @@ EXPLAINED: dict[str, str] = {
         "and its removal; forget() would then list a file it left in place (nothing is lost), "
         "and no test can time that window"
     ),
-    "fsprobe/saving/retry.py RetryState.prepare: call deleted in `cleaned.add(directory)`": (
-        "no effect a test can see: the leftovers of crashed saves are then looked for before "
-        "every attempt instead of once per directory; a second look removes only what the rules "
-        "allow and costs one directory scan per retry (why it is done once)"
-    ),
     "fsprobe/posix/atomic.py TempFile.__init__: 384 -> 385 in "
     "`self, dir_fd: int | None, name: str, mode: int = 0o600, readable: bool = False`": (
         "no effect a reader can meet: only the write probe takes the default, for a file of "
