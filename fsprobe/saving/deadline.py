@@ -15,6 +15,10 @@ from fsprobe.units import format_seconds
 
 log = logging.getLogger("fsprobe.save")
 
+#: How long an interrupt waits for the attempt it abandons to stop at its next write: a thread
+#: still in torch when the interpreter exits aborts it. One held in the kernel is left behind.
+STOP_SECONDS = 10.0
+
 
 class Progress:
     """Where an attempt is (`step`), whether the save has abandoned it, and how to remove what
@@ -98,6 +102,7 @@ def bounded(
         done = finished.wait(timeout)
     except BaseException:  # Ctrl-C (or sys.exit in a signal handler) while waiting
         progress.interrupt()
+        finished.wait(STOP_SECONDS)
         raise
     finally:
         if not finished.is_set():

@@ -285,9 +285,8 @@ class RetryState:
         self.begin(self.context.preflight_save(self.requested, self.options))
 
     def begin(self, decision: Decision | None) -> None:
-        """Take the preflight's `decision` (None: no preflight): the first attempt goes where it
-        says; `SaveError` if it says ``fail``, or redirects a save into a directory that never
-        existed."""
+        """Take the preflight's `decision` (None: none): the first attempt goes where it says;
+        `SaveError` if it says ``fail``, or redirects into a directory that never existed."""
         if decision is None:
             return
         if decision.action == "fail":
@@ -492,8 +491,7 @@ class RetryState:
         return result
 
     def _report(self, landed: str | None, nbytes: int) -> None:
-        """Tell the daemon how this save ended: the event, built and sent (never waits, never
-        fails the save)."""
+        """Tell the daemon how this save ended: the event built and sent (never waits nor fails)."""
         if self.part:
             return
         event = SaveEvent(

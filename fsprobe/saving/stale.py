@@ -149,8 +149,7 @@ def _remove_temp_file(dir_fd: int, directory: str, entry: str, name: TempName, n
 def _clean_tree(
     dir_fd: int, directory: str, name: str, writer: TempName, info: os.stat_result, now: float
 ) -> bool:
-    """A staging directory, or a retired checkpoint: by the rule of temp files, where from
-    another host the newest write anywhere in the tree counts."""
+    """A staging directory or retired checkpoint; from another host its newest write counts."""
     identity = (info.st_dev, info.st_ino)
     try:
         with opened(open_directory(name, dir_fd)) as fd:
