@@ -44,7 +44,7 @@ OWNER = 65534  # nobody: an account every Linux has
 PLANT = """
 import os, sys
 from fsprobe.redirect import manifest
-from fsprobe.redirect.fallback import prepare_directory, redirect_path
+from fsprobe.redirect.areas import prepare_directory, redirect_path
 fallback, requested, entries = sys.argv[1], sys.argv[2], int(sys.argv[3])
 actual = redirect_path(fallback, requested)
 prepare_directory(fallback, actual)

@@ -32,7 +32,7 @@ from fsprobe.model import (
 )
 from fsprobe.policy import Policy, Verdict, evaluate, unjudged
 from fsprobe.posix.paths import is_under
-from fsprobe.redirect.fallback import fallback_of
+from fsprobe.redirect.areas import fallback_of
 from fsprobe.view import Histogram, LastSave, SaveProblem, SaveStats, TargetView
 
 #: Things a target remembers having reported once (squatted areas, superseded copies).

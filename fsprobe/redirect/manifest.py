@@ -33,7 +33,7 @@ from fsprobe.posix.tree import (
     remove_tree,
     tree_digest,
 )
-from fsprobe.redirect.fallback import (
+from fsprobe.redirect.areas import (
     AREA_NAME,
     MAX_AREA_NAMES,
     Area,

@@ -26,8 +26,8 @@ from fsprobe.posix.tree import (
     tree_digest,
 )
 from fsprobe.redirect import delegate
+from fsprobe.redirect.areas import AREA_NAME, Area, area_name
 from fsprobe.redirect.copies import copy_bytes, copy_tree
-from fsprobe.redirect.fallback import AREA_NAME, Area, area_name
 from fsprobe.redirect.manifest import (
     MAX_AREA_ENTRIES,
     UNLOCKED,

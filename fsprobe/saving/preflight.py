@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsprobe.model import FilesystemInfo, ProbeResult, Snapshot, Status
 from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, write_errno
-from fsprobe.redirect.fallback import redirect_path
 from fsprobe.report import REASON
 from fsprobe.saving.options import DEFAULT_TIMEOUT, SaveOptions, save_options
 from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
@@ -193,7 +192,7 @@ class SaveContext:
         #: a save cleans its directory only when it is not here (docs/design.md §7).
         self.cleaned: dict[str, None] = {}
 
-    # What only some saves use is built, and its module imported, on first use: the only
+    # What only some saves use is built, or its module imported, on first use: the only
     # fsprobe imports inside a function (docs/design.md §3, tests/package/test_layout.py).
 
     def background(self) -> BackgroundSaves:
@@ -217,6 +216,17 @@ class SaveContext:
     def runner(self) -> ProbeRunner:
         """The probe runner inline probes run in (started on first use)."""
         return self.inline().runner()
+
+    def _candidates(self, requested: str, fallback_dirs: Sequence[str]) -> list[_Candidate]:
+        """Where `requested` would land in each of these fallbacks, in order (none that would
+        land it in its own directory)."""
+        if not fallback_dirs:
+            return []  # the common case, on the path of every save
+        from fsprobe.redirect.areas import redirect_path
+
+        directory = os.path.dirname(requested)
+        candidates = (_Candidate(f, redirect_path(f, requested)) for f in fallback_dirs)
+        return [c for c in candidates if c.directory != directory]
 
     # -- remembered save sizes ------------------------------------------------------------------
 
@@ -496,7 +506,7 @@ class SaveContext:
         need = options.need_bytes
         if need is None:
             need = self.expected_need(requested)
-        candidates = _candidates(requested, tuple(os.fspath(d) for d in fallback_dirs))
+        candidates = self._candidates(requested, tuple(os.fspath(d) for d in fallback_dirs))
         if not candidates:
             return None
         state = self._read_state(options.state_dir)[0]
@@ -571,7 +581,7 @@ class SaveContext:
             # hung target costs `timeout` once, not once more for the fallbacks. When the
             # daemon's state answers, nothing is probed and no fallback judged unless a
             # redirect is needed.
-            candidates = _candidates(requested, options.fallback_dirs)
+            candidates = self._candidates(requested, options.fallback_dirs)
             existence = self._check_existence([c.fallback for c in candidates], state, timeout)
             judged = self._judge_all(
                 [directory, *(c.directory for c in candidates)],
@@ -596,7 +606,7 @@ class SaveContext:
         verdict = target.verdict
         action, where = ("delay" if waited else "proceed"), requested
         if not verdict.can_take_save and candidates is None:
-            candidates = _candidates(requested, options.fallback_dirs)
+            candidates = self._candidates(requested, options.fallback_dirs)
         if not verdict.can_take_save and candidates:
             existence = existence or self._check_existence(
                 [c.fallback for c in candidates], state, timeout
@@ -638,16 +648,6 @@ class _Candidate:
     @property
     def directory(self) -> str:
         return os.path.dirname(self.path)
-
-
-def _candidates(requested: str, fallback_dirs: Sequence[str]) -> list[_Candidate]:
-    """Where `requested` would land in each of these fallbacks, in order (none that would
-    land it in its own directory)."""
-    if not fallback_dirs:
-        return []  # the common case, on the path of every save
-    directory = os.path.dirname(requested)
-    candidates = (_Candidate(f, redirect_path(f, requested)) for f in fallback_dirs)
-    return [c for c in candidates if c.directory != directory]
 
 
 def _first_acceptable(

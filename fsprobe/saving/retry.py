@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
-from fsprobe.redirect.fallback import prepare_directory, redirect_path, remove_mirrored_dirs
+from fsprobe.redirect.areas import prepare_directory, redirect_path, remove_mirrored_dirs
 from fsprobe.redirect.manifest import UNLOCKED, new_entry, record
 from fsprobe.saving.options import SaveOptions
 from fsprobe.saving.preflight import Decision, SaveContext, default_context

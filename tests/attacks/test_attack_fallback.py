@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fsprobe.redirect import manifest
-from fsprobe.redirect.fallback import own_area, prepare_directory, redirect_path
+from fsprobe.redirect.areas import own_area, prepare_directory, redirect_path
 from fsprobe.redirect.manifest import MAX_AREA_ENTRIES
 from tests.redirect.test_trust_fallback import make_dir, save_as, syncing_daemon
 from tests.support.users import REPO, share

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fsprobe.redirect.fallback import MAX_AREA_NAMES, claim_area, own_area
+from fsprobe.redirect.areas import MAX_AREA_NAMES, claim_area, own_area
 from fsprobe.redirect.manifest import MAX_AREAS_PER_USER, areas
 from tests.redirect.test_trust_fallback import area_of, fsprobe_sync, make_dir, save_as
 from tests.support.daemon_process import DaemonProcess, clean_environment

@@ -26,7 +26,7 @@ from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.probing.threads import ThreadExecutor
-from fsprobe.redirect.fallback import area_name, mirrored, redirect_path
+from fsprobe.redirect.areas import area_name, mirrored, redirect_path
 from fsprobe.redirect.manifest import new_entry, record, sha256_of
 from fsprobe.view import TargetView
 from tests.events.test_save_events import start_daemon

@@ -26,7 +26,7 @@ from fsprobe.model import (
     WriteProbeResult,
 )
 from fsprobe.policy import Headroom, Reason, Severity, Verdict
-from fsprobe.redirect.fallback import Area
+from fsprobe.redirect.areas import Area
 from fsprobe.redirect.manifest import Entry
 from fsprobe.redirect.sync import SyncOutcome, UnsyncedUser
 from fsprobe.report import Report

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 import fsprobe
 from fsprobe.integrations import dcp
-from fsprobe.redirect.fallback import own_area
+from fsprobe.redirect.areas import own_area
 from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.options import Backoff
 from tests.support.crash import a_while_ago, leftovers

@@ -56,12 +56,14 @@ def _imports() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
 
 GRAPH, INSIDE_FUNCTIONS = _imports()
 
-#: The only fsprobe imports inside a function: the parts of a `SaveContext` that only some
-#: saves use, built (and their modules loaded) on first use (docs/design.md §3): the inline
-#: probes, with the probe plan and the worker's parent side, and the background saves' writers.
+#: The only fsprobe imports inside a function: what only some saves use, loaded by the
+#: `SaveContext` method that first needs it (docs/design.md §3): the inline probes, with the
+#: probe plan and the worker's parent side; the background saves' writers; and the fallbacks'
+#: areas, for a preflight that has to find where a redirect would land.
 LAZY = {
     ("fsprobe.saving.preflight", "fsprobe.saving.inline"),
     ("fsprobe.saving.preflight", "fsprobe.saving.writers"),
+    ("fsprobe.saving.preflight", "fsprobe.redirect.areas"),
 }
 
 #: The bottom layer: plain values and the operating-system primitives every other part shares.
@@ -270,6 +272,8 @@ def test_a_preflight_the_state_file_answers_loads_no_probe_and_starts_nothing(
     loaded = modules.split()
     assert "fsprobe.saving.preflight" in loaded  # what was measured is the preflight
     assert [m for m in loaded if m.startswith(NOT_ON_THE_STATE_PATH)] == []
+    # Where a redirect lands is worked out only for a redirect.
+    assert ("fsprobe.redirect.areas" in loaded) == redirected
 
 
 TESTS = PACKAGE.parent / "tests"

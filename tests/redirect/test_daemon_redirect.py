@@ -26,7 +26,7 @@ from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.probing.plan import ProbeSettings
-from fsprobe.redirect.fallback import fallback_of, prepare_directory, redirect_path
+from fsprobe.redirect.areas import fallback_of, prepare_directory, redirect_path
 from fsprobe.redirect.manifest import MAX_AREA_ENTRIES, new_entry, pending, record
 from fsprobe.redirect.sync import fair_order
 from fsprobe.view import TargetView

@@ -21,7 +21,7 @@ from fsprobe.model import QuotaState
 from fsprobe.posix.atomic import parse_temp_name
 from fsprobe.posix.owned import NotTrusted
 from fsprobe.redirect import manifest, sync
-from fsprobe.redirect.fallback import open_root
+from fsprobe.redirect.areas import open_root
 from fsprobe.saving.options import Backoff
 from fsprobe.saving.preflight import preflight_readiness
 from tests.support.durability import assert_file_saved

@@ -22,7 +22,7 @@ import fsprobe
 from fsprobe.posix.atomic import parse_temp_name, temp_name
 from fsprobe.posix.swap import exchange, parse_retired_name
 from fsprobe.posix.tree import digest_tree, open_directory, opened
-from fsprobe.redirect.fallback import own_area
+from fsprobe.redirect.areas import own_area
 from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.options import Backoff
 from fsprobe.saving.preflight import SaveContext

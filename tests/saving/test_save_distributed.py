@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fsprobe.distributed
-from fsprobe.redirect.fallback import own_area
+from fsprobe.redirect.areas import own_area
 from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.options import Backoff
 from tests.support.crash import leftovers

@@ -124,7 +124,8 @@ TARGETS = (
         "TempFile.discard TempFile.release same_version",
         *_SAVE_TESTS,
     ),
-    target("save-redirect", "fsprobe/redirect/fallback.py", "*", *_SAVE_TESTS),
+    target("save-redirect", "fsprobe/redirect/areas.py", "*", *_SAVE_TESTS),
+    target("save-fallbacks", "fsprobe/redirect/fallback.py", "*", *_SAVE_TESTS),
     target("save-sync", "fsprobe/redirect/sync.py", "_copy_back _sync_open", *_SAVE_TESTS),
     target("save-copy", "fsprobe/redirect/copies.py", "copy_bytes", *_SAVE_TESTS),
     target(
