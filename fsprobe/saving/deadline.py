@@ -27,7 +27,7 @@ class Progress:
     def __init__(self, stop: threading.Event | None = None) -> None:
         self.step = "create"
         self.abandoned = threading.Event()
-        self._stop = stop
+        self.stop = stop or threading.Event()  # set by another thread: the save is interrupted
         self._lock = threading.Lock()
         self._remove: Callable[[], object] | None = None
 
@@ -62,7 +62,7 @@ class Progress:
         """Raise instead of writing on or publishing when the save has gone on without this
         attempt, or KeyboardInterrupt when another thread interrupted the save (its `stop`:
         a background save, `fsprobe.saving.writers`)."""
-        if self._stop is not None and self._stop.is_set():
+        if self.stop.is_set():
             raise KeyboardInterrupt(f"the save was interrupted at {self.step}")
         if self.abandoned.is_set():
             raise FailedAttempt(TIMEOUT, self.step, "abandoned at the save's deadline")

@@ -76,7 +76,7 @@ class AtomicFile:
             raise
 
     def write(self, data: Any) -> int:
-        if self._progress.abandoned.is_set():  # an attempt its save abandoned writes no further
+        if self._progress.abandoned.is_set() or self._progress.stop.is_set():  # no further
             self._progress.go_on()
         return int(self._call("write", lambda: self._file.write(data)))
 

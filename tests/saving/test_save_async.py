@@ -12,6 +12,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from pathlib import Path
@@ -24,6 +25,7 @@ from fsprobe.saving.cpu_copy import cpu_copy
 from fsprobe.saving.options import Backoff
 from fsprobe.saving.retry import SaveResult
 from fsprobe.saving.writers import BackgroundSaves
+from tests.support.crash import leftovers
 
 pytestmark = pytest.mark.slow  # a framework, ranks or a server: the full run only
 
@@ -451,3 +453,21 @@ def test_exiting_right_after_the_saves_finished_never_aborts(tmp_path):
             timeout=120,
         )
         assert (run, finished.returncode, finished.stderr) == (run, 0, "")
+
+
+def test_an_interrupt_stops_a_running_save_at_its_next_write(faultfs, caplog):
+    """`interrupt` (Ctrl-C in `wait_saves`, or at exit) stops a running background save at
+    its next write, its temp file removed, however much it still had to write."""
+    context = fsprobe.SaveContext()
+    faultfs.ctl.delay("write", 0.1, path="*.tmp")  # slow writes: the whole save takes a minute
+    target = faultfs.mountpoint / "ckpt.pt"
+    big = {f"layer{i}": torch.ones(1 << 20, dtype=torch.uint8) for i in range(64)}  # 64 writes
+    future = fsprobe.save_async(big, target, context=context)
+    give_up = time.monotonic() + 60
+    while not any((faultfs.mountpoint / n).stat().st_size for n in leftovers(faultfs.mountpoint)):
+        assert time.monotonic() < give_up, "the save never started writing"
+        time.sleep(0.02)
+    context.background().interrupt()  # waits for it to stop, STOP_SECONDS at most
+    assert isinstance(future.exception(timeout=0), KeyboardInterrupt)
+    assert "left behind" not in caplog.text
+    assert leftovers(faultfs.mountpoint) == [] and not target.exists()
