@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fsprobe.errors import NOT_AS_ROOT, UNTRUSTED, ErrorClass, classify
 from fsprobe.model import (
@@ -225,8 +226,7 @@ def write_errno(reasons: Iterable[Reason]) -> str | None:
     return next((reason.errno for reason in reasons if reason.errno is not None), None)
 
 
-@dataclass(frozen=True)
-class _Limit:
+class _Limit(NamedTuple):  # made for every quota and target judged: a named tuple is cheaper
     """One candidate bound on headroom: how much remains and out of what capacity (> 0)."""
 
     source: str

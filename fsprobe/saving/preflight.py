@@ -15,7 +15,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsprobe.model import FilesystemInfo, ProbeResult, Snapshot, Status
@@ -638,8 +637,7 @@ class SaveContext:
         return decision
 
 
-@dataclass(frozen=True)
-class _Candidate:
+class _Candidate(NamedTuple):
     """Where a save would land in one fallback."""
 
     fallback: str
