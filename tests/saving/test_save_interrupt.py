@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,36 @@ def events(listener: socket.socket) -> list[str]:
             heard.append(event.requested)
 
 
+def interrupted(
+    command: list[str], ready: Callable[[], bool], env: dict[str, str]
+) -> tuple[int, str, str]:
+    """Run ``python -c command...``, which prints ``saving`` first; Ctrl-C it once `ready()`.
+    Its exit status, output and error output."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", *command],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline() == "saving\n"
+        give_up = time.monotonic() + HANG
+        while not ready():
+            assert trainer.poll() is None, trainer.communicate()
+            assert time.monotonic() < give_up, "the save never got there"
+            time.sleep(0.02)
+        trainer.send_signal(signal.SIGINT)
+        out, err = trainer.communicate(timeout=HANG)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    return trainer.returncode, out, err
+
+
 @pytest.mark.parametrize(
     ("kind", "save_timeout"),
     [
@@ -107,31 +138,14 @@ def test_ctrl_c_in_a_large_torch_save_ends_it_at_once(faultfs, tmp_path: Path, k
     listener.bind(str(state_dir / SOCKET_NAME))
     faultfs.ctl.delay("write", SLOW_WRITE)
     env = {**os.environ, "FSPROBE_STATE_DIR": str(state_dir)}
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, str(target), kind, save_timeout],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     try:
-        assert trainer.stdout is not None
-        assert trainer.stdout.readline() == "saving\n"
-        give_up = time.monotonic() + HANG
-        while not written_temp(target):
-            assert trainer.poll() is None, trainer.communicate()
-            assert time.monotonic() < give_up, "the save never started writing"
-            time.sleep(0.05)
-        trainer.send_signal(signal.SIGINT)
-        out, err = trainer.communicate(timeout=HANG)
+        returncode, out, err = interrupted(
+            [TRAINER, str(target), kind, save_timeout], lambda: written_temp(target), env
+        )
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
         faultfs.ctl.clear()
     # Python ends a process whose KeyboardInterrupt nobody caught with SIGINT itself.
-    assert trainer.returncode == -signal.SIGINT, err
+    assert returncode == -signal.SIGINT, err
     assert "KeyboardInterrupt" in err.splitlines(), err  # the traceback's exception line
     assert "unexpected pos" not in err and "RuntimeError" not in err, err
     assert "failed at" not in err and "retrying" not in err, err  # no attempt counted, no retry
@@ -229,29 +243,13 @@ def test_ctrl_c_after_the_rename_keeps_the_checkpoint_it_published(faultfs):
     target = faultfs.mountpoint / "ckpt"
     target.mkdir()
     faultfs.ctl.delay("fsyncdir", 5.0, path="/ckpt")
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", PUBLISHED, str(target)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     try:
-        assert trainer.stdout is not None
-        assert trainer.stdout.readline() == "saving\n"
-        give_up = time.monotonic() + HANG
-        while not (target / "model.pt").exists():
-            assert trainer.poll() is None, trainer.communicate()
-            assert time.monotonic() < give_up, "the save never published"
-            time.sleep(0.02)
-        trainer.send_signal(signal.SIGINT)
-        out, err = trainer.communicate(timeout=HANG)
+        returncode, out, err = interrupted(
+            [PUBLISHED, str(target)], (target / "model.pt").exists, dict(os.environ)
+        )
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
         faultfs.ctl.clear()
-    assert trainer.returncode == -signal.SIGINT, err
+    assert returncode == -signal.SIGINT, err
     assert "saved" not in out
     assert (target / "model.pt").read_bytes() == b"new"
     assert leftovers(target) == []
