@@ -21,7 +21,7 @@ FAILURES = 16
 
 INVENT = """
 import sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
 state_dir, requested = sys.argv[1], sys.argv[2]
 events, failures = int(sys.argv[3]), int(sys.argv[4])
@@ -30,7 +30,7 @@ for n in range(events):
     invented = tuple(Failure(f"EX{n:03d}{k:02d}", "write") for k in range(failures))
     event = SaveEvent(requested, requested, 1, 0.1, failures + 1, invented, time.time(), "h", 1)
     while time.monotonic() < give_up:  # the kernel queues max_dgram_qlen (10): wait for room
-        if report(event, state_dir):
+        if send(event.encode(), state_dir):
             sent += 1
             break
         time.sleep(0.01)
@@ -77,14 +77,14 @@ def test_invented_errno_names_add_no_series(tmp_path, local_users):
 
 CLAIM = """
 import json, sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
 state_dir = sys.argv[1]
 sent = {}
 for requested in sys.argv[2:]:
     failed = (Failure("EIO", "write"),)
     event = SaveEvent(requested, None, 0, 0.1, 1, failed, time.time(), "h", 1)
-    sent[requested] = report(event, state_dir)
+    sent[requested] = send(event.encode(), state_dir)
 print(json.dumps(sent))
 """
 
@@ -210,14 +210,14 @@ FLOOD_MAX = 10**9
 #: how many were sent.
 SAVES = """
 import sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import SaveEvent
 state_dir, requested = sys.argv[1], sys.argv[2]
 for line in sys.stdin:
     sent = 0
     for _ in range(int(line)):
         event = SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1)
-        sent += report(event, state_dir)
+        sent += send(event.encode(), state_dir)
         time.sleep(0.03)
     print(sent, flush=True)
 """

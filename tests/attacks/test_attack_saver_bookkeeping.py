@@ -306,7 +306,7 @@ def test_a_neighbours_checks_hung_on_a_mount_leave_admission_to_everyone_else(
 #: claiming that pid on this host), print "sent", and live until stdin closes.
 SAVER = """
 import os, socket, sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Goodbye, SaveEvent
 state_dir, requested = sys.argv[1], sys.argv[2]
 if len(sys.argv) > 3:  # a goodbye in someone else's name, on the socket her saves take
@@ -314,7 +314,7 @@ if len(sys.argv) > 3:  # a goodbye in someone else's name, on the socket her sav
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.sendto(forged, state_dir + "/events.sock")
 event = SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), socket.gethostname(), 1)
-print("sent" if report(event, state_dir) else "not sent", flush=True)
+print("sent" if send(event.encode(), state_dir) else "not sent", flush=True)
 sys.stdin.read()
 """
 
@@ -380,11 +380,11 @@ def test_a_goodbye_in_another_users_name_ends_no_expectation_of_hers(tmp_path, l
 #: As the user running it: a save into argv[2] that failed with EIO at the step argv[3].
 FAILED_AT = """
 import sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
 state_dir, requested, step = sys.argv[1], sys.argv[2], sys.argv[3]
 failed = (Failure("EIO", step),)
-print(report(SaveEvent(requested, None, 0, 0.1, 1, failed, time.time(), "h", 1), state_dir))
+print(send(SaveEvent(requested, None, 0, 0.1, 1, failed, time.time(), "h", 1).encode(), state_dir))
 """
 
 

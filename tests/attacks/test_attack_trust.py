@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import SaveEvent
 from tests.events.test_save_events import PROBING_DAEMON, start_daemon
 from tests.support.capability import need_command
@@ -22,14 +22,14 @@ from tests.support.users import share
 #: sent as the user running it; prints whether it was handed to the kernel.
 FORGE = """
 import sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
 state_dir, requested, errno = sys.argv[1], sys.argv[2], sys.argv[3]
 if errno == "ok":
     event = SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1)
 else:
     event = SaveEvent(requested, None, 0, 0.1, 1, (Failure(errno, "write"),), time.time(), "h", 1)
-sent = report(event, state_dir)
+sent = send(event.encode(), state_dir)
 why = ""
 if not sent:  # why not, for the assertion's message
     import os, socket
@@ -167,7 +167,7 @@ def test_saves_never_stand_for_a_write_probe_that_fails(tmp_path, local_users):
         until = time.monotonic() + 6.0  # three write intervals of 2 s
         while time.monotonic() < until:
             event = SaveEvent(landed, landed, 4096, 0.1, 1, (), time.time(), "h", 1)
-            assert report(event, str(daemon.state_dir))
+            assert send(event.encode(), str(daemon.state_dir))
             assert daemon.value("fsprobe_health_status", path=path) == 2.0
             time.sleep(0.1)
         assert daemon.value("fsprobe_saves_total", path=path, outcome="ok") >= 30
@@ -178,7 +178,7 @@ def test_saves_never_stand_for_a_write_probe_that_fails(tmp_path, local_users):
 
 HOSTILE = """
 import json, socket, sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
 state_dir, target = sys.argv[1], sys.argv[2]
 huge = SaveEvent(target + "/huge.pt", target + "/huge.pt", 1, 0.1, 1, (), time.time(), "h", 1)
@@ -190,7 +190,7 @@ sock.sendto(raw, state_dir + "/events.sock")
 requested = target + "/\\u202egp.exe\\u2028forged line.pt"
 host = "node1\\r\\x1b[2Kforged ts=0 level=info event=ok\\x9b31m"
 failed = (Failure("EIO", "write"),)
-print(report(SaveEvent(requested, None, 0, 0.1, 1, failed, time.time(), host, 1), state_dir))
+print(send(SaveEvent(requested, None, 0, 0.1, 1, failed, time.time(), host, 1).encode(), state_dir))
 """
 RAW = ("\x1b", "\r", "\u202e", "\u2028", "\x9b")
 
@@ -274,12 +274,13 @@ def test_a_target_not_made_yet_in_open_scratch_is_nobodys_to_report(tmp_path, lo
 
 BURST = """
 import sys, time
-from fsprobe.events.emit import report
+from fsprobe.events.emit import send
 from fsprobe.events.event import SaveEvent
 state_dir, requested, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sent, give_up = 0, time.monotonic() + 60
+event = SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1).encode()
 while sent < count and time.monotonic() < give_up:  # as fast as the kernel's queue takes them
-    if report(SaveEvent(requested, requested, 1, 0.1, 1, (), time.time(), "h", 1), state_dir):
+    if send(event, state_dir):
         sent += 1
     else:
         time.sleep(0.001)
