@@ -5,7 +5,7 @@ machine) is timed, interleaved round by round, with the event sent as it ships a
 report replaced by a no-op (the save as it was before events existed), in three worlds: no
 daemon (no state dir), a daemon that died (its socket file left behind: ECONNREFUSED), and a
 daemon that hangs (its socket never read: the queue fills, then every send is EAGAIN). Also
-the bare `report()` call in each world. Prints medians and the ratio to the no-op.
+the bare `send()` of its datagram in each world. Prints medians and the ratio to the no-op.
 
     .venv/bin/python benchmarks/save_event_cost.py [--rounds 300] [--size 64K]
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import fsprobe
 import fsprobe.saving.retry as retry
-from fsprobe.events.emit import SOCKET_NAME, report
+from fsprobe.events.emit import SOCKET_NAME, send
 from fsprobe.events.event import SaveEvent
 from fsprobe.units import format_bytes, parse_size
 
@@ -48,7 +48,7 @@ def world(kind: str, home: Path) -> Iterator[str]:
         yield str(state_dir)
 
 
-def no_report(event: SaveEvent, state_dir: str | None = None) -> bool:
+def no_send(datagram: bytes, state_dir: str | None = None) -> bool:
     return False
 
 
@@ -69,18 +69,18 @@ def main() -> int:
                 times: dict[str, list[float]] = {"no-op": [], "report": []}
                 for number in range(args.rounds):  # ABBA: neither goes first every time
                     for mode in ("no-op", "report") if number % 2 else ("report", "no-op"):
-                        retry.report = no_report if mode == "no-op" else report
+                        retry.send = no_send if mode == "no-op" else send
                         start = time.perf_counter()
                         fsprobe.atomic_write(
                             target / "model.pt", lambda f: f.write(payload), state_dir=state_dir
                         )
                         times[mode].append(time.perf_counter() - start)
-                retry.report = report
+                retry.send = send
                 event = SaveEvent("/c/m.pt", "/c/m.pt", 1, 0.1, 1, (), time.time(), "h", 1)
                 alone = []
                 for _ in range(1000):
                     start = time.perf_counter()
-                    report(event, state_dir)
+                    send(event.encode(), state_dir)
                     alone.append(time.perf_counter() - start)
             off, on = statistics.median(times["no-op"]), statistics.median(times["report"])
             paired = statistics.median(a / b for a, b in zip(times["report"], times["no-op"]))
