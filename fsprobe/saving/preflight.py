@@ -187,9 +187,10 @@ class SaveContext:
         self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
         self._probes: InlineProbes | None = None
         self._background: BackgroundSaves | None = None
-        #: The directories this context cleaned of crashed saves' leftovers (`was_cleaned`):
-        #: a save cleans its directory only when it is not here (docs/design.md §7).
-        self.cleaned: dict[str, None] = {}
+        #: The directories this context cleaned of crashed saves' leftovers (`was_cleaned`),
+        #: with when (`time.monotonic`): a save cleans its directory only when it is not here,
+        #: or was cleaned over an hour ago (docs/design.md §7).
+        self.cleaned: dict[str, float] = {}
 
     # What only some saves use is built, or its module imported, on first use: the only
     # fsprobe imports inside a function (docs/design.md §3, tests/package/test_layout.py).
@@ -264,7 +265,7 @@ class SaveContext:
         with `cleaned` False, an attempt there failed: clean it again before the next one."""
         with self._lock:
             if cleaned:
-                _remember(self.cleaned, directory, None, self._entries)
+                _remember(self.cleaned, directory, time.monotonic(), self._entries)
             else:
                 self.cleaned.pop(directory, None)
 

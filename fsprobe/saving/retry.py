@@ -25,7 +25,7 @@ from fsprobe.redirect.areas import prepare_directory, redirect_path, remove_mirr
 from fsprobe.redirect.manifest import UNLOCKED, new_entry, record
 from fsprobe.saving.options import SaveOptions
 from fsprobe.saving.preflight import Decision, SaveContext, default_context
-from fsprobe.saving.stale import clean_directory
+from fsprobe.saving.stale import FOREIGN_STALE_SECONDS, clean_directory
 from fsprobe.units import format_bytes, format_seconds
 
 log = logging.getLogger("fsprobe.save")
@@ -324,14 +324,16 @@ class RetryState:
 
     def prepare(self) -> None:
         """Before an attempt: make the destination's mirrored directories in its fallback, and
-        clean its directory of crashed saves' leftovers if this context has not yet (or an
-        attempt there failed since: `SaveContext.cleaned`). OSError if the fallback's
-        directories cannot be made."""
+        clean its directory of crashed saves' leftovers if this context has not yet, not in
+        the last hour (by then whatever a process that crashed since left is stale, wherever it
+        ran), or an attempt there failed since (`SaveContext.cleaned`). OSError if the
+        fallback's directories cannot be made."""
         fallback = self.fallback
         if fallback is not None:
             prepare_directory(fallback, self.destination)
         directory = os.path.dirname(self.destination)
-        if directory not in self.context.cleaned:
+        cleaned_at = self.context.cleaned.get(directory)
+        if cleaned_at is None or time.monotonic() - cleaned_at > FOREIGN_STALE_SECONDS:
             clean_directory(directory)
             self.context.was_cleaned(directory)
 

@@ -336,6 +336,24 @@ def test_a_context_cleans_a_directory_once_and_the_next_process_cleans_it_again(
     assert sorted(os.listdir(target)) == ["a.bin"]
 
 
+def test_a_context_looks_again_an_hour_after_it_cleaned(tmp_path):
+    """A process that crashed while this one keeps saving into the same directory: what it
+    left is removed by the first save here once an hour has passed since this context looked
+    (by then it is stale wherever it ran), not before."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    job = SaveContext()
+    fsprobe.atomic_write(target / "a.bin", lambda f: f.write(b"1"), context=job)
+    crashed = temp(target, hostname(), dead_pid(), age=2 * MIN_AGE_SECONDS)  # after it looked
+    (key,) = [d for d in job.cleaned if Path(d) == target]
+    job.cleaned[key] -= FOREIGN_STALE_SECONDS - 60  # 59 minutes ago
+    fsprobe.atomic_write(target / "a.bin", lambda f: f.write(b"2"), context=job)
+    assert os.path.exists(crashed)
+    job.cleaned[key] -= 120  # 61 minutes ago
+    fsprobe.atomic_write(target / "a.bin", lambda f: f.write(b"3"), context=job)
+    assert sorted(os.listdir(target)) == ["a.bin"]
+
+
 def test_a_temp_file_its_attempt_could_not_remove_goes_before_the_next_attempt(faultfs):
     """An attempt that failed and could not remove its temp file (an unlink the filesystem
     refused) leaves it to this process: the next attempt into that directory removes it at
