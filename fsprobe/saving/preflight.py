@@ -187,9 +187,8 @@ class SaveContext:
         self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
         self._probes: InlineProbes | None = None
         self._background: BackgroundSaves | None = None
-        #: The directories this context cleaned of crashed saves' leftovers (`was_cleaned`),
-        #: with when (`time.monotonic`): a save cleans its directory only when it is not here,
-        #: or was cleaned over an hour ago (docs/design.md §7).
+        #: When (`time.monotonic`) this context cleaned each directory of crashed saves'
+        #: leftovers (`was_cleaned`, docs/design.md §7, Cleanup).
         self.cleaned: dict[str, float] = {}
 
     # What only some saves use is built, or its module imported, on first use: the only

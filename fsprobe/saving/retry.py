@@ -324,10 +324,8 @@ class RetryState:
 
     def prepare(self) -> None:
         """Before an attempt: make the destination's mirrored directories in its fallback, and
-        clean its directory of crashed saves' leftovers if this context has not yet, not in
-        the last hour (by then whatever a process that crashed since left is stale, wherever it
-        ran), or an attempt there failed since (`SaveContext.cleaned`). OSError if the
-        fallback's directories cannot be made."""
+        clean its directory of crashed saves' leftovers unless this context did in the last
+        hour (`SaveContext.cleaned`). OSError if the fallback's directories cannot be made."""
         fallback = self.fallback
         if fallback is not None:
             prepare_directory(fallback, self.destination)
