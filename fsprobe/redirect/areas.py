@@ -198,7 +198,8 @@ def _squatter(area: Area) -> int | None:
     return info.st_uid
 
 
-def _own_directory(item: os.DirEntry, uid: int) -> bool:
+def directory_of(item: os.DirEntry, uid: int) -> bool:
+    """Whether `item` is a directory (not followed if a link) that `uid` owns."""
     try:
         info = item.stat(follow_symlinks=False)
     except OSError:
@@ -219,7 +220,7 @@ def _private_area(fallback: str, uid: int) -> Area | None:
     names: list[str] = []
     with contextlib.suppress(OSError), os.scandir(fallback) as listing:
         for item in listing:
-            if item.name.startswith(prefix) and _own_directory(item, uid):
+            if item.name.startswith(prefix) and directory_of(item, uid):
                 names.append(item.name)
     for name in sorted(names):
         area = Area(fallback, os.path.join(fallback, name), uid)

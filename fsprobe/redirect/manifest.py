@@ -39,6 +39,7 @@ from fsprobe.redirect.areas import (
     Area,
     CrowdedFallback,
     area_name,
+    directory_of,
     fallback_entries,
     mirrored,
     own_area,
@@ -211,7 +212,7 @@ def areas(fallback: str, max_names: int = MAX_AREA_NAMES) -> Areas:
             if match is not None:
                 uid = int(match["uid"])
                 canonical = item.name.split(".")[0] == area_name(uid)  # no uid-007
-                if canonical and _directory_of(item, uid):
+                if canonical and directory_of(item, uid):
                     names = found.setdefault(uid, [])
                     bisect.insort(names, item.name)
                     if len(names) > MAX_AREAS_PER_USER:
@@ -275,17 +276,9 @@ def squatted_areas(fallback_dirs: Iterable[str]) -> list[str]:
                 match = AREA_NAME.match(item.name)
                 if match is None or item.name != area_name(int(match["uid"])):
                     continue
-                if not _directory_of(item, int(match["uid"])):
+                if not directory_of(item, int(match["uid"])):
                     found.append(item.path)
     return found
-
-
-def _directory_of(item: os.DirEntry, owner: int) -> bool:
-    try:
-        info = item.stat(follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == owner
 
 
 def own_areas(fallback: str) -> list[Area]:
