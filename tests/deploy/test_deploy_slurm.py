@@ -4,6 +4,9 @@ lifetime, the hook's state dir, and the signals of a time limit (USR1) and a pre
 `fsprobe` is replaced by a recording stand-in on PATH, so that each exit code of `fsprobe check`
 can be produced on demand and the daemon's start and stop are observable; what is tested is
 the script's control flow. The trainer is a small Python program that records what it sees.
+For jobs over several nodes, `srun` is a stand-in too: it runs its command once per node, the
+other nodes each in a mount namespace of its own where a directory of their own is mounted on
+TMPDIR (node-local /tmp: the same path, another filesystem), and passes on TERM and INT.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.capability import need_command
+from tests.support.capability import need_command, need_root
 from tests.support.daemon_process import DaemonProcess, fast_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,18 +40,22 @@ if sys.argv[1] == "check":
     record("check", argv=sys.argv[1:])
     sys.exit(int(os.environ.get("FAKE_CHECK_STATUS", "0")))
 if sys.argv[1] == "run":
-    if os.environ.get("FAKE_RUN_STATUS"):  # a daemon that cannot start
-        record("run-refused", argv=sys.argv[1:])
+    node = os.environ.get("SLURMD_NODENAME")
+    state_dir = sys.argv[sys.argv.index("--state-dir") + 1]
+    if os.environ.get("FAKE_RUN_STATUS") or (  # a daemon that cannot start
+        os.path.lexists(state_dir) and os.lstat(state_dir).st_uid != os.getuid()
+    ):
+        record("run-refused", argv=sys.argv[1:], node=node)
         print("Error: the state dir is not yours", file=sys.stderr)
-        sys.exit(int(os.environ["FAKE_RUN_STATUS"]))
+        sys.exit(int(os.environ.get("FAKE_RUN_STATUS") or "69"))
     def stop(signum, frame):
-        record("run-stopped", signal=signum)
+        record("run-stopped", signal=signum, node=node)
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
-    state_dir = sys.argv[sys.argv.index("--state-dir") + 1]
     os.makedirs(state_dir, exist_ok=True)
     open(os.path.join(state_dir, "state.json"), "w").close()  # what a started daemon writes
-    record("run-started", argv=sys.argv[1:], state_dir=os.environ.get("FSPROBE_STATE_DIR"))
+    record("run-started", argv=sys.argv[1:], state_dir=os.environ.get("FSPROBE_STATE_DIR"),
+           node=node, tmpdir=os.environ.get("TMPDIR"))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         time.sleep(0.05)
@@ -78,11 +85,51 @@ record("trainer-started", state_dir=os.environ.get("FSPROBE_STATE_DIR"),
        checkpoint_dir=os.environ.get("CHECKPOINT_DIR"))
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
-    if mode == "exit" and "run-started" in events():
+    started = events().count("run-started") + events().count("run-refused")
+    if mode == "exit" and started >= int(os.environ.get("FAKE_DAEMONS", "1")):
         sys.exit(status)
     time.sleep(0.05)
 record("trainer-not-signalled")
 sys.exit(99)
+"""
+
+FAKE_SRUN = """\
+import json, os, signal, subprocess, sys
+
+def record(event, **fields):
+    with open(os.environ["FAKE_LOG"], "a") as log:
+        log.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\\n")
+
+options = {}
+arguments = sys.argv[1:]
+while arguments and arguments[0].startswith("--"):
+    name, _, value = arguments.pop(0)[2:].partition("=")
+    options[name] = value
+record("srun", options=options, command=arguments)
+nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ["SLURM_NNODES"])
+if int(options.get("nodes", nodes)) > nodes or not arguments:
+    print("srun: error: the step asks for more nodes than the job has", file=sys.stderr)
+    sys.exit(1)
+children = []
+for node in range(int(options.get("nodes", nodes))):
+    environ = {**os.environ, "SLURMD_NODENAME": f"node{node}", "SLURM_NODEID": str(node),
+               "SLURM_PROCID": str(node)}
+    command = arguments
+    if node:  # the first node is the batch script's: its own TMPDIR
+        local = os.path.join(os.environ["FAKE_NODES_DIR"], f"node{node}")
+        os.makedirs(local, exist_ok=True)
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh",
+                   local, os.environ["TMPDIR"], *arguments]
+    children.append(subprocess.Popen(command, env=environ))
+
+def forward(signum, frame):
+    for child in children:
+        child.send_signal(signum)
+
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
+sys.exit(max(child.wait() for child in children))
 """
 
 
@@ -90,7 +137,8 @@ class Job:
     """The batch script running under bash, as sbatch would start it on the first node."""
 
     def __init__(self, tmp_path: Path, check_status: int = 0) -> None:
-        bin_dir = tmp_path / "bin"
+        self.root = tmp_path
+        self.bin_dir = bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
         fake = bin_dir / "fsprobe"
         fake.write_text(f"#!{sys.executable}\n{FAKE_FSPROBE}")
@@ -153,6 +201,29 @@ class Job:
     def signal(self, signum: int) -> None:
         assert self.process is not None
         self.process.send_signal(signum)
+
+    def play_nodes(self, count: int) -> None:
+        """A job over COUNT nodes, whose `srun` runs its command on each, TMPDIR node-local."""
+        need_root("mount namespaces for the nodes' TMPDIR")
+        need_command("unshare", "util-linux")
+        srun = self.bin_dir / "srun"
+        srun.write_text(f"#!{sys.executable}\n{FAKE_SRUN}")
+        srun.chmod(0o755)
+        self.tmpdir = self.root / "tmp"  # alone in its directory: mounted over on other nodes
+        self.tmpdir.mkdir()
+        self.environ.update(
+            TMPDIR=str(self.tmpdir),
+            SLURM_JOB_NUM_NODES=str(count),
+            FAKE_NODES_DIR=str(self.root / "nodes"),
+            FAKE_DAEMONS=str(count),
+        )
+
+    def node_tmpdir(self, node: int) -> Path:
+        """What node NODE has at TMPDIR (the first node is the batch script's)."""
+        return self.tmpdir if node == 0 else self.root / "nodes" / f"node{node}"
+
+    def all_of(self, name: str) -> list[dict]:
+        return [event for event in self.events() if event["event"] == name]
 
     def event(self, name: str) -> dict:
         (found,) = [event for event in self.events() if event["event"] == name]
@@ -383,3 +454,90 @@ def test_scancel_signals_the_daemon_and_its_worker_and_nothing_malformed_is_logg
     assert lines and all(EVENT_LINE.match(line) for line in lines), lines
     assert "unexpectedly" not in daemon.log() and "event=stopped" in lines[-1]
     worker.wait(30)  # gone with the daemon's end of its channel, not left behind
+
+
+NODES = 3
+
+
+def _assert_every_node_served_and_cleaned(job: Job, stderr: str) -> None:
+    state_dir = str(job.tmpdir / f"fsprobe-slurm-job-{JOB_ID}")
+    started = job.all_of("run-started")
+    assert sorted(event["node"] for event in started) == [f"node{n}" for n in range(NODES)]
+    for event in started:  # the same path, the one the ranks read, under each node's TMPDIR
+        assert event["argv"][event["argv"].index("--state-dir") + 1] == state_dir
+        assert event["argv"][-2:] == ["--listen", "127.0.0.1:0"]
+    assert job.event("trainer-started")["state_dir"] == state_dir
+    stopped = job.all_of("run-stopped")
+    assert sorted(event["node"] for event in stopped) == [f"node{n}" for n in range(NODES)]
+    assert {event["signal"] for event in stopped} == {signal.SIGTERM}
+    for node in range(NODES):
+        assert not (job.node_tmpdir(node) / f"fsprobe-slurm-job-{JOB_ID}").exists(), node
+    assert "fsprobe run stopped" in stderr
+    _assert_gone(_daemon_pid(stderr))
+
+
+def test_on_several_nodes_every_node_runs_a_daemon_as_one_overlapping_step(
+    tmp_path: Path,
+) -> None:
+    """Ranks on the job's other nodes found no state dir: their hook probed inline."""
+    job = Job(tmp_path)
+    job.play_nodes(NODES)
+    job.start("exit", "0")
+    status, stderr = job.finish()
+    assert status == 0, stderr
+    (srun,) = job.all_of("srun")
+    assert srun["options"]["nodes"] == srun["options"]["ntasks"] == str(NODES)
+    assert srun["options"]["ntasks-per-node"] == "1"
+    assert srun["options"]["kill-on-bad-exit"] == "0"
+    assert {"overlap", "exact"} <= set(srun["options"])  # never takes the training's resources
+    _assert_every_node_served_and_cleaned(job, stderr)
+    assert job.names().index("trainer-started") < job.names().index("run-stopped")
+
+
+def test_on_several_nodes_a_preemption_stops_every_nodes_daemon(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.play_nodes(NODES)
+    job.environ["SLURM_NNODES"] = job.environ.pop("SLURM_JOB_NUM_NODES")  # the older name
+    job.start("wait", "143")
+    job.wait_for("trainer-started")
+    deadline = time.monotonic() + 30
+    while len(job.all_of("run-started")) < NODES:
+        assert time.monotonic() < deadline and job.process is not None, job.names()
+        assert job.process.poll() is None, job.names()
+        time.sleep(0.05)
+    for node in range(NODES):
+        assert (job.node_tmpdir(node) / f"fsprobe-slurm-job-{JOB_ID}" / "state.json").exists()
+    job.signal(signal.SIGTERM)  # to the batch shell, as preemption does
+    status, stderr = job.finish()
+    assert status == 143, stderr
+    assert job.event("trainer-signalled")["signal"] == signal.SIGTERM
+    _assert_every_node_served_and_cleaned(job, stderr)
+
+
+def test_on_several_nodes_a_planted_state_dir_on_one_node_is_left_alone(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.play_nodes(NODES)
+    planted = job.node_tmpdir(2) / f"fsprobe-slurm-job-{JOB_ID}"
+    planted.mkdir(parents=True)
+    (planted / "theirs").touch()
+    os.chown(planted, 65534, 65534)  # someone else's, which that node's daemon refuses
+    job.start("exit", "0")
+    status, stderr = job.finish()
+    assert status == 0, stderr
+    assert [event["node"] for event in job.all_of("run-refused")] == ["node2"]
+    assert sorted(event["node"] for event in job.all_of("run-stopped")) == ["node0", "node1"]
+    assert planted.is_dir() and (planted / "theirs").exists()
+    for node in (0, 1):
+        assert not (job.node_tmpdir(node) / f"fsprobe-slurm-job-{JOB_ID}").exists(), node
+
+
+def test_on_one_node_no_srun_is_started(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.play_nodes(1)
+    job.start("exit", "0")
+    status, stderr = job.finish()
+    assert status == 0, stderr
+    assert "srun" not in job.names()
+    assert job.event("run-started")["node"] is None  # started by the batch shell itself
+    assert "run-stopped" in job.names()
+    assert not (job.tmpdir / f"fsprobe-slurm-job-{JOB_ID}").exists()
