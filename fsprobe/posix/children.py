@@ -53,12 +53,27 @@ def finish(process: subprocess.Popen[bytes]) -> None:
 
 def kill_runs() -> None:
     """Kill the process group of every run in progress (each is started in a session of its
-    own): what the worker does as it exits, so that no `lfs` outlives it."""
+    own), and wait up to `ORPHAN_GRACE` for each to die, so that what it started outside its
+    group is re-parented to us for `reap_orphans`: what the worker does as it exits, so that no
+    `lfs` outlives it."""
     with _lock:
         running = sorted(_running)
     for pid in running:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+    until = time.monotonic() + ORPHAN_GRACE
+    for pid in running:
+        while not _has_exited(pid) and time.monotonic() < until:
+            time.sleep(0.01)
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child `pid` has exited (its children are then ours), without reaping it:
+    the thread that runs it reaps it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped already
 
 
 def reap_orphans() -> list[int]:

@@ -134,7 +134,7 @@ class FakeLfs:
 
     def pids(self) -> list[int]:
         """With fail="hang": the hanging fake's pid and its child's, once both run; with
-        fail="escape_*": the helper's."""
+        fail="escape_*": the helper's (then the fake's own with "escape_*_hang")."""
         if not self.pidfile.exists():
             return []
         return [int(pid) for pid in self.pidfile.read_text().split()]
