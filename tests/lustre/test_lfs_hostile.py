@@ -94,10 +94,13 @@ def test_a_helper_that_escapes_is_reaped_and_does_not_hold_the_answer(fake_lfs, 
     assert [pid for pid in helpers if not wait_gone(pid)] == []  # none leaked, run after run
 
 
-def test_an_lfs_still_running_when_the_worker_ends_ends_with_it(fake_lfs: FakeLfs, worker):
+@pytest.mark.parametrize("mode", ["hang", "escape_group_hang", "escape_session_hang"])
+def test_an_lfs_still_running_when_the_worker_ends_ends_with_it(fake_lfs: FakeLfs, worker, mode):
     """The daemon stops (its worker is let go) while an `lfs` hangs far from its deadline: the
-    `lfs` and its child are killed as the worker exits, not left to run out the deadline."""
-    fake_lfs.configure(fail="hang")
+    `lfs` and its child are killed as the worker exits, not left to run out the deadline, even
+    a child that left the `lfs`'s process group or session (the group kill misses it: the
+    worker, its reaper, kills it once the `lfs` has died)."""
+    fake_lfs.configure(fail=mode)
     runner, executor = worker
     probe = functools.partial(
         run_lfs, ("quota", "-u", "1000", "/mnt/lustre"), binary=lfs_binary(), timeout=3600
@@ -112,28 +115,6 @@ def test_an_lfs_still_running_when_the_worker_ends_ends_with_it(fake_lfs: FakeLf
     assert pending.result().error is not None  # reported lost
     process.wait(timeout=60)
     assert [pid for pid in fake_lfs.pids() if not wait_gone(pid)] == []
-
-
-@pytest.mark.parametrize("leave", ["group", "session"])
-def test_a_helper_that_escaped_a_running_lfs_ends_with_the_worker(fake_lfs, worker, leave):
-    """An `lfs` still running when the worker ends has a helper outside its process group (or
-    session): the group kill misses the helper, which the worker, its reaper, kills before it
-    exits rather than leaving it to outlive the daemon."""
-    fake_lfs.configure(fail=f"escape_{leave}_hang")
-    runner, executor = worker
-    probe = functools.partial(
-        run_lfs, ("quota", "-u", "1000", "/mnt/lustre"), binary=lfs_binary(), timeout=3600
-    )
-    pending = runner.submit("/mnt/lustre", "quota", probe, 60)
-    deadline = time.monotonic() + 60
-    while len(fake_lfs.pids()) < 2:  # the helper escaped and the fake hangs
-        assert time.monotonic() < deadline, "the fake lfs never started"
-        time.sleep(0.05)
-    process = psutil.Process(executor.pid)
-    executor.close()
-    assert pending.result().error is not None  # reported lost
-    process.wait(timeout=60)
-    assert [pid for pid in fake_lfs.pids() if not wait_gone(pid, 5.0)] == []
 
 
 def test_fsprobe_quota_reports_a_flood_and_exits_3(fake_lfs: FakeLfs, tmp_path: Path):
