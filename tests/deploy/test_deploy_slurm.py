@@ -514,18 +514,28 @@ def test_on_several_nodes_a_preemption_stops_every_nodes_daemon(tmp_path: Path) 
     _assert_every_node_served_and_cleaned(job, stderr)
 
 
-def test_on_several_nodes_a_planted_state_dir_on_one_node_is_left_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_on_several_nodes_a_planted_state_dir_on_one_node_is_left_alone(
+    tmp_path: Path, kind: str
+) -> None:
+    """Someone else's directory, or their symlink to a directory of the job's user (which the
+    wrapper's ownership test, following it, takes for the job's own), stays as it was."""
     job = Job(tmp_path)
     job.play_nodes(NODES)
     planted = job.node_tmpdir(2) / f"fsprobe-slurm-job-{JOB_ID}"
-    planted.mkdir(parents=True)
-    (planted / "theirs").touch()
-    os.chown(planted, 65534, 65534)  # someone else's, which that node's daemon refuses
+    target = tmp_path / "theirs-or-the-users" if kind == "symlink" else planted
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    target.mkdir(exist_ok=True)
+    (target / "theirs").touch()
+    if kind == "symlink":
+        planted.symlink_to(target)
+    os.chown(planted, 65534, 65534, follow_symlinks=False)  # which that node's daemon refuses
     job.start("exit", "0")
     status, stderr = job.finish()
     assert status == 0, stderr
     assert [event["node"] for event in job.all_of("run-refused")] == ["node2"]
     assert sorted(event["node"] for event in job.all_of("run-stopped")) == ["node0", "node1"]
+    assert planted.is_symlink() == (kind == "symlink")
     assert planted.is_dir() and (planted / "theirs").exists()
     for node in (0, 1):
         assert not (job.node_tmpdir(node) / f"fsprobe-slurm-job-{JOB_ID}").exists(), node
