@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ ORPHAN_ROUNDS = 8
 _lock = threading.Lock()
 _running: set[int] = set()
 _adopting = False
+_ending = False
 
 
 def adopt_orphans() -> bool:
@@ -38,8 +40,12 @@ def adopt_orphans() -> bool:
 
 
 def start(argv: Sequence[str], **popen_arguments: object) -> subprocess.Popen[bytes]:
-    """`subprocess.Popen`, with the child known as a run in progress until `finish`."""
+    """`subprocess.Popen`, with the child known as a run in progress until `finish`.
+
+    OSError (ECANCELED) once `kill_runs` has begun: a run started then would outlive it."""
     with _lock:  # no orphan sweep may see the child before it is known
+        if _ending:
+            raise OSError(errno.ECANCELED, f"not starting {argv[0]}: the process is ending")
         process: subprocess.Popen[bytes] = subprocess.Popen(argv, **popen_arguments)  # type: ignore[call-overload]
         _running.add(process.pid)
     return process
@@ -55,8 +61,10 @@ def kill_runs() -> None:
     """Kill the process group of every run in progress (each is started in a session of its
     own), and wait up to `ORPHAN_GRACE` for each to die, so that what it started outside its
     group is re-parented to us for `reap_orphans`: what the worker does as it exits, so that no
-    `lfs` outlives it."""
+    `lfs` outlives it. No run starts after it (`start`)."""
+    global _ending
     with _lock:
+        _ending = True
         running = sorted(_running)
     for pid in running:
         with contextlib.suppress(ProcessLookupError, PermissionError):
