@@ -45,6 +45,7 @@ with extra_imports("torch", __name__, "torch"):
     from torch.distributed.checkpoint.stateful import Stateful
     from torch.futures import Future
 
+from fsprobe.posix.atomic import EXCLUSIVE_FLAGS
 from fsprobe.posix.tree import open_directory, open_regular, opened
 from fsprobe.redirect.copies import copy_bytes, copy_tree
 from fsprobe.redirect.locate import locate
@@ -161,12 +162,7 @@ def _link_or_copy(source_fd: int, target_fd: int, name: str, info: os.stat_resul
     except OSError:
         pass  # another owner's file (protected_hardlinks), a filesystem without links: copy
     with opened(open_regular(name, source_fd)) as source:
-        created = os.open(
-            name,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=target_fd,
-        )
+        created = os.open(name, EXCLUSIVE_FLAGS, 0o600, dir_fd=target_fd)
         with opened(created) as target:
             copy_bytes(source, target, info.st_size)
             os.fchmod(target, stat.S_IMODE(info.st_mode))

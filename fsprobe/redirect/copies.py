@@ -10,6 +10,7 @@ import errno
 import os
 import stat
 
+from fsprobe.posix.atomic import EXCLUSIVE_FLAGS
 from fsprobe.posix.owned import NotTrusted, check_owned, open_file
 from fsprobe.posix.tree import (
     MAX_DEPTH,
@@ -20,8 +21,6 @@ from fsprobe.posix.tree import (
     open_directory,
     opened,
 )
-
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def copy_tree(
@@ -59,7 +58,7 @@ def copy_tree(
                     os.fchmod(target, mode)
         elif stat.S_ISREG(info.st_mode):
             with opened(open_file(source_fd, name, os.O_RDONLY, owner, private=False)) as source:
-                new = os.open(name, _NEW_FILE_FLAGS, stat.S_IRUSR | stat.S_IWUSR, dir_fd=target_fd)
+                new = os.open(name, EXCLUSIVE_FLAGS, stat.S_IRUSR | stat.S_IWUSR, dir_fd=target_fd)
                 with opened(new) as target:
                     copied = copy_bytes(source, target, limit - total.bytes)
                     os.fchmod(target, mode)
