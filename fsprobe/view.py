@@ -123,6 +123,9 @@ class TargetView:
     snapshot: Snapshot
     verdict: Verdict
     intervals: Mapping[str, float] = field(default_factory=dict)
+    #: probe -> the age (seconds) past which the daemon judges its last result stale: the
+    #: policy's `stale_after`, with the write probe's interval widened while saves stand in
+    stale_after: Mapping[str, float] = field(default_factory=dict)
     last_success: Mapping[str, float] = field(default_factory=dict)
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, errno) -> n
     write_latency: Histogram = field(default_factory=Histogram)  # of whole write probes

@@ -420,11 +420,13 @@ class Store:
         snapshot = Snapshot(spec.path, dict(target.results), tuple(target.recent_write_errors))
         now = self._clock()
         self._version += 1
+        policy = target.policy()
         view = TargetView(
             path=spec.path,
             snapshot=snapshot,
             verdict=self._judge(target, snapshot, now),
             intervals=dict(spec.intervals),
+            stale_after={probe: policy.stale_after(probe) for probe in spec.intervals},
             last_success=dict(target.last_success),
             errors=dict(target.errors),
             write_latency=target.latency,

@@ -95,6 +95,15 @@ FAMILIES: tuple[Family, ...] = (
         ("path", "probe"),
     ),
     Family(
+        "fsprobe_probe_stale_after_seconds",
+        "gauge",
+        "Age of the probe's last run past which the daemon judges its result stale "
+        "(stale_after_intervals of its interval; for the write probe while real saves stand in "
+        "for it, of the save-widened interval, at most 10 of its own): the one deadline of "
+        "FsprobeProbeStale.",
+        ("path", "probe"),
+    ),
+    Family(
         "fsprobe_probe_errors",
         "counter",
         "Failed probe runs by error: an errno name, TIMEOUT (deadline) or PARSE.",
@@ -543,6 +552,9 @@ def _add_probes(samples: _Samples, view: TargetView) -> None:
     for probe in ran:
         if probe in view.intervals:
             samples.add("fsprobe_probe_interval_seconds", view.intervals[probe], probe=probe)
+    for probe in ran:
+        if probe in view.stale_after:
+            samples.add("fsprobe_probe_stale_after_seconds", view.stale_after[probe], probe=probe)
     for (probe, errno), count in sorted(view.errors.items()):
         samples.add_counter("fsprobe_probe_errors", count, probe=probe, errno=errno)
     for probe, count in sorted(view.skipped.items()):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 from fsprobe.daemon.store import Store, TargetSpec
+from fsprobe.events.admission import Sender
+from fsprobe.events.event import SaveEvent
 from fsprobe.model import (
     FilesystemInfo,
     ProbeResult,
@@ -182,3 +184,43 @@ def test_views_are_consistent_while_another_thread_records():
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_write_probe_that_saves_stand_in_for_is_never_late_by_the_exported_deadline():
+    """Saves every 8-10 minutes, a write probe every minute (issue 35): the probe is skipped
+    while landed saves stand in, so its last run is up to 10 minutes old. The deadline the
+    view exports (`fsprobe_probe_stale_after_seconds`) is the policy's own: that age never
+    passes it, though it passes 3 of the probe's configured intervals (the old rule fired)."""
+    now = [NOW]
+    store = Store(clock=lambda: now[0])
+    intervals = {"statvfs": 15.0, "write": 60.0}
+    store.configure([TargetSpec("/ckpt", Policy(intervals=intervals), intervals)])
+    store.record("/ckpt", write_result(now[0]))
+    gaps = [480.0, 600.0, 540.0, 510.0, 590.0] * 4  # 8 to 10 minutes
+    next_save, next_probe, oldest = now[0] + gaps[0], now[0] + 60.0, 0.0
+    while gaps:
+        now[0] += 1.0
+        if now[0] >= next_save:
+            save = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 1.0, 1, (), now[0], "h", 1)
+            store.record_save(Sender(0, 0, 0), save)
+            next_save = now[0] + gaps.pop()
+        if now[0] >= next_probe:
+            if store.skip_write_probe("/ckpt") is None:
+                store.record("/ckpt", write_result(now[0]))
+            next_probe = now[0] + 60.0 * (1.1 if int(now[0]) % 2 else 0.9)  # jittered
+        view = store.view("/ckpt")
+        assert view is not None
+        age = now[0] - view.snapshot.results["write"].finished_at
+        assert age <= view.stale_after["write"], (age, view.stale_after)
+        assert "probe_stale" not in {reason.code for reason in view.verdict.reasons}
+        oldest = max(oldest, age)
+    assert oldest > 3 * 60.0  # what the rule's nominal interval would have called stale
+    assert store.view("/ckpt").stale_after == {"statvfs": 45.0, "write": 3 * 600.0}
+
+
+def test_the_exported_deadline_follows_the_policys_stale_after_intervals():
+    store = Store(clock=lambda: NOW)
+    intervals = {"statvfs": 15.0, "write": 60.0}
+    policy = Policy(intervals=intervals, stale_after_intervals=5.0)
+    store.configure([TargetSpec("/ckpt", policy, intervals)])
+    assert store.view("/ckpt").stale_after == {"statvfs": 75.0, "write": 300.0}

@@ -49,6 +49,7 @@ CONTRACT = {
     "fsprobe_probe_last_success_timestamp_seconds": {"path", "probe"},
     "fsprobe_probe_interval_seconds": {"path", "probe"},
     "fsprobe_probe_last_run_timestamp_seconds": {"path", "probe"},
+    "fsprobe_probe_stale_after_seconds": {"path", "probe"},
     "fsprobe_probe_errors": {"path", "probe", "errno"},
     "fsprobe_probe_skipped": {"path", "probe"},
     "fsprobe_mount_stuck": {"path"},
@@ -333,6 +334,7 @@ def test_values_of_a_fully_probed_lustre_target():
             families, "fsprobe_probe_last_success_timestamp_seconds", path=path, probe=probe
         ) == pytest.approx(NOW + 0.5)
     assert one(families, "fsprobe_probe_interval_seconds", probe="quota") == 300
+    assert one(families, "fsprobe_probe_stale_after_seconds", probe="quota") == 3 * 300
     assert one(families, "fsprobe_probe_errors_total", probe="write", errno="EIO") == 1
     assert one(families, "fsprobe_mount_stuck", path=path) == 0
 

@@ -32,6 +32,7 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_probe_last_success_timestamp_seconds",
         "fsprobe_probe_interval_seconds",
         "fsprobe_probe_last_run_timestamp_seconds",
+        "fsprobe_probe_stale_after_seconds",
         "fsprobe_probe_errors_total",
         "fsprobe_mount_stuck",
         "fsprobe_filesystem_size_bytes",
