@@ -178,6 +178,13 @@ FAMILIES: tuple[Family, ...] = (
         (*_QUOTA, "resource"),
     ),
     Family(
+        "fsprobe_quota_grace_expired",
+        "gauge",
+        "For a soft limit: 1 once its grace period has run out while usage is still over it "
+        "(the soft limit now acts as a hard one), until usage is back under it; else 0.",
+        (*_QUOTA, "resource"),
+    ),
+    Family(
         "fsprobe_quota_exceeded",
         "gauge",
         "1 when usage is over a quota limit (soft exceeded, grace expired or hard reached).",
@@ -465,7 +472,7 @@ def target_samples(view: TargetView) -> dict[str, list[Sample]]:
         _add_filesystem(samples, snapshot.value("statvfs"))
         quota: QuotaReport | None = snapshot.value("quota")
         if quota is not None:
-            _add_quota(samples, quota)
+            _add_quota(samples, quota, view.updated_at)
         _add_lustre(samples, snapshot.value("lfs_df") or ())
         _add_imports(samples, snapshot.value("imports") or ())
         _add_headroom(samples, view)
@@ -577,7 +584,9 @@ def _add_filesystem(samples: _Samples, fs: FilesystemInfo) -> None:
         samples.add(family, value, **labels)
 
 
-def _add_quota(samples: _Samples, quota: QuotaReport) -> None:
+def _add_quota(samples: _Samples, quota: QuotaReport, now: float) -> None:
+    """Every quota entry; a grace is judged expired as of `now` (when the view was made: a
+    timer read a while ago may have run out since)."""
     for entry in quota.entries:
         labels = {"type": entry.type, "id": str(entry.id)}
         if entry.pool:
@@ -595,6 +604,11 @@ def _add_quota(samples: _Samples, quota: QuotaReport) -> None:
                     usage.grace_expires_at,
                     resource=resource,
                     **labels,
+                )
+            if usage.soft is not None:
+                expired = usage.state_at(now) is QuotaState.GRACE_EXPIRED
+                samples.add(
+                    "fsprobe_quota_grace_expired", float(expired), resource=resource, **labels
                 )
             exceeded = usage.state is not QuotaState.OK
             samples.add("fsprobe_quota_exceeded", float(exceeded), resource=resource, **labels)

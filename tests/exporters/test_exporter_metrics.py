@@ -69,6 +69,7 @@ CONTRACT = {
         )
     },
     "fsprobe_quota_grace_expiry_timestamp_seconds": {"path", "type", "id", "resource"},
+    "fsprobe_quota_grace_expired": {"path", "type", "id", "resource"},
     "fsprobe_quota_exceeded": {"path", "type", "id", "resource"},
     **{
         f"fsprobe_lustre_target_{suffix}": {"path", "target"}
@@ -363,6 +364,9 @@ def test_values_of_a_fully_probed_lustre_target():
         families, "fsprobe_quota_grace_expiry_timestamp_seconds", resource="inodes"
     ) == pytest.approx(GRACE_END)
     assert len(samples(families, "fsprobe_quota_grace_expiry_timestamp_seconds")) == 1
+    assert one(families, "fsprobe_quota_grace_expired", id="4242", resource="inodes") == 0
+    assert one(families, "fsprobe_quota_grace_expired", id="4242", resource="bytes") == 0
+    assert not [k for k in samples(families, "fsprobe_quota_grace_expired") if ("id", "1000") in k]
     assert one(families, "fsprobe_quota_exceeded", id="4242", resource="inodes") == 1
     assert one(families, "fsprobe_quota_exceeded", id="4242", resource="bytes") == 0
     assert one(families, "fsprobe_quota_exceeded", id="1000", resource="bytes") == 0
@@ -629,3 +633,33 @@ def test_warming_one_changed_target_keeps_the_others_cached():
     store.configure([TargetSpec("/t1")])
     exposition.warm([])
     assert set(exposition._cache) == {"/t1"}
+
+
+def test_an_expired_grace_stays_exported_until_usage_is_back_under_the_soft_limit():
+    """Issue 35: the expiry series was exported only while a timer ran, so the alert ended the
+    moment enforcement began. Running, then run out (as of the view, before the next quota
+    probe), then `lfs quota` printing the timer as expired, then usage under the soft limit."""
+    now = [NOW]
+    store = Store(clock=lambda: now[0])
+    store.configure([TargetSpec("/lustre/ckpt", Policy(), {"statvfs": 15.0, "quota": 300.0})])
+    store.record("/lustre/ckpt", result("statvfs", FS))
+
+    def inodes(used: int, expires: float | None, state: QuotaState) -> tuple[float, float | None]:
+        usage = QuotaUsage(used, soft=90_000, hard=100_000, grace_expires_at=expires, state=state)
+        entry = QuotaEntry("project", 4242, None, QuotaUsage(used=1), usage)
+        quota = ProbeResult("quota", now[0], 0.5, value=QuotaReport("lfs", (entry,)))
+        store.record("/lustre/ckpt", quota)
+        families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+        expiry = samples(families, "fsprobe_quota_grace_expiry_timestamp_seconds")
+        return (
+            one(families, "fsprobe_quota_grace_expired", resource="inodes"),
+            next(iter(expiry.values()), None),
+        )
+
+    assert inodes(93_000, GRACE_END, QuotaState.SOFT_EXCEEDED) == (0.0, GRACE_END)
+    now[0] = GRACE_END + 60  # the timer ran out since the last quota probe
+    store.record("/lustre/ckpt", result("statvfs", FS))
+    families = parse(Exposition(store.views, process_metrics=False).fsprobe_text())
+    assert one(families, "fsprobe_quota_grace_expired", resource="inodes") == 1
+    assert inodes(93_000, None, QuotaState.GRACE_EXPIRED) == (1.0, None)  # lfs: "expired"
+    assert inodes(89_000, None, QuotaState.OK) == (0.0, None)

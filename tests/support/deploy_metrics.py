@@ -47,6 +47,7 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_quota_soft_limit_inodes",
         "fsprobe_quota_hard_limit_inodes",
         "fsprobe_quota_grace_expiry_timestamp_seconds",
+        "fsprobe_quota_grace_expired",
         "fsprobe_quota_exceeded",
         "fsprobe_lustre_target_avail_bytes",
         "fsprobe_lustre_target_size_bytes",
