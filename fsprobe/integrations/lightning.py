@@ -7,7 +7,6 @@ Lightning's own implementation. Needs only ``lightning.fabric``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -16,11 +15,14 @@ from fsprobe.extras import import_extra, is_missing, missing_extra
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
 from fsprobe.redirect.manifest import forget
-from fsprobe.saving.commit import DEFAULT_ATTEMPTS, SaveResult
+from fsprobe.saving.commit import SaveResult, save_options
 
 torch = import_extra("torch", "lightning", __name__)
 if TYPE_CHECKING:  # the standalone package's class below is a copy of this one
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    from typing_extensions import Unpack
+
+    from fsprobe.saving.commit import SaveOverrides
 else:
     try:
         from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -40,27 +42,16 @@ def _is_local(path: str | os.PathLike[str]) -> bool:
 class FsprobeCheckpointIO(TorchCheckpointIO):
     """Save, load and remove checkpoints the fsprobe way; `last_result` is the last save's.
 
-    `attempts`, `fallback_dirs`, `max_wait` and the further keyword arguments (``backoff``,
-    ``state_dir``, ``timeout``, ``on_unhealthy``...) are `fsprobe.SaveOptions`, made here: a
-    wrong one is a TypeError or ValueError now, not at the first checkpoint hours into the
-    run. Lightning gets the paths it gave (a `Path` stays a `Path`), but for a redirected copy.
+    `options` and keyword overrides are a save's (`fsprobe.SaveOptions`), made here: a wrong
+    one is a TypeError or ValueError now, not at the first checkpoint hours into the run.
+    Lightning gets the paths it gave (a `Path` stays a `Path`), but for a redirected copy.
     """
 
     def __init__(
-        self,
-        attempts: int = DEFAULT_ATTEMPTS,
-        fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-        max_wait: float = 0.0,
-        **atomic_write_kwargs: Any,
+        self, options: SaveOptions | None = None, **overrides: Unpack[SaveOverrides]
     ) -> None:
         super().__init__()
-        self._given = {
-            "attempts": attempts,
-            "fallback_dirs": tuple(os.fspath(d) for d in fallback_dirs),
-            "max_wait": max_wait,
-            **atomic_write_kwargs,
-        }
-        self.options = SaveOptions(**self._given)
+        self.options = save_options(options, overrides)
         self.last_result: SaveResult | None = None
 
     def save_checkpoint(
@@ -77,10 +68,6 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
         self.last_result = atomic_write(
             path, lambda stream: torch.save(checkpoint, stream), options=self.options
         )
-
-    def save_options(self) -> dict[str, Any]:
-        """The options given to this plugin, as keyword arguments of a save."""
-        return dict(self._given)
 
     def load_checkpoint(
         self,

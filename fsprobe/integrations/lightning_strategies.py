@@ -6,6 +6,7 @@ apart from `lightning` because they need the full Lightning and its model-parall
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -19,11 +20,9 @@ from fsprobe import save_dir
 from fsprobe.errors import errno_code
 from fsprobe.integrations.lightning import FsprobeCheckpointIO
 from fsprobe.redirect.locate import locate
-from fsprobe.saving.commit import OPTION_NAMES, SaveResult, failure_of
+from fsprobe.saving.commit import SaveOptions, SaveResult, failure_of
 
-#: What a `FsprobeCheckpointIO` option means for a directory too (a file's own need, its
-#: per-file deadline and the collective's group are not among them).
-_DIRECTORY_OPTIONS = (OPTION_NAMES | {"options", "context"}) - {"need_bytes", "need_inodes"}
+_DEFAULTS = SaveOptions()
 
 
 def _io_error_of(error: CheckpointException, staging: str) -> OSError | None:
@@ -70,11 +69,14 @@ class DirectoryCheckpoints(ParallelStrategy):
     def checkpoint_io(self, io: CheckpointIO) -> None:
         self._checkpoint_io = io
 
-    def _options(self) -> dict[str, Any]:
+    def _options(self) -> SaveOptions:
+        """The `FsprobeCheckpointIO`'s options, but for a file's own need."""
         io = self.checkpoint_io
         if not isinstance(io, FsprobeCheckpointIO):
-            return {}
-        return {k: v for k, v in io.save_options().items() if k in _DIRECTORY_OPTIONS}
+            return _DEFAULTS
+        return dataclasses.replace(
+            io.options, need_bytes=_DEFAULTS.need_bytes, need_inodes=_DEFAULTS.need_inodes
+        )
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
@@ -97,16 +99,15 @@ class DirectoryCheckpoints(ParallelStrategy):
                 raise translated from error
 
         if dist.is_available() and dist.is_initialized():
-            self.last_result = collective.save_dir(requested, write, **self._options())
+            self.last_result = collective.save_dir(requested, write, options=self._options())
         else:
-            self.last_result = save_dir(requested, write, **self._options())
+            self.last_result = save_dir(requested, write, options=self._options())
 
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
         """Load `checkpoint_path`, or its newer redirected copy (rank 0 decides for all)."""
         where = os.fspath(checkpoint_path)  # on the other ranks, replaced by rank 0's
         if self.is_global_zero:
-            fallback_dirs = self._options().get("fallback_dirs", ())
-            where = locate(checkpoint_path, fallback_dirs=fallback_dirs)
+            where = locate(checkpoint_path, fallback_dirs=self._options().fallback_dirs)
         return super().load_checkpoint(self.broadcast(where), *args, **kwargs)
 
 

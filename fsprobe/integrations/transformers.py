@@ -14,7 +14,7 @@ import re
 import shutil
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from fsprobe.extras import extra_imports
 
@@ -43,6 +43,11 @@ from fsprobe.saving.commit import (
     SaveResult,
     save_options,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from fsprobe.saving.commit import SaveOverrides
 
 log = logging.getLogger("fsprobe.transformers")
 
@@ -81,25 +86,16 @@ def _checkpoint_at(args: TrainingArguments, state: TrainerState) -> str:
 class FsprobeCallback(TrainerCallback):
     """Preflight before each save step; the decisions so far are in `decisions`.
 
-    `need_bytes` (default: the previous checkpoint's size times 1.1, none before the first),
-    `max_wait`, `state_dir` and `timeout` go to `fsprobe.preflight`. `fallback_dirs` only
-    changes what is reported (the Trainer writes where it writes): a target that cannot take
-    the checkpoint is reported as ``redirect`` when a fallback could, ``fail`` otherwise.
+    `options` and keyword overrides are a save's (`fsprobe.SaveOptions`), made here, for
+    `fsprobe.preflight`: `need_bytes` defaults to the previous checkpoint's size times 1.1 (none
+    before the first), and a target that cannot take the checkpoint is ``fail``, or
+    ``redirect`` when a fallback could (only reported: the Trainer writes where it writes).
     """
 
     def __init__(
-        self,
-        need_bytes: int | None = None,
-        max_wait: float = 0.0,
-        fallback_dirs: Iterable[str | os.PathLike[str]] = (),
-        state_dir: str | None = None,
-        timeout: float = 10.0,
+        self, options: SaveOptions | None = None, **overrides: Unpack[SaveOverrides]
     ) -> None:
-        self.need_bytes = need_bytes
-        self.max_wait = max_wait
-        self.fallback_dirs = tuple(os.fspath(d) for d in fallback_dirs)
-        self.state_dir = state_dir
-        self.timeout = timeout
+        self.options = save_options(options, overrides)
         self.decisions: list[Decision] = []
         self._measured: tuple[int, int] | None = None  # (bytes, inodes) of the last checkpoint
         self._unreported: Decision | None = None
@@ -146,13 +142,12 @@ class FsprobeCallback(TrainerCallback):
 
     # -- the check -----------------------------------------------------------------------------
 
-    def _need(self) -> tuple[int | None, int]:
-        if self.need_bytes is not None:
-            inodes = self._measured[1] if self._measured else 1
-            return self.need_bytes, inodes
+    def _need(self) -> tuple[int | None, int | None]:
         if self._measured is None:
-            return None, 1
+            return self.options.need_bytes, self.options.need_inodes
         size, inodes = self._measured
+        if self.options.need_bytes is not None:
+            return self.options.need_bytes, inodes
         return math.ceil(size * NEED_MARGIN), inodes
 
     def _before_save(self, args: TrainingArguments, state: TrainerState) -> None:
@@ -170,13 +165,10 @@ class FsprobeCallback(TrainerCallback):
         checkpoint = _checkpoint_at(args, state)
         return preflight(
             checkpoint,  # a path inside output_dir: output_dir is the target judged
+            self.options,
             need_bytes=need_bytes,
             need_inodes=need_inodes,
-            max_wait=self.max_wait,
-            fallback_dirs=self.fallback_dirs,
             on_unhealthy="fail",
-            state_dir=self.state_dir,
-            timeout=self.timeout,
         )
 
     def _report(self, decision: Decision, state: TrainerState) -> None:

@@ -5,6 +5,8 @@ it (`start` and a `RetryState`, `attempt_until_done`, `failure_of`). docs/design
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fsprobe.posix.staging import Staging
 from fsprobe.posix.tree import sync_file_at
 from fsprobe.redirect.manifest import sha256_of, sha256_of_directory
@@ -33,6 +35,9 @@ from fsprobe.saving.retry import (
     run_attempts,
     start,
 )
+
+if TYPE_CHECKING:  # for type checkers only, as in `saving/options.py`
+    from fsprobe.saving.options import SaveOverrides as SaveOverrides
 
 __all__ = [
     "DEFAULT_ATTEMPTS",

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
 from fsprobe.posix.atomic import parse_temp_name  # noqa: E402
-from fsprobe.saving.options import Backoff  # noqa: E402
+from fsprobe.saving.options import Backoff, SaveOptions  # noqa: E402
 from tests.support.state import daemon_view, publish  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a framework, ranks or a server: the full run only
@@ -90,7 +90,7 @@ def test_redirected_checkpoint_is_loaded_and_removed_through_the_plugin(tmp_path
     fallback.mkdir()
     state.mkdir(mode=0o700)
     publish(str(state), {str(target): daemon_view(str(target), readonly=True)})
-    plugin = FsprobeCheckpointIO(fallback_dirs=[fallback], state_dir=str(state))
+    plugin = FsprobeCheckpointIO(SaveOptions(fallback_dirs=[fallback]), state_dir=str(state))
     path = str(target / "epoch=0.ckpt")
     plugin.save_checkpoint({"epoch": 0, "state_dict": {"w": torch.ones(3)}}, path)
     assert plugin.last_result.redirected and not os.path.exists(path)

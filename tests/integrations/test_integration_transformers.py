@@ -17,6 +17,7 @@ need_module("accelerate")
 
 from transformers import Trainer, TrainerCallback  # noqa: E402
 
+from fsprobe import SaveOptions  # noqa: E402
 from fsprobe.integrations.transformers import FsprobeCallback  # noqa: E402
 from fsprobe.model import QuotaState  # noqa: E402
 from tests.support.state import daemon_view, publish, quota_entry  # noqa: E402
@@ -71,13 +72,21 @@ def test_an_unfit_target_is_reported_and_training_goes_on(tmp_path, caplog):
     state.mkdir(mode=0o700)
     hard = quota_entry(QuotaState.HARD_REACHED, kind="project", ident=1234)
     publish(str(state), {str(out): daemon_view(str(out), quota=(hard,))})
-    callback = FsprobeCallback(state_dir=str(state))
+    callback = FsprobeCallback(SaveOptions(state_dir=str(state)))
     with caplog.at_level(logging.WARNING, logger="fsprobe.transformers"):
         trainer, _ = run(out, callback)
     assert trainer.state.global_step == 2
     assert [d.action for d in callback.decisions] == ["fail", "fail"]
     assert all(d.source == "state" for d in callback.decisions)
     assert "quota_hard_reached" in caplog.text and "step 2" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"), [({"max_wiat": 30}, TypeError), ({"timeout": 0}, ValueError)]
+)
+def test_a_wrong_option_fails_when_the_callback_is_made(overrides, error):
+    with pytest.raises(error, match=next(iter(overrides))):
+        FsprobeCallback(**overrides)
 
 
 def test_the_callback_keeps_nothing_in_the_state_the_trainer_saves_and_restores(tmp_path):
