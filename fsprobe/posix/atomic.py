@@ -35,12 +35,19 @@ class Claims:
     """(st_dev, st_ino) of the temp files and staging directories this process is writing: its
     own threads' saves. A lock is no proof of life within one process on NFS (whose flock is a
     per-process POSIX lock), so cleanup asks this too. Also those it gave up and could not
-    remove (`abandoned`): certainly dead, whatever their age. One per process (`CLAIMS`). No
-    lock: a set's add, discard and lookup are atomic, and a lock held at a fork would stay held."""
+    remove (`abandoned`, with the directory each lies in): certainly dead, whatever their age,
+    and removed by this process's next attempt, wherever that goes. One per process (`CLAIMS`).
+    No lock: a set's or a dict's add, discard and lookup are atomic, and a lock held at a fork
+    would stay held."""
 
     def __init__(self) -> None:
         self._live: set[tuple[int, int]] = set()
-        self.abandoned: set[tuple[int, int]] = set()
+        self.abandoned: dict[tuple[int, int], str] = {}
+
+    def abandon(self, identity: tuple[int, int], directory: str) -> None:
+        """`identity`, in `directory`, was given up and could not be removed: the next attempt
+        of this process removes it (`fsprobe.saving.stale.clean_abandoned`)."""
+        self.abandoned[identity] = directory
 
     def add(self, identity: tuple[int, int]) -> None:
         self._live.add(identity)

@@ -184,8 +184,8 @@ class Staging:
             self.fd = None
         if self.created and not self.published:
             if not self.remove(self.staging) and identity is not None:
-                # Left by this very attempt: the next save here removes it, however young.
-                CLAIMS.abandoned.add(identity)
+                # Left by this very attempt: the next attempt removes it, however young.
+                CLAIMS.abandon(identity, self.parent)
             self.created = False
         if self.parent_fd >= 0:
             os.close(self.parent_fd)

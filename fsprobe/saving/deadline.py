@@ -118,6 +118,6 @@ def bounded(
         raise FailedAttempt(
             TIMEOUT, progress.step, f"the write took longer than {format_seconds(timeout)}"
         )
-    if raised:
-        raise raised[0]
+    if raised:  # popped: a list in this frame would hold the error in a reference cycle
+        raise raised.pop()
     return written[0]

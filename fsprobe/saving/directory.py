@@ -49,7 +49,10 @@ def write_directory_once(
             failure = failure_of(error, "write", where=staging.path)
             if failure is None:
                 raise
-            raise failure from error
+            try:
+                raise failure from error
+            finally:  # no reference cycle through this frame (`fsprobe.saving.stale`)
+                del failure
         progress.step = "fsync"
         size = staging.sync() if fsync else staging.measure()
         progress.publishing()

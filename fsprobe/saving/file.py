@@ -171,7 +171,10 @@ def _write_once(
             failure = _io_failure(error, stream)
             if failure is None:
                 raise
-            raise failure from error
+            try:
+                raise failure from error
+            finally:  # no reference cycle through this frame (`fsprobe.saving.stale`)
+                del failure
         if fsync:
             progress.step = "fsync"
             stream.sync()
@@ -206,7 +209,7 @@ def _remove_temp(temp: TempFile) -> None:
         temp.remove()
     except OSError as error:  # the next attempt there removes it (`fsprobe.saving.stale`)
         log.warning("could not remove the temp file %s: %s", temp.name, error)
-        CLAIMS.abandoned.add(temp.identity)
+        CLAIMS.abandon(temp.identity, os.path.dirname(temp.name))
         removed = False
     else:
         removed = True

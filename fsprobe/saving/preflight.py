@@ -259,14 +259,10 @@ class SaveContext:
         with self._lock:
             return os.path.abspath(directory) in self._seen
 
-    def was_cleaned(self, directory: str, cleaned: bool = True) -> None:
-        """`directory` was just cleaned of crashed saves' leftovers (`fsprobe.saving.stale`);
-        with `cleaned` False, an attempt there failed: clean it again before the next one."""
+    def was_cleaned(self, directory: str) -> None:
+        """`directory` was just cleaned of crashed saves' leftovers (`fsprobe.saving.stale`)."""
         with self._lock:
-            if cleaned:
-                _remember(self.cleaned, directory, time.monotonic(), self._entries)
-            else:
-                self.cleaned.pop(directory, None)
+            _remember(self.cleaned, directory, time.monotonic(), self._entries)
 
     def warn_missing_fallbacks(self, options: SaveOptions) -> None:
         """Say once per process, at the first save that names it, which fallback directory of

@@ -21,11 +21,12 @@ from typing import Any, NamedTuple
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.events.emit import send
 from fsprobe.events.event import Failure, SaveEvent
+from fsprobe.posix.atomic import CLAIMS
 from fsprobe.redirect.areas import prepare_directory, redirect_path, remove_mirrored_dirs
 from fsprobe.redirect.manifest import UNLOCKED, new_entry, record
 from fsprobe.saving.options import SaveOptions
 from fsprobe.saving.preflight import Decision, SaveContext, default_context
-from fsprobe.saving.stale import FOREIGN_STALE_SECONDS, clean_directory
+from fsprobe.saving.stale import FOREIGN_STALE_SECONDS, clean_abandoned, clean_directory
 from fsprobe.units import format_bytes, format_seconds
 
 log = logging.getLogger("fsprobe.save")
@@ -112,6 +113,8 @@ class SaveResult:
     bytes: int
     seconds: float
     errors: tuple[str, ...] = ()
+    #: Leftovers removed before its attempts: its own failed attempts', crashed saves'.
+    leftovers_removed: int = 0
 
 
 #: What torch's C++ writer says when a write failed underneath it, with or without an OSError.
@@ -273,6 +276,7 @@ class RetryState:
         self.destination = requested
         self.number = 1
         self.failures: list[FailedAttempt] = []
+        self.leftovers_removed = 0  # by `prepare`, before each attempt
         self._in_fallback: list[bool] = []  # per failure: made in a fallback, not the target
         self._given_up: set[str] = set()  # fallbacks that failed for capacity or for good
         self._skipped: dict[str, str] = {}  # why each fallback could not take the save
@@ -323,16 +327,20 @@ class RetryState:
         )
 
     def prepare(self) -> None:
-        """Before an attempt: make the destination's mirrored directories in its fallback, and
-        clean its directory of crashed saves' leftovers unless this context did in the last
-        hour (`SaveContext.cleaned`). OSError if the fallback's directories cannot be made."""
+        """Before an attempt: make the destination's mirrored directories in its fallback,
+        remove what this process's failed attempts could not (wherever they were), and clean
+        the destination's directory of crashed saves' leftovers unless this context did in the
+        last hour (`SaveContext.cleaned`). OSError if the fallback's directories cannot be
+        made."""
         fallback = self.fallback
         if fallback is not None:
             prepare_directory(fallback, self.destination)
+        if CLAIMS.abandoned:
+            self.leftovers_removed += len(clean_abandoned())
         directory = os.path.dirname(self.destination)
         cleaned_at = self.context.cleaned.get(directory)
         if cleaned_at is None or time.monotonic() - cleaned_at > FOREIGN_STALE_SECONDS:
-            clean_directory(directory)
+            self.leftovers_removed += len(clean_directory(directory))
             self.context.was_cleaned(directory)
 
     def failed(self, failure: FailedAttempt) -> NextAttempt | None:
@@ -340,8 +348,6 @@ class RetryState:
         fallback = self.fallback
         if fallback is not None:  # leave no empty mirrored directories in a fallback
             remove_mirrored_dirs(fallback, self.destination)
-        # What it could not remove (`CLAIMS.abandoned`) goes before the next attempt there.
-        self.context.was_cleaned(os.path.dirname(self.destination), False)
         self.failures.append(failure.bare())
         self._in_fallback.append(fallback is not None)
         kind = classify(failure.errno, failure.step)
@@ -465,6 +471,7 @@ class RetryState:
             bytes=nbytes,
             seconds=time.monotonic() - self._start,
             errors=tuple(f.errno for f in self.failures),
+            leftovers_removed=self.leftovers_removed,
         )
         if self.failures or result.redirected:
             log.warning(

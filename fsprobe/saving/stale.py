@@ -135,7 +135,7 @@ def _remove_temp_file(dir_fd: int, directory: str, entry: str, name: TempName, n
         if not os.path.samestat(info, os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)):
             return False
         os.unlink(entry, dir_fd=dir_fd)
-        CLAIMS.abandoned.discard(identity)
+        CLAIMS.abandoned.pop(identity, None)
     except FileNotFoundError:
         return False
     except OSError as error:
@@ -168,5 +168,34 @@ def _clean_tree(
     except OSError as error:
         log.warning("cannot clean up %s in %s: %s", name, directory, error)
         return False
-    CLAIMS.abandoned.discard(identity)
+    CLAIMS.abandoned.pop(identity, None)
     return True
+
+
+def clean_abandoned() -> list[str]:
+    """Remove what this process's own attempts gave up and could not remove
+    (`CLAIMS.abandoned`), in whichever directories they lie: before each attempt, wherever it
+    goes, so that a failed attempt's inode outlives it by one attempt at most. Returns what was
+    removed; an entry that is gone, with its directory or by another hand, is forgotten."""
+    removed: list[str] = []
+    for directory in set(CLAIMS.abandoned.values()):
+        removed += clean_directory(directory)
+        left = {key for key, where in CLAIMS.abandoned.items() if where == directory}
+        for key in left - _temp_identities(directory):
+            CLAIMS.abandoned.pop(key, None)
+    return removed
+
+
+def _temp_identities(directory: str) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of the temp files and staging directories in `directory` (none if it
+    cannot be read)."""
+    found = set()
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if parse_temp_name(entry.name) is not None:
+                    info = entry.stat(follow_symlinks=False)
+                    found.add((info.st_dev, info.st_ino))
+    except OSError:
+        pass
+    return found

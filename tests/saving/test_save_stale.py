@@ -315,6 +315,68 @@ def test_a_staging_directory_its_attempt_could_not_remove_goes_with_the_next_sav
         assert os.listdir(run) == ["ckpt"]
 
 
+def test_what_a_save_that_gave_up_left_goes_with_the_next_save_wherever_it_goes(faultfs):
+    """The leftover of a save that gave up is this process's to remove at its very next
+    attempt, though that goes to another directory: not an hour or a process later. The save
+    that removed it counts it."""
+    run, other = faultfs.mountpoint / "run", faultfs.mountpoint / "other"
+    run.mkdir(), other.mkdir()
+    faultfs.ctl.fail("write", "EIO", path="/run/.fsprobe~*/a.bin", times=None)
+    faultfs.ctl.fail("rmdir", "EBUSY", path="/run/.fsprobe~*", times=1)
+
+    def write(staging):
+        with open(os.path.join(staging, "a.bin"), "wb") as f:
+            f.write(b"x" * 4096)
+
+    with pytest.raises(OSError):
+        fsprobe.save_dir(run / "ckpt", write, attempts=1, redirect=False)
+    assert len(leftovers(run)) == 1
+    result = fsprobe.atomic_write(other / "b.bin", lambda f: f.write(b"y"))
+    assert os.listdir(run) == [] and os.listdir(other) == ["b.bin"]
+    assert result.leftovers_removed == 1
+
+
+@pytest.mark.parametrize("kind", ["save_dir", "save"])
+def test_no_failed_attempt_leaves_an_inode_where_removes_are_hidden(faultfs_factory, kind):
+    """Where a file removed while open stays as a hidden name until closed (libfuse's default,
+    NFS's silly rename), the failed `torch.save`'s file is still open while its error is
+    handled, and its staging directory cannot go then. It goes before the next attempt: the
+    error is not kept alive by a reference cycle in the save. A save that takes three attempts
+    leaves nothing but its checkpoint, and counts the two it removed."""
+    torch = pytest.importorskip("torch")
+    faultfs = faultfs_factory(hidden_removes=True)
+    run = faultfs.mountpoint / "run"
+    run.mkdir()
+    failing = faultfs.ctl.fail("write", "EIO", path="/run/.fsprobe~*", times=None)
+    seen: list[list[str]] = []
+
+    def attempt_starts() -> None:
+        seen.append(sorted(leftovers(run)))
+        if len(seen) == 3:  # the third attempt succeeds
+            faultfs.ctl.remove(failing)
+
+    quick = Backoff(sleep=lambda seconds: None)
+    state = {"w": torch.zeros(1 << 16)}
+    if kind == "save_dir":
+
+        def write(staging: str) -> None:
+            attempt_starts()
+            torch.save(state, os.path.join(staging, "model.pt"))  # torch's own writer
+
+        result = fsprobe.save_dir(run / "ckpt", write, backoff=quick)
+    else:
+
+        def record(stream) -> None:
+            attempt_starts()
+            torch.save(state, stream)
+
+        result = fsprobe.atomic_write(run / "ckpt", record, backoff=quick)
+    assert result.attempts == 3
+    assert [len(names) for names in seen] == [1, 1, 1]  # only the attempt's own each time
+    assert os.listdir(run) == ["ckpt"]
+    assert result.leftovers_removed == (2 if kind == "save_dir" else 0)
+
+
 def test_a_context_cleans_a_directory_once_and_the_next_process_cleans_it_again(tmp_path):
     """A crashed save's leftover comes from a process that ended before this one saved here:
     the first save of a process (a `SaveContext`) into a directory removes it, the later ones

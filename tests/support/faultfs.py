@@ -673,6 +673,11 @@ def main(argv: list[str] | None = None) -> int:
         help="let a blocked call go after this many seconds, with an error in the log",
     )
     # libfuse 3.14.0 ignores this (it starts threads as needed); later versions default to 10.
+    parser.add_argument(
+        "--hidden-removes",
+        action="store_true",
+        help="keep a file removed while open as .fuse_hidden* until its last close (as NFS does)",
+    )
     parser.add_argument("--max-threads", type=int, default=64, help="libfuse worker threads")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
     args = parser.parse_args(argv)
@@ -705,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
             allow_other=True,  # tests may run a writer as another user
             default_permissions=True,  # then the kernel checks modes, as a real filesystem
             auto_unmount=True,  # a killed daemon leaves no dead mount behind
-            hard_remove=True,  # no .fuse_hidden files: they would skew quota and listings
+            # No .fuse_hidden files unless asked: they would skew quota and listings.
+            hard_remove=not args.hidden_removes,
             use_ino=True,
             attr_timeout=0,  # every stat reaches the rules, none is answered from a cache
             entry_timeout=0,

@@ -69,11 +69,15 @@ class FaultFS:
         *,
         direct_io: bool = False,
         max_block: float = DEFAULT_MAX_HOLD,
+        hidden_removes: bool = False,
     ) -> None:
         self.backing = Path(backing)
         self.mountpoint = Path(mountpoint)
         self.direct_io = direct_io
         self.max_block = max_block
+        #: A file removed while open stays, as ``.fuse_hidden*``, until its last close: what
+        #: libfuse does by default and NFS does with ``.nfs*`` (its "silly rename").
+        self.hidden_removes = hidden_removes
         self._rundir = _private_short_directory()
         self.socket_path = self._rundir / "control.sock"
         self.log_path = self._rundir / "faultfs.log"
@@ -96,6 +100,8 @@ class FaultFS:
         ]
         if self.direct_io:
             command.append("--direct-io")
+        if self.hidden_removes:
+            command.append("--hidden-removes")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 command,
