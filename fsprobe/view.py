@@ -77,8 +77,9 @@ SAVE_BUCKETS: tuple[float, ...] = (
 class SaveProblem:
     """The latest save of one outcome other than ok, for an alert to name: when the daemon
     heard of it, the file asked for, the user, the errno (and step) that kept it from the
-    target, where it landed instead, and whether a fallback was tried (``none``, ``tried``:
-    it failed there too, ``landed``)."""
+    target, the fallback directory it landed in instead (where it landed, when that names
+    none), and whether a fallback was tried (``none``, ``tried``: it failed there too,
+    ``landed``). The sender's words: the exporter shows them only as `plain_label`s."""
 
     at: float
     file: str

@@ -209,8 +209,16 @@ def _problem(sender: Sender, save: SaveEvent, now: float) -> SaveProblem:
         errno=cause[0].errno if cause else "EUNKNOWN",
         step=cause[0].step if cause else "unknown",
         fallback=fallback,
-        landed=save.landed if save.outcome == "redirected" else None,
+        landed=_landed_in(sender, save) if save.outcome == "redirected" else None,
     )
+
+
+def _landed_in(sender: Sender, save: SaveEvent) -> str | None:
+    """Where a redirected save landed, for an alert: the fallback directory, or where the
+    event says when that names none."""
+    if save.landed is None:
+        return None
+    return fallback_of(save.requested, save.landed, sender.uid) or save.landed
 
 
 class Store:

