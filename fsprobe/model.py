@@ -212,7 +212,8 @@ class LustreTarget:
 
     `pools` are the OST pools of the target directory's layout that hold this OST;
     `in_layout` is False for an OST that the layout's pools leave out (no byte of a new file
-    can land there).
+    can land there). `unknown_state` holds the status bits the server set that `lfs` has no
+    letter for (2.17 prints them in octal), 0 when none: kept, not judged.
     """
 
     name: str
@@ -226,6 +227,7 @@ class LustreTarget:
     flags: str = ""
     pools: tuple[str, ...] = ()
     in_layout: bool = True
+    unknown_state: int = 0
 
 
 #: The import states that carry this node's requests: FULL, and IDLE (an idle import,

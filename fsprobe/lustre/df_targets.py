@@ -65,17 +65,19 @@ def merge_targets(space: DfBlock, inodes: DfBlock) -> tuple[LustreTarget, ...]:
         return found.setdefault(
             (kind, index),
             {"name": name, "size": None, "avail": None, "files": None, "free": None,
-             "active": True, "flags": ""},
+             "active": True, "flags": "", "unknown": 0},
         )  # fmt: skip
 
     for row in space.targets:
         entry = slot(row.kind, row.index, row.name)
         entry.update(size=row.total.value, avail=row.available.value)
-        entry["flags"] = _merge_flags(entry["flags"], row.flags)
     for row in inodes.targets:
         entry = slot(row.kind, row.index, row.name)
         entry.update(files=row.total.value, free=row.available.value)
+    for row in (*space.targets, *inodes.targets):
+        entry = found[(row.kind, row.index)]
         entry["flags"] = _merge_flags(entry["flags"], row.flags)
+        entry["unknown"] |= row.unknown_state
     for error in (*space.errors, *inodes.errors):
         slot(error.kind, error.index, error.name)
     for inactive in (*space.inactive, *inodes.inactive):
@@ -92,6 +94,7 @@ def merge_targets(space: DfBlock, inodes: DfBlock) -> tuple[LustreTarget, ...]:
             files_free=entry["free"],
             active=entry["active"],
             flags=entry["flags"],
+            unknown_state=entry["unknown"],
         )
         for (kind, index), entry in sorted(found.items(), key=lambda item: item[0])
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from typing import Any
 
@@ -51,6 +52,7 @@ def check_output(output: DfOutput, expect: dict[str, Any]) -> None:
                 want_row["mountpoint"],
                 want_row["flags"],
             ), where
+            assert row.unknown_state == want_row.get("unknown_state", 0), where
             for key in ("total", "used", "available"):
                 close(getattr(row, key), want_row[key], f"{where} {key}")
         if want["summary"] is None:
@@ -104,6 +106,31 @@ def test_merge_gives_one_target_per_mdt_and_ost_with_both_tables():
     assert (inactive.active, inactive.size_bytes, inactive.files) == (False, None, None)
     unreachable = by_name["lustre-OST0003"]
     assert (unreachable.active, unreachable.avail_bytes) == (True, None)
+
+
+def test_217_tables_read_like_216_with_the_unknown_bits_kept():
+    """2.17's two spaces before the mount point and its octal `(%#o)` for status bits it has no
+    letter for (showdf at v2_17_0) read into the same targets as 2.16's, those bits kept: an
+    unknown bit is no reason to refuse the table."""
+    older = merge_targets(_block("blocks_verbose"), _block("inodes_verbose"))
+    newer = merge_targets(_block("blocks_verbose_2.17"), _block("inodes_verbose_2.17"))
+    assert [dataclasses.replace(t, unknown_state=0) for t in newer] == list(older)
+    assert {t.name: t.unknown_state for t in newer if t.unknown_state} == {"lustre-OST0001": 0o2000}
+    assert _block("blocks_verbose_2.17").mountpoint == "/mnt/lustre"
+
+
+@pytest.mark.parametrize(
+    ("tail", "flags", "unknown"),
+    [("", "", 0), (" (02000)", "", 0o2000), (" DRS(014000)", "DRS", 0o14000), (" a", "a", 0)],
+)
+def test_217_status_cell_forms(tail: str, flags: str, unknown: int):
+    """Letters in `obd_statfs_state_name_find` order, then the bits left without one."""
+    title = "UUID                   1K-blocks        Used   Available Use%  Mounted on\n"
+    row = f"fs-OST0007_UUID         4096        1024        3072  25%  /lus/fs[OST:7]{tail}\n"
+    output = parse_df(title + row)
+    assert output.unparsed == ()
+    (target,) = output.filesystems[0].targets
+    assert (target.mountpoint, target.flags, target.unknown_state) == ("/lus/fs", flags, unknown)
 
 
 def test_merge_refuses_two_tables_of_the_same_kind():
