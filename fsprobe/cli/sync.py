@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections import Counter
 
 import click
 
+from fsprobe.cli.meter import TerminalMeter
 from fsprobe.cli.options import DIRECTORY, SECONDS, absolute_path
 from fsprobe.posix.paths import escaped
 from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
-from fsprobe.redirect.sync import ROUND_SECONDS, SyncOutcome, SyncReport
+from fsprobe.redirect.sync import ROUND_SECONDS, SyncReport
 from fsprobe.redirect.sync import sync as run_sync
 from fsprobe.saving.preflight import preflight_readiness
 from fsprobe.saving.stale import clean_directory
@@ -32,10 +35,23 @@ _COLORS = {
 }
 
 
-def _line(outcome: SyncOutcome) -> str:
-    label = click.style(f"{outcome.action:<17}", fg=_COLORS.get(outcome.action))
+def _line(action: str, path: str, message: str) -> str:
+    label = click.style(f"{action:<17}", fg=_COLORS.get(action))
     # Each part escaped (messages name paths too): a name cannot forge a line of the output.
-    return f"{label} {escaped(outcome.entry.requested)}\n{'':<17}   {escaped(outcome.message)}"
+    return f"{label} {escaped(path)}\n{'':<17}   {escaped(message)}"
+
+
+def human_lines(report: SyncReport) -> list[str]:
+    """What a person reads: each entry that was acted on, then one line per file for the copies
+    that later saves overwrote (``replaced``; `--json` lists each)."""
+    lines = [
+        _line(o.action, o.entry.requested, o.message) for o in report if o.action != "replaced"
+    ]
+    replaced = Counter(o.entry.requested for o in report if o.action == "replaced")
+    for path, count in replaced.items():
+        copies = "1 earlier copy" if count == 1 else f"{count} earlier copies"
+        lines.append(_line("replaced", path, f"{copies} overwritten by later saves; forgotten"))
+    return lines
 
 
 def exit_status(report: SyncReport) -> int:
@@ -133,6 +149,7 @@ def sync(
         ready=preflight_readiness(state_dir, timeout),
         clean=clean_directory,
         round_seconds=round_timeout,
+        meter=TerminalMeter(sys.stderr) if not as_json and sys.stderr.isatty() else None,
     )
     if as_json:
         document = {
@@ -145,7 +162,7 @@ def sync(
         }
         click.echo(json.dumps(document, indent=2))
     elif report.outcomes:
-        click.echo("\n".join(_line(outcome) for outcome in report))
+        click.echo("\n".join(human_lines(report)))
     elif not report.failures and not report.crowded and not report.missing:
         click.echo(f"nothing to sync in {', '.join(map(escaped, directories))}")
     for missing in report.missing:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 from fsprobe.posix.atomic import EXCLUSIVE_FLAGS
 from fsprobe.posix.owned import NotTrusted, check_owned, open_file
@@ -22,6 +23,9 @@ from fsprobe.posix.tree import (
     opened,
 )
 
+#: Told the bytes of each chunk as it is copied (a progress meter).
+Copied = Callable[[int], object]
+
 
 def copy_tree(
     source_fd: int,
@@ -30,6 +34,7 @@ def copy_tree(
     limit: int,
     budget: EntryBudget | None = None,
     depth: int = 0,
+    copied: Copied | None = None,
 ) -> TreeSize:
     """Copy the tree below `source_fd` into the empty directory `target_fd`, modes kept.
 
@@ -40,7 +45,7 @@ def copy_tree(
     Every file and directory copied must be `owner`'s (`fsprobe.posix.owned`): anything else, and
     anything that is neither (a symlink, a FIFO), is refused with `NotTrusted`, and nothing
     of it is read. New files are created exclusively, never through a symlink. Nothing is
-    fsynced here (`sync_tree` does that once, for the whole copy).
+    fsynced here (`sync_tree` does that once, for the whole copy). `copied` hears every chunk.
     """
     if depth > MAX_DEPTH:
         raise OSError(errno.ELOOP, f"deeper than {MAX_DEPTH} directories")
@@ -53,26 +58,27 @@ def copy_tree(
                 os.mkdir(name, stat.S_IRWXU, dir_fd=target_fd)
                 with opened(open_directory(name, target_fd)) as target:
                     total += copy_tree(
-                        source, target, owner, limit - total.bytes, budget, depth + 1
+                        source, target, owner, limit - total.bytes, budget, depth + 1, copied
                     )
                     os.fchmod(target, mode)
         elif stat.S_ISREG(info.st_mode):
             with opened(open_file(source_fd, name, os.O_RDONLY, owner, private=False)) as source:
                 new = os.open(name, EXCLUSIVE_FLAGS, stat.S_IRUSR | stat.S_IWUSR, dir_fd=target_fd)
                 with opened(new) as target:
-                    copied = copy_bytes(source, target, limit - total.bytes)
+                    nbytes = copy_bytes(source, target, limit - total.bytes, copied)
                     os.fchmod(target, mode)
-            total += TreeSize(copied, 1, 0, info.st_mtime)
+            total += TreeSize(nbytes, 1, 0, info.st_mtime)
         else:
             raise NotTrusted(f"{name} is neither a regular file nor a directory; not copying it")
     return total
 
 
-def copy_bytes(source: int, target: int, limit: int) -> int:
+def copy_bytes(source: int, target: int, limit: int, copied: Copied | None = None) -> int:
     """The bytes of the open file `source`, from its start, appended to `target`; their count.
 
     At most `limit` of them: a source that holds more (grown since it was recorded, by whoever
     could write it) is refused with EFBIG after `limit` bytes, never copied to its end.
+    `copied` hears each chunk's bytes once written.
     """
     offset = 0
     while chunk := os.pread(source, min(READ_CHUNK, limit - offset + 1), offset):
@@ -82,4 +88,6 @@ def copy_bytes(source: int, target: int, limit: int) -> int:
         while view:
             view = view[os.write(target, view) :]
         offset += len(chunk)
+        if copied is not None:
+            copied(len(chunk))
     return offset

@@ -10,7 +10,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from fsprobe.codec import Form
 from fsprobe.errors import name_of
@@ -27,7 +27,7 @@ from fsprobe.posix.tree import (
 )
 from fsprobe.redirect import delegate
 from fsprobe.redirect.areas import AREA_NAME, Area, area_name
-from fsprobe.redirect.copies import copy_bytes, copy_tree
+from fsprobe.redirect.copies import Copied, copy_bytes, copy_tree
 from fsprobe.redirect.manifest import (
     MAX_AREA_ENTRIES,
     UNLOCKED,
@@ -51,6 +51,20 @@ log = logging.getLogger("fsprobe.redirect")
 #: that probes inline would have to start a worker of its own); `fsprobe sync` asks a preflight
 #: (`fsprobe.saving.preflight.preflight_readiness`): the save path is above this package.
 Readiness = Callable[[Entry], Optional[str]]
+
+
+class CopyMeter(Protocol):
+    """Shows a copy back as it goes (`fsprobe.cli.meter` on a terminal)."""
+
+    def begin(self, path: str, total: int) -> None:
+        """A copy of `total` bytes back to `path` starts."""
+
+    def copied(self, nbytes: int) -> None:
+        """`nbytes` more were copied."""
+
+    def end(self) -> None:
+        """The copy is over (done, failed or refused)."""
+
 
 #: Outcomes after which the entry leaves the manifest.
 _DONE = frozenset({"synced", "pruned", "replaced", "missing"})
@@ -171,14 +185,16 @@ def _stat_or_none(name: str, dir_fd: int) -> os.stat_result | None:
         return None
 
 
-def _copy_back(copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result | None) -> str:
+def _copy_back(
+    copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result | None, copied: Copied | None
+) -> str:
     """Steps 5 and 6: the verified copy beside the original, then its conditional publish.
 
     Returns ``synced``, ``superseded`` (the original changed meanwhile) or ``checksum_mismatch``.
     """
     with TempFile(target_dir, temp_name(final), 0o600, readable=True) as temp:
         os.fchmod(temp.fd, os.fstat(copy.fd).st_mode & 0o777)  # the checkpoint's own mode
-        copy_bytes(copy.fd, temp.fd, copy.entry.bytes)
+        copy_bytes(copy.fd, temp.fd, copy.entry.bytes, copied)
         os.fsync(temp.fd)
         if sha256_of_fd(temp.fd) != copy.entry.sha256:  # the copy, as it was written
             return "checksum_mismatch"
@@ -188,7 +204,9 @@ def _copy_back(copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result
     return "synced"
 
 
-def _copy_directory_back(copy: OpenCopy, seen: os.stat_result | None, budget: EntryBudget) -> str:
+def _copy_directory_back(
+    copy: OpenCopy, seen: os.stat_result | None, budget: EntryBudget, copied: Copied | None
+) -> str:
     """Steps 5 and 6 for a directory checkpoint (`fsprobe.save_dir`), published whole.
 
     The copy is first counted against its area's `budget` (streamed; `TooManyEntries` past
@@ -203,7 +221,8 @@ def _copy_directory_back(copy: OpenCopy, seen: os.stat_result | None, budget: En
         assert staging.fd is not None
         staging.mode = stat.S_IMODE(os.fstat(copy.fd).st_mode)  # the checkpoint's own mode
         grown = EntryBudget(counted.files + counted.directories - 1)  # refused if it grew since
-        copy_tree(copy.fd, staging.fd, copy.entry.area.owner, copy.entry.bytes, grown)
+        owner, limit = copy.entry.area.owner, copy.entry.bytes
+        copy_tree(copy.fd, staging.fd, owner, limit, grown, copied=copied)
         staging.sync()
         if tree_digest(digest_tree(staging.fd)) != copy.entry.sha256:
             return "checksum_mismatch"
@@ -235,6 +254,7 @@ def _sync_open(
     prune_superseded: bool,
     ready: Readiness,
     budget: EntryBudget,
+    meter: CopyMeter | None,
 ) -> SyncOutcome:
     entry = copy.entry
 
@@ -263,11 +283,15 @@ def _sync_open(
             return outcome("pruned", f"removed {entry.actual}: {entry.requested} is newer")
         if dry_run:
             return outcome("would_sync", f"would copy {entry.actual} back to {entry.requested}")
+        copied = None
+        if meter is not None:
+            meter.begin(entry.requested, entry.bytes)
+            copied = meter.copied
         try:
             if copy.is_directory:
-                action = _copy_directory_back(copy, seen, budget)
+                action = _copy_directory_back(copy, seen, budget, copied)
             else:
-                action = _copy_back(copy, target_dir, final, seen)
+                action = _copy_back(copy, target_dir, final, seen, copied)
         except TooManyEntries as error:
             return outcome(
                 "too_many_entries",
@@ -280,6 +304,9 @@ def _sync_open(
                 f"copying back to {entry.requested} failed: {error.strerror or error} "
                 f"({name_of(error)}); {entry.requested} left as it was",
             )
+        finally:
+            if meter is not None:
+                meter.end()
     finally:
         os.close(target_dir)
     if action == "checksum_mismatch":
@@ -299,6 +326,7 @@ def _sync_area(
     under: str | None,
     clean: Callable[[str], object] | None,
     max_entries: int,
+    meter: CopyMeter | None,
     **options: Any,
 ) -> list[SyncOutcome]:
     try:
@@ -319,7 +347,7 @@ def _sync_area(
     budget = EntryBudget(max_entries)  # this area's, for this round
     for entry in sorted(live, key=lambda e: e.time, reverse=True):
         try:
-            result = _sync_one(entry, budget=budget, **options)
+            result = _sync_one(entry, budget=budget, meter=meter, **options)
         except OSError as error:
             result = SyncOutcome(entry, "failed", f"{entry.actual}: {error}")
         outcomes.append(result)
@@ -390,6 +418,7 @@ def sync(
     max_entries: int = MAX_AREA_ENTRIES,
     round_seconds: float = ROUND_SECONDS,
     rotation: int = 0,
+    meter: CopyMeter | None = None,
 ) -> SyncReport:
     """Copy pending redirected checkpoints back to where they were asked to go.
 
@@ -411,7 +440,8 @@ def sync(
     share is killed with its process group and is a failure of that user for this round, and
     the users after it are synced all the same. They go in the order of `fair_order`: the
     daemon passes its round's number as `rotation`, so that each round another goes first.
-    A fallback directory that does not exist is in the report's `missing`.
+    A fallback directory that does not exist is in the report's `missing`. `meter` is shown
+    each copy of the user's own areas as it goes (not the runs as other users).
     """
     options: dict[str, Any] = {"dry_run": dry_run, "prune_superseded": prune_superseded}
     report = SyncReport()
@@ -421,7 +451,9 @@ def sync(
             report.missing.append(fallback)
             continue
         for area in own_areas(fallback):
-            report.outcomes += _sync_area(area, under, clean, max_entries, ready=ready, **options)
+            report.outcomes += _sync_area(
+                area, under, clean, max_entries, meter, ready=ready, **options
+            )
         if os.geteuid() == 0:
             listing = _areas_or_none(fallback)
             if listing.crowded:

@@ -7,6 +7,8 @@ import hashlib
 import json
 import logging
 import os
+import pty
+import re
 import subprocess
 import sys
 import threading
@@ -704,3 +706,91 @@ def test_sync_of_a_fallback_directory_that_does_not_exist_is_an_error(setup, tmp
     assert code == 2 and report["missing"] == [str(typo)]
     assert [e["action"] for e in report["entries"]] == ["synced"]
     assert (setup.target / "model.pt").exists()
+
+
+def test_sync_says_the_copies_later_saves_overwrote_in_one_line_per_file(setup):
+    """Ten redirected saves of one file: the person reads the copy that was synced, then one
+    line for the nine it replaced; `--json` still lists every entry."""
+    for seed in range(10):
+        setup.save_redirected(model_state(seed=seed), name="learning_rates")
+    setup.save_redirected(model_state(seed=99), name="model.pt")
+    env = {**os.environ, "FSPROBE_FALLBACK_DIRS": str(setup.fallback)}
+    command = [sys.executable, "-m", "fsprobe", "sync", "--state-dir", str(setup.state)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    labels = [line.split()[0] for line in done.stdout.splitlines() if not line.startswith(" ")]
+    assert labels == ["synced", "synced", "replaced"]
+    assert f"replaced          {setup.target / 'learning_rates'}\n" in done.stdout
+    assert "9 earlier copies overwritten by later saves" in done.stdout
+
+    for seed in range(3):
+        setup.save_redirected(model_state(seed=seed), name="learning_rates")
+    status, document = sync_cli(
+        "--fallback-dir", str(setup.fallback), "--state-dir", str(setup.state)
+    )
+    assert status == 0
+    assert sorted(e["action"] for e in document["entries"]) == ["replaced", "replaced", "synced"]
+
+
+def _sync_on_a_terminal(setup: Setup, *flags: str) -> tuple[int, str, str]:
+    """`fsprobe sync` with its stderr on a pseudo-terminal: status, stdout, what the terminal
+    showed."""
+    controller, terminal = pty.openpty()
+    command = [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(setup.fallback)]
+    with subprocess.Popen(
+        [*command, "--state-dir", str(setup.state), *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        text=True,
+    ) as process:
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the process closed the terminal's last descriptor
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out = process.stdout.read() if process.stdout else ""
+        status = process.wait(timeout=120)
+    os.close(controller)
+    return status, out, shown.decode()
+
+
+def test_a_long_copy_back_shows_its_progress_on_a_terminal_and_nowhere_else(faultfs, tmp_path):
+    """Copying a large checkpoint back takes a while: on a terminal the person sees bytes,
+    percent, rate and time left, redrawn in place and cleared after; with `--json`, or with
+    stderr not a terminal, nothing of it."""
+    setup = Setup(tmp_path)
+    setup.fallback = faultfs.mountpoint
+    big = setup.target / "big.pt"
+    faultfs.ctl.delay("read", 0.02, path="/uid-*")  # a slow fallback: the copy takes seconds
+
+    setup.save_redirected(b"x" * (16 << 20), name="big.pt")
+    status, out, shown = _sync_on_a_terminal(setup, "--json")
+    assert status == 0 and json.loads(out)["entries"][0]["action"] == "synced"
+    assert "MiB /" not in shown
+
+    setup.save_redirected(b"y" * (16 << 20), name="big.pt")
+    command = [sys.executable, "-m", "fsprobe", "sync", "--fallback-dir", str(setup.fallback)]
+    done = subprocess.run(
+        [*command, "--state-dir", str(setup.state)], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "synced" in done.stdout
+    assert "MiB /" not in done.stderr and "\r" not in done.stderr
+
+    setup.save_redirected(b"z" * (16 << 20), name="big.pt")
+    status, out, shown = _sync_on_a_terminal(setup)
+    assert status == 0 and "synced" in out and torch.load(big)[:1] == b"z"
+    frames = [f for f in shown.split("\r\x1b[K") if f]
+    assert frames, shown
+    for frame in frames:
+        assert re.fullmatch(
+            r"\d+(\.\d+)? (B|KiB|MiB) / 16(\.0+)? MiB  \d+%  \S+ (B|KiB|MiB)/s  "
+            r"(.+ left|stalled)  " + re.escape(str(big)),
+            frame,
+        ), frame
+    assert shown.endswith("\r\x1b[K")  # cleared before the outcome line
