@@ -77,13 +77,13 @@ def main() -> None:
         settings = ServerProbeSettings(provider="lfs", timeout=30.0)
         true = shutil.which("true") or "/bin/true"
         text = lctl_text(args.osts)
-        assert len(parse_states(text)[("lustre", INSTANCE)]) == args.osts + 1
+        assert len(parse_states(text, time.time())[("lustre", INSTANCE)]) == args.osts + 1
         caches = LustreCaches()  # as the worker keeps them across rounds
         assert probe_imports(str(root), settings, caches=caches)
         statvfs = median_seconds(lambda: os.statvfs(root), args.rounds * 20)
         costs = {
             "run": median_seconds(lambda: run_lfs((), binary=true, timeout=10.0), args.rounds),
-            "parse": median_seconds(lambda: parse_states(text), args.rounds),
+            "parse": median_seconds(lambda: parse_states(text, time.time()), args.rounds),
             "probe": median_seconds(
                 lambda: probe_imports(str(root), settings, caches=caches), args.rounds
             ),

@@ -230,18 +230,34 @@ class LustreTarget:
     unknown_state: int = 0
 
 
-#: The import states that carry this node's requests: FULL, and IDLE (an idle import,
-#: disconnected on purpose after `idle_timeout`, reconnects on the next request).
+#: The import states in which this node has a working connection to the target (lustre-release
+#: v2_17_0, lustre/ptlrpc/import.c): FULL, and IDLE (closed on purpose after `idle_timeout`
+#: without traffic, `ptlrpc_disconnect_and_idle_import`; the next request reconnects it).
 CONNECTED_STATES = frozenset({"FULL", "IDLE"})
+#: The states of a connection the server accepted while it recovers (`ptlrpc_connect_interpret`,
+#: `ptlrpc_import_recovery_state_machine`): requests wait until it is FULL again.
+RECOVERY_STATES = frozenset({"REPLAY", "REPLAY_LOCKS", "REPLAY_WAIT", "RECOVER"})
+#: The longest an idle disconnect or reconnect stays CONNECTING: a connect attempt is given
+#: at most `CONNECTION_SWITCH_MAX` (50 s, lustre/include/obd_support.h at v2_17_0) before it
+#: fails to DISCONN.
+IDLE_CONNECT_SECONDS = 50.0
+#: The longest a target's recovery can last at the default `obd_timeout` (100 s):
+#: `OBD_RECOVERY_TIME_HARD`, 9 x obd_timeout (the soft window is 3 x, 300 s).
+RECOVERY_HARD_SECONDS = 900.0
 
 
 @dataclass(frozen=True)
 class LustreImport:
     """This node's connection (import) to one MDT or OST, as `lctl get_param *.state` shows it.
 
-    `state` is the kernel's name (``FULL``, ``DISCONN``, ``EVICTED`` ...); `lost_at` is when
-    the import left FULL/IDLE for the state it is in (None while connected), `last_eviction`
-    the latest EVICTED in the state history.
+    `state` is the kernel's name (``FULL``, ``DISCONN``, ``EVICTED`` ...). `lost_at` is when the
+    import left FULL/IDLE for the state it is in, when its 16-entry history still shows it
+    (None while connected); `lost_before` is set instead when the history has forgotten it
+    (the loss is older than its oldest entry). `last_eviction` is the latest EVICTED known.
+    `active` is False for an OSC the admin deactivated (``osc.*.active=0``): no new file gets
+    an object there. `idle_cycle` marks a CONNECTING that is the brief step of an idle
+    disconnect or reconnect (straight from FULL or IDLE, no DISCONN, younger than
+    `IDLE_CONNECT_SECONDS` when read).
     """
 
     name: str  # FSNAME-OST0007
@@ -250,10 +266,19 @@ class LustreImport:
     state: str
     lost_at: float | None = None
     last_eviction: float | None = None
+    active: bool = True
+    idle_cycle: bool = False
+    lost_before: float | None = None
 
     @property
     def connected(self) -> bool:
-        return self.state in CONNECTED_STATES
+        """Whether this node has a working connection to the target, maybe still recovering."""
+        return self.state in CONNECTED_STATES or self.idle_cycle or self.recovering
+
+    @property
+    def recovering(self) -> bool:
+        """Connected again, and replaying or waiting for the target's recovery to end."""
+        return self.state in RECOVERY_STATES
 
 
 WRITE_STEPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink")

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from fsprobe.errors import NOT_AS_ROOT, UNTRUSTED, ErrorClass, classify
 from fsprobe.model import (
     INTERNAL,
+    RECOVERY_HARD_SECONDS,
     TIMEOUT,
     FilesystemInfo,
     Level,
@@ -106,9 +107,9 @@ _SEVERITY_STATUS = {
 
 
 #: Passing trouble that only degrades a target and yet stands in the way of a save's writes:
-#: a file striped on a target this node has lost waits for the reconnection. A save waits for
-#: it (up to `max_wait`), then goes elsewhere.
-IN_THE_WAY = frozenset({"lustre_target_disconnected"})
+#: a file striped on a target this node has lost waits for the reconnection, one on a target in
+#: recovery for its end. A save waits for it (up to `max_wait`), then goes elsewhere.
+IN_THE_WAY = frozenset({"lustre_target_disconnected", "lustre_target_recovering"})
 #: How long an eviction in an import's state history is worth a notice.
 RECENT_EVICTION_SECONDS = 24 * 3600.0
 
@@ -532,27 +533,61 @@ def reached_imports(
     imports: Iterable[LustreImport], targets: Iterable[LustreTarget]
 ) -> list[LustreImport]:
     """The imports of the targets a new file can meet: every MDT, and every OST but those that
-    `lfs df` marks as out of the layout's reach (all of them where it did not run)."""
+    `lfs df` marks as out of the layout's reach (all of them where it did not run) and those
+    deactivated (``osc.*.active=0``, or ``inactive device`` in `lfs df -v`): no new file gets
+    an object there."""
+    targets = tuple(targets)
     outside = {t.name for t in targets if t.kind == "OST" and not t.in_layout}
-    return [t for t in imports if t.kind != "OST" or t.name not in outside]
+    inactive = {t.name for t in targets if t.kind == "OST" and not t.active}
+    return [
+        t
+        for t in imports
+        if t.kind != "OST" or (t.active and t.name not in outside and t.name not in inactive)
+    ]
 
 
-def _import_reasons(meets: list[LustreImport], now: float) -> list[Reason]:
-    """This node's connection to the targets a new file can meet: a lost one degrades the
-    target until it is back (waiting may cure it); an eviction of the last day is a notice with
-    its time (the writes in flight then failed with EIO)."""
+def _lost_when(target: LustreImport, now: float) -> str:
+    """`` at 14:02``, `` before 14:02`` where the state history has forgotten, or nothing."""
+    if target.lost_at is not None:
+        return f" at {format_clock(target.lost_at, now)}"
+    if target.lost_before is not None:
+        return f" before {format_clock(target.lost_before, now)}"
+    return ""
+
+
+def _import_reasons(
+    imports: list[LustreImport], meets: list[LustreImport], now: float
+) -> list[Reason]:
+    """This node's connection to the targets a new file can meet (`meets`, of all `imports`):
+    a lost one degrades the target until it is back, one in recovery until the recovery ends
+    (waiting may cure both); an eviction of the last day is a notice with its time (the writes
+    in flight then failed with EIO), and so is an OST the admin deactivated."""
     reasons = []
     lost = [t for t in meets if not t.connected]
     if lost:
         worst = lost[0]  # MDTs first, then by index
-        at = f" at {format_clock(worst.lost_at, now)}" if worst.lost_at is not None else ""
         others = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
         reasons.append(
             Reason(
                 "lustre_target_disconnected",
                 Severity.DEGRADED,
-                f"this node lost its connection to {_short(worst.name)}{at} ({worst.state})"
-                f"{others}: a file it holds waits until the node reconnects",
+                f"this node lost its connection to {_short(worst.name)}{_lost_when(worst, now)} "
+                f"({worst.state}){others}: a file it holds waits until the node reconnects",
+                transient=True,
+            )
+        )
+    recovering = [t for t in meets if t.recovering]
+    if recovering:
+        worst = recovering[0]
+        others = f" (and {len(recovering) - 1} more)" if len(recovering) > 1 else ""
+        reasons.append(
+            Reason(
+                "lustre_target_recovering",
+                Severity.DEGRADED,
+                f"{_short(worst.name)} is in recovery ({worst.state}; this node lost it"
+                f"{_lost_when(worst, now)} and is connected again){others}: a file it holds "
+                f"waits until the recovery ends, at most "
+                f"{format_duration(RECOVERY_HARD_SECONDS)} after the server restarted",
                 transient=True,
             )
         )
@@ -571,6 +606,18 @@ def _import_reasons(meets: list[LustreImport], now: float) -> list[Reason]:
                 f"{_short(latest.name)} evicted this node at "
                 f"{format_clock(latest.last_eviction, now)}: the writes it had in flight then "
                 "failed with EIO",
+            )
+        )
+    inactive = [t for t in imports if t.kind == "OST" and not t.active]
+    if inactive:
+        names = ", ".join(_short(t.name) for t in inactive[:3])
+        others = f" (and {len(inactive) - 3} more)" if len(inactive) > 3 else ""
+        reasons.append(
+            Reason(
+                "lustre_target_inactive",
+                Severity.NOTICE,
+                f"{names}{others} deactivated on this node (osc active=0): new files get no "
+                "object there",
             )
         )
     return reasons
@@ -678,8 +725,9 @@ def evaluate(
     reasons += fit_reasons
     reasons += _quota_probe_reasons(fresh.get("quota"), quota, untrusted, policy, now)
     reasons += _lustre_reasons(_value(fresh, "lfs_df") or (), policy)
+    imports = _value(fresh, "imports") or ()
     reasons += _import_reasons(
-        reached_imports(_value(fresh, "imports") or (), _value(fresh, "lfs_df") or ()), now
+        list(imports), reached_imports(imports, _value(fresh, "lfs_df") or ()), now
     )
     reasons += _write_probe_reasons(
         fresh.get("write"), untrusted, snapshot.recent_write_errors, policy

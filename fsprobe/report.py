@@ -54,8 +54,10 @@ LUSTRE_TARGET = Form(
     f"name kind index size_bytes avail_bytes {_INODES} active flags pools? in_layout?",
     renamed=_OLD_INODES,
 )
-LUSTRE_IMPORT = Form(  # connected is derived from the state
-    LustreImport, "name kind index state connected! lost_at last_eviction"
+LUSTRE_IMPORT = Form(  # connected and recovering are derived from the state
+    LustreImport,
+    "name kind index state connected! recovering! lost_at lost_before? last_eviction active? "
+    "idle_cycle?",
 )
 WRITE_PROBE = Form(WriteProbeResult, "ok bytes latency_seconds step errno message")
 TMPDIR = Form(TmpdirInfo, "path same_device free_bytes?")

@@ -171,18 +171,29 @@ def _connection_line(report: Report, now: float) -> list[str]:
         return []
     meets = reached_imports(imports, report.snapshot.value("lfs_df") or ())
     lost = [t for t in meets if not t.connected]
+    recovering = [t for t in meets if t.recovering]
     text = f"{len(meets) - len(lost)} of {len(meets)} targets connected"
     if lost:
-        names = ", ".join(
-            f"{escaped(t.name)} {escaped(t.state)}"
-            + (f" since {format_clock(t.lost_at, now)}" if t.lost_at is not None else "")
-            for t in lost[:3]
-        )
+        names = ", ".join(f"{escaped(t.name)} {escaped(t.state)}{_since(t, now)}" for t in lost[:3])
         text = click.style(f"{text}; lost: {names}", fg="yellow")
+    if recovering:
+        names = ", ".join(f"{escaped(t.name)} {escaped(t.state)}" for t in recovering[:3])
+        text += click.style(f"; in recovery: {names}", fg="yellow")
+    inactive = [t for t in imports if not t.active]
+    if inactive:
+        text += f"; deactivated: {', '.join(escaped(t.name) for t in inactive[:3])}"
     evicted = [t.last_eviction for t in meets if t.last_eviction is not None]
     if evicted:
         text += f"; last evicted at {format_clock(max(evicted), now)}"
     return [_line("lustre", text)]
+
+
+def _since(target: LustreImport, now: float) -> str:
+    if target.lost_at is not None:
+        return f" since {format_clock(target.lost_at, now)}"
+    if target.lost_before is not None:
+        return f" since before {format_clock(target.lost_before, now)}"
+    return ""
 
 
 def _need_line(report: Report) -> list[str]:

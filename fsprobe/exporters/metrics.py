@@ -227,8 +227,23 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "fsprobe_lustre_target_connected",
         "gauge",
-        "1 when this node's import of a Lustre target of the path's mount is FULL (or IDLE), 0 "
-        "when it is lost (DISCONN, CONNECTING, EVICTED, ...); lctl get_param.",
+        "1 when this node has a connection to a Lustre target of the path's mount (import FULL, "
+        "IDLE, the brief CONNECTING of an idle cycle, or in recovery), 0 when it is lost "
+        "(DISCONN, CONNECTING that lasts, EVICTED, ...); lctl get_param.",
+        ("path", "target"),
+    ),
+    Family(
+        "fsprobe_lustre_target_recovering",
+        "gauge",
+        "1 while this node's import of a Lustre target is in recovery (REPLAY, REPLAY_LOCKS, "
+        "REPLAY_WAIT, RECOVER): connected, its requests waiting for the recovery to end.",
+        ("path", "target"),
+    ),
+    Family(
+        "fsprobe_lustre_target_active",
+        "gauge",
+        "0 for an OST the admin deactivated on this node (osc.*.active=0: no new object "
+        "there, never reconnected), 1 otherwise.",
         ("path", "target"),
     ),
     Family(
@@ -676,6 +691,8 @@ def _add_imports(samples: _Samples, imports: tuple[LustreImport, ...]) -> None:
     for target in imports:
         labels = {"target": _label(target.name)}
         samples.add("fsprobe_lustre_target_connected", float(target.connected), **labels)
+        samples.add("fsprobe_lustre_target_recovering", float(target.recovering), **labels)
+        samples.add("fsprobe_lustre_target_active", float(target.active), **labels)
         if target.last_eviction is not None:
             family = "fsprobe_lustre_target_last_eviction_timestamp_seconds"
             samples.add(family, target.last_eviction, **labels)

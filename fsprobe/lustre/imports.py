@@ -15,7 +15,7 @@ import shlex
 
 from fsprobe.errors import PARSE, ProbeFailure
 from fsprobe.lustre.runner import run_lfs, status_error_name
-from fsprobe.model import CONNECTED_STATES, LustreImport
+from fsprobe.model import CONNECTED_STATES, IDLE_CONNECT_SECONDS, LustreImport
 from fsprobe.quota.provider import Deadline
 
 #: Environment variable naming the `lctl` binary when no --lctl/config value is given.
@@ -37,6 +37,11 @@ STATES = frozenset(
         "<UNKNOWN>",
     }
 )
+#: What is read: whether each OSC is active, then every import's state (lctl's exit status is
+#: that of the last pattern, so the one that always matches on a client comes last).
+PATTERNS = ("osc.*.active", "osc.*.state", "mdc.*.state")
+#: The entries of an import's state history (`IMP_STATE_HIST_LEN`, lustre/include/lustre_import.h).
+HISTORY_LENGTH = 16
 #: At most this many targets are read: a file system with more is beyond any in the field.
 MAX_TARGETS = 65536
 
@@ -50,6 +55,7 @@ _PARAM = re.compile(
 #: The instance of a server's own connection (an MDT's OSP device `FSNAME-OST0000-osc-MDT0000`,
 #: listed under `osc.*` on a node that serves an MDT): no mount of this node's.
 _SERVER_INSTANCE = re.compile(r"^(?:MDT|OST)[0-9a-f]{4}$")
+_ACTIVE = re.compile(r"^osc\.([A-Za-z0-9_-]{1,8})-OST([0-9a-f]{4})-osc-(\S+)\.active=([01])$")
 _CURRENT = re.compile(r"^current_state: (\S+)$")
 _HISTORY = re.compile(r"^ - \[ ([0-9]+), (\S+) \]$")
 
@@ -59,7 +65,13 @@ def lctl_binary(explicit: str | None = None) -> str:
     return explicit or os.environ.get(ENV_LCTL) or "lctl"
 
 
-def _target(match: re.Match[str], current: str, history: list[tuple[int, str]]) -> LustreImport:
+def _target(
+    match: re.Match[str],
+    current: str,
+    history: list[tuple[int, str]],
+    active: bool,
+    read_at: float,
+) -> LustreImport:
     device, fsname, kind, index, _instance = match.groups()
     if (device, kind) not in (("osc", "OST"), ("mdc", "MDT")):
         raise ProbeFailure(PARSE, f"lctl named {match.group(0)!r}: not a client's device")
@@ -68,29 +80,47 @@ def _target(match: re.Match[str], current: str, history: list[tuple[int, str]]) 
         (i for i, (_, state) in enumerate(history) if state in CONNECTED_STATES), default=-1
     )
     down = history[last_up + 1 :]
-    lost_at = down[0][0] if down and current not in CONNECTED_STATES else None
+    lost_at = lost_before = None
+    if current not in CONNECTED_STATES and down:
+        if last_up >= 0 or len(history) < HISTORY_LENGTH:
+            lost_at = float(down[0][0])
+        else:  # the ring has forgotten when it left FULL/IDLE
+            lost_before = float(down[0][0])
+    idle_cycle = (
+        current == "CONNECTING"
+        and last_up >= 0
+        and all(state in ("CONNECTING", "NEW") for _, state in down)
+        and lost_at is not None
+        and read_at - lost_at <= IDLE_CONNECT_SECONDS
+    )
     return LustreImport(
         name=f"{fsname}-{kind}{index}",
         kind=kind,
         index=int(index, 16),
         state=current,
-        lost_at=float(lost_at) if lost_at is not None else None,
+        lost_at=None if idle_cycle else lost_at,
         last_eviction=float(evictions[-1]) if evictions else None,
+        active=active,
+        idle_cycle=idle_cycle,
+        lost_before=lost_before,
     )
 
 
 Mounts = dict[tuple[str, str], tuple[LustreImport, ...]]
 
 
-def parse_states(stdout: str) -> Mounts:
-    """Every import in what `lctl get_param` printed, by (fsname, instance) of its mount.
+def parse_states(stdout: str, read_at: float) -> Mounts:
+    """Every import in what `lctl get_param` printed at `read_at`, by (fsname, instance) of its
+    mount.
 
-    Each parameter is ``NAME.state=`` on a line of its own, then ``current_state: STATE``,
-    ``state_history:`` and up to 16 `` - [ <unix time>, <STATE> ]`` lines (oldest first).
-    ProbeFailure(PARSE) for any line that is none of these. A server's own imports (instance
-    ``MDT0000``) are read but belong to no mount.
+    Each state parameter is ``NAME.state=`` on a line of its own, then ``current_state:
+    STATE``, ``state_history:`` and up to 16 `` - [ <unix time>, <STATE> ]`` lines (oldest
+    first); each ``osc.NAME.active=0|1`` is one line. ProbeFailure(PARSE) for any line that is
+    none of these. A server's own imports (instance ``MDT0000``) are read but belong to no
+    mount.
     """
-    found: dict[tuple[str, str], list[LustreImport]] = {}
+    read: list[tuple[re.Match[str], str, list[tuple[int, str]]]] = []
+    inactive: set[tuple[str, str, str]] = set()  # (fsname, index, instance)
     param: re.Match[str] | None = None
     current: str | None = None
     history: list[tuple[int, str]] = []
@@ -100,10 +130,7 @@ def parse_states(stdout: str) -> Mounts:
         if param is not None:
             if current is None:
                 raise ProbeFailure(PARSE, f"lctl printed no current_state for {param.group(0)!r}")
-            if _SERVER_INSTANCE.match(param.group(5)):
-                return
-            mount = (param.group(2), param.group(5))
-            found.setdefault(mount, []).append(_target(param, current, history))
+            read.append((param, current, history))
 
     for number, line in enumerate(stdout.splitlines(), 1):
         if not line.strip():
@@ -112,10 +139,17 @@ def parse_states(stdout: str) -> Mounts:
         entry = _HISTORY.match(line) if line.startswith(" - [") else None
         state = _CURRENT.match(line) if entry is None and line.startswith("current_") else None
         header = _PARAM.match(line) if line.endswith(".state=") else None
+        flag = _ACTIVE.match(line) if line.startswith("osc.") and header is None else None
         if header is not None:
             finish()
             param, current, history = header, None, []
             count += 1
+        elif flag is not None:
+            finish()
+            param, current, history = None, None, []
+            count += 1
+            if flag.group(4) == "0":
+                inactive.add((flag.group(1), flag.group(2), flag.group(3)))
         elif param is not None and state is not None and current is None:
             current = state.group(1)
         elif param is not None and current is not None and line == "state_history:":
@@ -124,11 +158,19 @@ def parse_states(stdout: str) -> Mounts:
             history.append((int(entry.group(1)), entry.group(2)))
         else:
             raise ProbeFailure(PARSE, f"cannot read lctl's line {number}: {line.strip()[:200]!r}")
-        if count > MAX_TARGETS or len(history) > 64:
+        if count > 2 * MAX_TARGETS or len(history) > 64:
             raise ProbeFailure(PARSE, "lctl printed more than any import holds")
         if current is not None and current not in STATES:
             raise ProbeFailure(PARSE, f"lctl printed an unknown import state {current!r}")
     finish()
+    found: dict[tuple[str, str], list[LustreImport]] = {}
+    for match, state_name, entries in read:
+        _device, fsname, _kind, index, instance = match.groups()
+        if _SERVER_INSTANCE.match(instance):
+            continue
+        active = (fsname, index, instance) not in inactive
+        target = _target(match, state_name, entries, active, read_at)
+        found.setdefault((fsname, instance), []).append(target)
     return {
         mount: tuple(sorted(imports, key=lambda t: (t.kind, t.index)))
         for mount, imports in found.items()
@@ -136,13 +178,14 @@ def parse_states(stdout: str) -> Mounts:
 
 
 def read_states(lctl: str, deadline: Deadline) -> Mounts:
-    """Run ``lctl get_param osc.*.state mdc.*.state`` and read every mount's imports."""
-    args = ("get_param", "osc.*.state", "mdc.*.state")
+    """Run ``lctl get_param osc.*.active osc.*.state mdc.*.state`` and read every mount's
+    imports."""
+    args = ("get_param", *PATTERNS)
     run = run_lfs(args, binary=lctl, timeout=deadline.remaining(), how_to_fix=_HOW_TO_FIX)
     if run.status != 0:
         said = (run.stderr.strip() or "no message")[:500]
         raise ProbeFailure(status_error_name(run.status), f"{shlex.join(run.argv)}: {said}")
-    return parse_states(run.stdout)
+    return parse_states(run.stdout, run.started_at + run.duration)
 
 
 def own_mount(mounts: Mounts, fsname: str | None, instance: str | None) -> tuple[LustreImport, ...]:

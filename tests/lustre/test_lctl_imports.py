@@ -61,7 +61,7 @@ def lctl_prints(tmp_path, state=None, osts=2) -> str:
 def test_every_import_of_the_mount_is_read_with_its_state(tmp_path):
     text = lctl_prints(tmp_path, osts=3)
     assert text.startswith(f"osc.lustre-OST0000-osc-{INSTANCE}.state=\ncurrent_state: FULL\n")
-    imports = parse_states(text)[("lustre", INSTANCE)]
+    imports = parse_states(text, NOW)[("lustre", INSTANCE)]
     assert [(t.name, t.kind, t.index, t.state) for t in imports] == [
         ("lustre-MDT0000", "MDT", 0, "FULL"),
         ("lustre-OST0000", "OST", 0, "FULL"),
@@ -81,7 +81,7 @@ def test_a_lost_import_says_since_when_and_an_eviction_is_kept_with_its_time(tmp
         [NOW - 400, "CONNECTING"],
     ]
     state = {"now": NOW, "targets": {"OST0001": {"state": "CONNECTING", "history": history}}}
-    mounts = parse_states(lctl_prints(tmp_path, state))
+    mounts = parse_states(lctl_prints(tmp_path, state), NOW)
     imports = {t.name: t for t in mounts[("lustre", INSTANCE)]}
     lost = imports["lustre-OST0001"]
     assert (lost.state, lost.connected, lost.lost_at, lost.last_eviction) == (
@@ -106,7 +106,7 @@ def test_a_lost_import_says_since_when_and_an_eviction_is_kept_with_its_time(tmp
 )
 def test_what_lctl_never_prints_is_a_parse_failure(text, said):
     with pytest.raises(ProbeFailure) as failure:
-        parse_states(text)
+        parse_states(text, NOW)
     assert failure.value.error == "PARSE" and said in failure.value.message
 
 
@@ -177,7 +177,7 @@ def test_an_ost_the_layout_cannot_reach_and_an_idle_import_are_no_concern():
 
 
 def test_a_lost_mdt_always_counts_and_a_recent_eviction_is_a_notice_with_its_time():
-    mdt = LustreImport("lustre-MDT0000", "MDT", 0, "RECOVER", lost_at=NOW - 60)
+    mdt = LustreImport("lustre-MDT0000", "MDT", 0, "DISCONN", lost_at=NOW - 60)
     back = LustreImport("lustre-OST0001", "OST", 1, "FULL", last_eviction=NOW - 3000)
     old = LustreImport("lustre-OST0002", "OST", 2, "FULL", last_eviction=NOW - 3 * 86400)
     verdict = evaluate(imports_snapshot(mdt, back, old), Policy(), NOW)
@@ -195,11 +195,26 @@ def test_metrics_say_which_target_is_connected_and_when_it_last_evicted_this_nod
         LustreImport("lustre-MDT0000", "MDT", 0, "FULL"),
         LustreImport("lustre-OST0000", "OST", 0, "EVICTED", lost_at=NOW - 9, last_eviction=NOW - 9),
         LustreImport("lustre-OST0001", "OST", 1, "DISCONN"),
+        LustreImport("lustre-OST0002", "OST", 2, "REPLAY_WAIT", lost_at=NOW - 99),
+        LustreImport("lustre-OST0003", "OST", 3, "DISCONN", active=False),
     )
     view = TargetView("/ckpt", snapshot, evaluate(snapshot, Policy(), NOW))
     samples = target_samples(view)
-    connected = {s.labels["target"]: s.value for s in samples["fsprobe_lustre_target_connected"]}
-    assert connected == {"lustre-MDT0000": 1.0, "lustre-OST0000": 0.0, "lustre-OST0001": 0.0}
+
+    def values(family: str) -> dict[str, float]:
+        return {s.labels["target"]: s.value for s in samples[family]}
+
+    assert values("fsprobe_lustre_target_connected") == {
+        "lustre-MDT0000": 1.0,
+        "lustre-OST0000": 0.0,
+        "lustre-OST0001": 0.0,
+        "lustre-OST0002": 1.0,
+        "lustre-OST0003": 0.0,
+    }
+    recovering = values("fsprobe_lustre_target_recovering")
+    assert [name for name, value in recovering.items() if value] == ["lustre-OST0002"]
+    active = values("fsprobe_lustre_target_active")
+    assert [name for name, value in active.items() if not value] == ["lustre-OST0003"]
     (eviction,) = samples["fsprobe_lustre_target_last_eviction_timestamp_seconds"]
     assert (eviction.labels["target"], eviction.value) == ("lustre-OST0000", NOW - 9)
 
@@ -224,7 +239,7 @@ def test_check_reads_the_connections_of_the_mount(faultfs, fake_lfs):
     }
     assert report["probes"]["imports"]["ok"] and report["probes"]["quota"]["ok"]
     (call,) = fake_lfs.lctl_calls()
-    assert call["argv"] == ["get_param", "osc.*.state", "mdc.*.state"]
+    assert call["argv"] == ["get_param", "osc.*.active", "osc.*.state", "mdc.*.state"]
     text = subprocess.run(
         [
             sys.executable,

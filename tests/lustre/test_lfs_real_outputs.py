@@ -7,6 +7,7 @@ spacing intact, and cites the page; the parse expected is written from the sampl
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -40,6 +41,12 @@ def _in_bytes(expect: dict[str, Any]) -> dict[str, Any]:
     return scaled
 
 
+def _read_at(stdout: str) -> float:
+    """When lctl printed `stdout`: the time of its latest state change (no later moment is
+    known)."""
+    return float(max((int(at) for at in re.findall(r"^ - \[ ([0-9]+),", stdout, re.M)), default=0))
+
+
 def _imports(mounts) -> list[list[Any]]:
     return [
         [t.name, t.state, t.lost_at and int(t.lost_at), t.last_eviction and int(t.last_eviction)]
@@ -71,7 +78,7 @@ def test_a_real_output_reads_as_its_numbers_say(name: str, case: dict[str, Any])
     elif kind == "df":
         check_df(parse_df(stdout, stderr, case["status"]), _in_bytes(case["expect"]))
     else:
-        mounts = parse_states(stdout)
+        mounts = parse_states(stdout, _read_at(stdout))
         assert [list(mount) for mount in mounts] == case["expect"]["mounts"]
 
 
@@ -80,8 +87,8 @@ def test_a_servers_own_imports_are_read_but_are_no_mount_of_the_node():
     client mount's, they give the states and the loss its history shows."""
     case = dict(CASES)["lctl/mds_osc_states"]
     stdout = _text(case["stdout"])
-    assert parse_states(stdout) == {}
+    assert parse_states(stdout, _read_at(stdout)) == {}
     as_client = stdout.replace("-osc-MDT0000.state=", f"-osc-{CLIENT_INSTANCE}.state=")
-    mounts = parse_states(as_client)
+    mounts = parse_states(as_client, _read_at(as_client))
     assert list(mounts) == [("tesfs", CLIENT_INSTANCE)]
     assert _imports(mounts) == case["expect"]["imports_as_a_client"]
