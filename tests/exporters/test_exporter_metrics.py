@@ -82,6 +82,8 @@ CONTRACT = {
             "inodes",
             "in_layout",
             "connected",
+            "recovering",
+            "active",
             "last_eviction_timestamp_seconds",
         )
     },

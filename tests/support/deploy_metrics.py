@@ -55,6 +55,8 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
         "fsprobe_lustre_target_inodes",
         "fsprobe_lustre_target_in_layout",
         "fsprobe_lustre_target_connected",
+        "fsprobe_lustre_target_recovering",
+        "fsprobe_lustre_target_active",
         "fsprobe_lustre_target_last_eviction_timestamp_seconds",
         "fsprobe_headroom_bytes",
         "fsprobe_headroom_inodes",
