@@ -88,9 +88,10 @@ CONTRACT_METRICS: frozenset[str] = frozenset(
     }
 )
 
-#: What Prometheus itself records for every scrape, and node_exporter's age of each textfile
-#: (not the exporter's): FsprobeDown uses them, in either mode.
-SCRAPE_METRICS: frozenset[str] = frozenset({"up", "node_textfile_mtime_seconds"})
+#: What Prometheus itself records for every scrape and alert, and node_exporter's age of each
+#: textfile (not the exporter's): FsprobeDown uses them, in either mode, and the consequences
+#: of a filesystem cause look at its alert's state (ALERTS).
+SCRAPE_METRICS: frozenset[str] = frozenset({"up", "node_textfile_mtime_seconds", "ALERTS"})
 
 # Words that are PromQL syntax, not metrics, when they stand where a metric name could.
 _KEYWORDS = frozenset(
