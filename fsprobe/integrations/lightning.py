@@ -35,7 +35,8 @@ else:
             raise missing_extra("lightning", "lightning", __name__) from None
 
 
-def _is_local(path: str | os.PathLike[str]) -> bool:
+def is_local(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a local path (no ``scheme://``), the only kind fsprobe saves."""
     return "://" not in os.fspath(path)
 
 
@@ -60,7 +61,7 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
         path: str | Path,
         storage_options: Any | None = None,
     ) -> None:
-        if storage_options is not None or not _is_local(path):
+        if storage_options is not None or not is_local(path):
             # Lightning's own refusal of storage_options (its wording), or a remote path.
             super().save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
@@ -76,7 +77,7 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Load `path`, or its redirected copy when that one is newer (not yet synced back)."""
-        if _is_local(path):
+        if is_local(path):
             where = locate(path, fallback_dirs=self.options.fallback_dirs)
             if where != os.path.abspath(path):
                 path = where
@@ -85,5 +86,5 @@ class FsprobeCheckpointIO(TorchCheckpointIO):
     def remove_checkpoint(self, path: str | Path) -> None:
         """Remove `path` and any redirected copy of it, with its manifest entry."""
         super().remove_checkpoint(path)
-        if _is_local(path):
+        if is_local(path):
             forget(os.fspath(path), all_fallback_dirs(self.options.fallback_dirs))

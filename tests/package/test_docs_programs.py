@@ -29,7 +29,7 @@ PROGRAMS = {
         "# torchrun --nproc-per-node 2 train.py",
     ),
     "## Hugging Face Trainer": ("docs/integrations.md", "import torch"),
-    "## Lightning": ("docs/integrations.md", "import os"),
+    "## Lightning": ("docs/integrations.md", "import torch"),
 }
 
 
