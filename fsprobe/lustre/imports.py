@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 
 from fsprobe.errors import PARSE, ProbeFailure
-from fsprobe.lustre.runner import run_lfs, status_error_name
+from fsprobe.lustre.lctl import Unread, get_params
 from fsprobe.model import CONNECTED_STATES, IDLE_CONNECT_SECONDS, LustreImport
 from fsprobe.quota.provider import Deadline
 
@@ -37,8 +36,8 @@ STATES = frozenset(
         "<UNKNOWN>",
     }
 )
-#: What is read: whether each OSC is active, then every import's state (lctl's exit status is
-#: that of the last pattern, so the one that always matches on a client comes last).
+#: What is read: whether each OSC is active, then every import's state (lctl's exit status
+#: is not the answer: `fsprobe.lustre.lctl` reads which parameter failed from stderr).
 PATTERNS = ("osc.*.active", "osc.*.state", "mdc.*.state")
 #: The entries of an import's state history (`IMP_STATE_HIST_LEN`, lustre/include/lustre_import.h).
 HISTORY_LENGTH = 16
@@ -56,6 +55,8 @@ _PARAM = re.compile(
 #: listed under `osc.*` on a node that serves an MDT): no mount of this node's.
 _SERVER_INSTANCE = re.compile(r"^(?:MDT|OST)[0-9a-f]{4}$")
 _ACTIVE = re.compile(r"^osc\.([A-Za-z0-9_-]{1,8})-OST([0-9a-f]{4})-osc-(\S+)\.active=([01])$")
+#: A client device lctl names in an error: FSNAME-OST0007-osc-INSTANCE.
+_DEVICE = re.compile(r"^([A-Za-z0-9_-]{1,8})-(OST|MDT)([0-9a-f]{4})-(?:osc|mdc)-(\S+)$")
 _CURRENT = re.compile(r"^current_state: (\S+)$")
 _HISTORY = re.compile(r"^ - \[ ([0-9]+), (\S+) \]$")
 
@@ -106,7 +107,7 @@ def _target(
     )
 
 
-Mounts = dict[tuple[str, str], tuple[LustreImport, ...]]
+Mounts = dict[tuple[str, str], "tuple[LustreImport, ...] | ProbeFailure"]
 
 
 def parse_states(stdout: str, read_at: float) -> Mounts:
@@ -179,13 +180,26 @@ def parse_states(stdout: str, read_at: float) -> Mounts:
 
 def read_states(lctl: str, deadline: Deadline) -> Mounts:
     """Run ``lctl get_param osc.*.active osc.*.state mdc.*.state`` and read every mount's
-    imports."""
-    args = ("get_param", *PATTERNS)
-    run = run_lfs(args, binary=lctl, timeout=deadline.remaining(), how_to_fix=_HOW_TO_FIX)
-    if run.status != 0:
-        said = (run.stderr.strip() or "no message")[:500]
-        raise ProbeFailure(status_error_name(run.status), f"{shlex.join(run.argv)}: {said}")
-    return parse_states(run.stdout, run.started_at + run.duration)
+    imports.
+
+    A mount with a parameter lctl could not read maps to a ProbeFailure naming it (its imports
+    cannot all be judged); the other mounts are read, whatever lctl's exit status.
+    """
+    params = get_params(lctl, PATTERNS, deadline, _HOW_TO_FIX)
+    mounts: Mounts = dict(parse_states(params.stdout, params.read_at))
+    unreadable: dict[tuple[str, str], list[Unread]] = {}
+    for unread in params.unread:
+        device = _DEVICE.match(unread.device)
+        if device is None or _SERVER_INSTANCE.match(device.group(4)):
+            continue  # a server's own connection: no mount of this node's
+        unreadable.setdefault((device.group(1), device.group(4)), []).append(unread)
+    for mount, unreads in unreadable.items():
+        said = ", ".join(
+            f"{u.device.rsplit('-', 2)[0]}'s {u.name.rsplit('.', 1)[1]} ({u.message})"
+            for u in unreads
+        )
+        mounts[mount] = ProbeFailure(unreads[0].error, f"lctl could not read {said}")
+    return mounts
 
 
 def own_mount(mounts: Mounts, fsname: str | None, instance: str | None) -> tuple[LustreImport, ...]:
@@ -199,6 +213,8 @@ def own_mount(mounts: Mounts, fsname: str | None, instance: str | None) -> tuple
         if len(candidates) > 1:
             raise ValueError("several mounts: their instance tells them apart")
         imports = mounts[candidates[0]] if candidates else None
+    if isinstance(imports, ProbeFailure):
+        raise imports
     if not imports:
         which = f"{fsname}-{instance}" if instance else (fsname or "the mount")
         raise ProbeFailure("ENODEV", f"lctl shows no MDT or OST of {which}")
