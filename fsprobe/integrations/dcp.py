@@ -17,9 +17,9 @@ import os
 import queue
 import re
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsprobe.extras import extra_imports
 
@@ -31,6 +31,8 @@ with extra_imports("torch", __name__, "torch"):
         FileSystem,
         FileSystemReader,
         FileSystemWriter,
+        SerializationFormat,
+        StreamTransformExtension,
         _item_size,
         _StoragePrefix,
         _write_files_from_queue,
@@ -45,6 +47,7 @@ with extra_imports("torch", __name__, "torch"):
     from torch.distributed.checkpoint.stateful import Stateful
     from torch.futures import Future
 
+from fsprobe.errors import ErrorClass, classify
 from fsprobe.posix.atomic import EXCLUSIVE_FLAGS
 from fsprobe.posix.tree import open_directory, open_regular, opened
 from fsprobe.redirect.copies import copy_bytes, copy_tree
@@ -67,11 +70,29 @@ from fsprobe.saving.commit import (
     default_context,
     failure_of,
     save_options,
-    sha256_of,
     sha256_of_directory,
     split_keywords,
     sync_file_at,
 )
+from fsprobe.units import format_seconds
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from fsprobe.saving.commit import SaveOverrides
+
+    class WriterKeywords(SaveOverrides, total=False):
+        """The keyword arguments of `FsprobeWriter`: the save options, and `FileSystemWriter`'s
+        own but `sync_files` (the `fsync` option)."""
+
+        single_file_per_rank: bool
+        thread_count: int
+        per_thread_copy_ahead: int
+        cache_staged_state_dict: bool
+        overwrite: bool
+        _extensions: Sequence[StreamTransformExtension] | None
+        serialization_format: SerializationFormat
+
 
 log = logging.getLogger("fsprobe.save")
 
@@ -86,8 +107,8 @@ _SMALL_ITEM_BYTES = 64 * 1024
 #: What DCP queues for each file a rank writes: (its path, its file name, its write items).
 _FileTask = tuple[Path, str, list[WriteItem]]
 _T = TypeVar("_T")
-#: The options a DCP save plans or leaves to DCP (see `FsprobeWriter`).
-_NOT_TAKEN = frozenset({"need_bytes", "need_inodes", "fsync", "save_timeout"})
+#: The option a DCP save cannot honour: its attempt is DCP's collectives, never abandoned.
+_UNHONOURED = ("save_timeout",)
 #: The background queue of every DCP checkpoint of a context: one at a time, in order.
 _DCP_QUEUE = "torch.distributed.checkpoint"
 
@@ -168,6 +189,33 @@ def _link_or_copy(source_fd: int, target_fd: int, name: str, info: os.stat_resul
             os.fchmod(target, stat.S_IMODE(info.st_mode))
 
 
+def retried_in_place(write: Callable[[], _T], options: SaveOptions, name: str) -> _T:
+    """`write()` of one file of a rank (`name`), written again from scratch after a transient
+    failure, at most `options.attempts` times in all with `options.backoff` between; any other
+    failure, or the last, fails the attempt it is part of (for the coordinator to decide). No
+    save of its own: never reported to the daemon, nor remembered."""
+    number = 1
+    while True:
+        try:
+            return write()
+        except FailedAttempt as failure:
+            kind = classify(failure.errno, failure.step)
+            final = kind is not ErrorClass.TRANSIENT or number == options.attempts
+            wait = 0.0 if final else options.backoff.delay(number)
+            log.warning(
+                "save %s: attempt %d/%d failed at %s with %s (%s): %s; %s",
+                *(name, number, options.attempts, failure.step, failure.errno, kind.value),
+                failure.message,
+                "failing the attempt it is part of"
+                if final
+                else (f"retrying in {format_seconds(wait)}" if wait else "retrying now"),
+            )
+            if final:
+                raise failure.bare() from None
+        options.backoff.sleep(wait)
+        number += 1
+
+
 def _planned_bytes(plans: list[SavePlan]) -> tuple[int, int]:
     """(bytes, files) the plans of every rank will write, with room for the ``.metadata``."""
     nbytes = _SMALL_ITEM_BYTES
@@ -183,12 +231,12 @@ class FsprobeWriter(FileSystemWriter):
 
     `options` and keyword overrides of its fields are those of `fsprobe.save_dir` (read on
     the coordinator); `attempts` and `backoff` also bound the retries of a transient error per
-    file. What the save needs is planned (`need_bytes`, `need_inodes`), DCP's `sync_files`
-    decides the fsyncs, and an attempt is not bounded (`save_timeout`): those options are
-    refused here. `context` is `fsprobe.saving.commit.default_context()` unless given. Other
-    keyword arguments go to `FileSystemWriter`.
-    `last_result` is the `SaveResult` of the last checkpoint committed by this writer (on the
-    coordinator; None on the other ranks).
+    file (`retried_in_place`). What the save needs is planned from every rank's items, or
+    what `need_bytes` and `need_inodes` say if more; `fsync` is passed to DCP as `sync_files`;
+    an attempt, DCP's collectives, is never abandoned: `save_timeout` is refused. `context` is
+    `fsprobe.saving.commit.default_context()` unless given. The other keyword arguments are
+    `FileSystemWriter`'s. `last_result` is the `SaveResult` of the last checkpoint committed by
+    this writer (on the coordinator; None on the other ranks).
     """
 
     fs: _StagingFileSystem  # DCP's `FileSystem`, with the staging directory mapped in
@@ -199,15 +247,15 @@ class FsprobeWriter(FileSystemWriter):
         *,
         options: SaveOptions | None = None,
         context: SaveContext | None = None,
-        **kwargs: Any,
+        **kwargs: Unpack[WriterKeywords],
     ) -> None:
-        overrides, filesystem_writer_kwargs = split_keywords(kwargs)
-        refused = sorted(set(overrides) & _NOT_TAKEN)
-        if refused:
-            raise TypeError(f"FsprobeWriter does not take {', '.join(refused)} (see its docstring)")
-        self.options = save_options(options, overrides)  # checked before anything else
+        overrides, writer_kwargs = split_keywords(kwargs)
+        # checked before anything else
+        self.options = save_options(options, overrides, _UNHONOURED, "FsprobeWriter")
         self.context = context or default_context()
-        super().__init__(os.path.abspath(os.fspath(path)), **filesystem_writer_kwargs)
+        super().__init__(
+            os.path.abspath(os.fspath(path)), sync_files=self.options.fsync, **writer_kwargs
+        )
         self.fs = _StagingFileSystem()
         self.fs.checkpoint = Path(self.path)
         self.last_result: SaveResult | None = None
@@ -264,8 +312,11 @@ class FsprobeWriter(FileSystemWriter):
         state = self._driven or RetryState(str(self.path), self.options, context=self.context)
         if state is not self._attempts:  # its first attempt: DCP's plan says what it needs
             need_bytes, need_inodes = _planned_bytes(plans)
+            given = state.options
             state.options = dataclasses.replace(
-                state.options, need_bytes=need_bytes, need_inodes=need_inodes
+                given,
+                need_bytes=max(need_bytes, given.need_bytes or 0),
+                need_inodes=max(need_inodes, given.need_inodes or 0),
             )
             state.ranks = len(plans)
             state.preflight()  # SaveError: not this checkpoint, not anywhere
@@ -310,10 +361,9 @@ class FsprobeWriter(FileSystemWriter):
 
     def _write_file(self, planner: SavePlanner, task: _FileTask) -> list[Any]:
         """One file of this rank's shards: a part of the attempt, written again from scratch
-        after a transient error (`RetryState` with `part`)."""
-        written: list[list[Any]] = []
+        after a transient error (`retried_in_place`)."""
 
-        def write(path: str) -> int:
+        def write() -> list[Any]:
             tasks: queue.Queue[_FileTask] = queue.Queue()
             tasks.put(task)
             results: queue.Queue[list[Any]] = queue.Queue()
@@ -333,19 +383,12 @@ class FsprobeWriter(FileSystemWriter):
                 failure = failure_of(error, "write")
                 if failure is None:
                     raise
-                message = f"rank {self.rank}: {path}: {failure.message}"
+                message = f"rank {self.rank}: {task[0]}: {failure.message}"
                 raise FailedAttempt(failure.errno, failure.step, message) from error
-            written.append(results.get_nowait())
-            return sum(result.storage_data.length for result in written[-1])
+            written: list[Any] = results.get_nowait()
+            return written
 
-        part = RetryState(str(task[0]), self.options, context=self.context, part=True)
-        # never redirected, nothing to prepare: `digest` is not called
-        steps = SaveSteps(write, sha256_of, prepares_itself=True)
-        try:
-            attempt_until_done(part, steps)
-        except SaveError as gave_up:
-            raise gave_up.attempts[-1] from None  # the attempt fails: the coordinator decides
-        return written[-1]
+        return retried_in_place(write, self.options, str(task[0]))
 
     def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
         """On the coordinator: ``.metadata`` into the staging dir, then publish it whole."""
@@ -444,7 +487,7 @@ def save(
     planner: SavePlanner | None = None,
     writer: FsprobeWriter | None = None,
     context: SaveContext | None = None,
-    **writer_kwargs: Any,
+    **writer_kwargs: Unpack[WriterKeywords],
 ) -> SaveResult:
     """`torch.distributed.checkpoint.save` of `state_dict` to `path`, committed whole, retried.
 
@@ -494,7 +537,6 @@ def save(
             lambda destination: attempt(),  # the writer's plan knows where
             sha256_of_directory,
             functools.partial(_broadcast, group=process_group),
-            prepares_itself=True,
         )
         writer.last_result = attempt_until_done(state, steps)
     return writer.last_result
@@ -526,7 +568,7 @@ def async_save(
     process_group: Any = None,
     planner: SavePlanner | None = None,
     context: SaveContext | None = None,
-    **writer_kwargs: Any,
+    **writer_kwargs: Unpack[WriterKeywords],
 ) -> concurrent.futures.Future[SaveResult]:
     """`save` in the background: the caller pays for a copy of the tensors to CPU memory only.
 

@@ -182,6 +182,7 @@ def _coordinate(
 
     def attempt(destination: str) -> int:
         try:
+            tries.prepare()
             staging = Staging(destination)
         except OSError as error:
             raise FailedAttempt.of(error, "mkdir") from error

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -226,9 +226,16 @@ class SaveOptions:
         return dataclasses.replace(self, fallback_dirs=fallbacks)
 
 
-def save_options(options: SaveOptions | None, overrides: Mapping[str, Any]) -> SaveOptions:
+def save_options(
+    options: SaveOptions | None,
+    overrides: Mapping[str, Any],
+    unhonoured: Collection[str] = (),
+    by: str = "this save",
+) -> SaveOptions:
     """The resolved options of one save: `options` (the defaults if None) with the keyword
-    `overrides` of a public save applied once; an unknown keyword is a TypeError naming it."""
+    `overrides` of a public save applied once; an unknown keyword is a TypeError naming it, and
+    so is one of the `unhonoured` options (what the save `by` cannot do) set to anything but
+    its default, as a keyword or in `options`."""
     unknown = sorted(set(overrides) - OPTION_NAMES)
     if unknown:
         raise TypeError(f"not a save option: {', '.join(unknown)} (see fsprobe.SaveOptions)")
@@ -238,6 +245,9 @@ def save_options(options: SaveOptions | None, overrides: Mapping[str, Any]) -> S
         raise TypeError(f"options takes a fsprobe.SaveOptions, not {options!r}")
     else:
         chosen = dataclasses.replace(options, **overrides) if overrides else options
+    refused = [n for n in unhonoured if getattr(chosen, n) != getattr(_DEFAULTS, n)]
+    if refused:
+        raise TypeError(f"{by} does not take {', '.join(refused)} (see its docstring)")
     return chosen.resolved()
 
 

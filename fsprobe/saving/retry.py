@@ -254,9 +254,7 @@ class RetryState:
     fallback) and `number` which attempt it is; `failed` records a failure and says what comes
     next; `succeeded` makes the result. Its end, either way (`succeeded`, `error`, a
     preflight that says ``fail``), is reported once to the daemon (`fsprobe.events`), with
-    the `ranks` that wrote it. A `part` of an attempt (a file of a DCP rank) is retried in
-    place after a transient failure only, any other failing the attempt it is part of; it is
-    never reported nor remembered.
+    the `ranks` that wrote it.
     """
 
     def __init__(
@@ -265,11 +263,9 @@ class RetryState:
         options: SaveOptions,
         ranks: int = 1,
         context: SaveContext | None = None,
-        part: bool = False,
         started: float | None = None,
     ) -> None:
         self.requested = requested
-        self.part = part
         self.options = options
         self.context = context or default_context()
         self.ranks = ranks
@@ -351,9 +347,6 @@ class RetryState:
         self.failures.append(failure.bare())
         self._in_fallback.append(fallback is not None)
         kind = classify(failure.errno, failure.step)
-        if self.part and kind is not ErrorClass.TRANSIENT:
-            self._log(failure, kind, "failing the attempt it is part of")
-            return None
         if fallback is None and failure.errno == "ENOENT" and failure.step in _MAKING_STEPS:
             if self._never_seen_missing(known=True):
                 self._log(failure, kind, f"giving up: {self._missing}")
@@ -491,16 +484,13 @@ class RetryState:
                 format_seconds(result.seconds),
             )
         self._report(result.path, nbytes)
-        if not self.part:  # a part is no save of its own
-            self.context.remember_save(self.requested, nbytes)
-            if not result.redirected:
-                self.context.saw(os.path.dirname(self.requested))
+        self.context.remember_save(self.requested, nbytes)
+        if not result.redirected:
+            self.context.saw(os.path.dirname(self.requested))
         return result
 
     def _report(self, landed: str | None, nbytes: int) -> None:
         """Tell the daemon how this save ended: the event built and sent (never waits nor fails)."""
-        if self.part:
-            return
         event = SaveEvent(
             requested=self.requested,
             landed=landed,
@@ -564,16 +554,15 @@ class SaveSteps(NamedTuple):
     `FailedAttempt` for an I/O failure (anything else it raises ends the save as it is);
     `digest(destination)` is the sha256 that the fallback's manifest records for a redirected
     save; `announce` tells whoever else takes part (the other ranks of a collective save) each
-    decision: the next attempt, the result, the error. With `prepares_itself` the driver
-    leaves preparing the destination (`RetryState.prepare`) to `write`: DCP's attempt learns
-    what the save needs from its plan, inside the attempt, so it runs the state's preflight on
-    its first attempt too; a part of an attempt has nothing to prepare.
+    decision: the next attempt, the result, the error. Each attempt prepares its destination
+    first (`RetryState.prepare`; an OSError there fails it at ``mkdir``): `run_attempts` before
+    `write`, a collective's or DCP's `write` itself on the coordinator, inside the protocol
+    every rank follows (DCP's in its plan, whose first one runs the preflight).
     """
 
     write: Callable[[str], int]
     digest: Callable[[str], str]
     announce: Callable[[NextAttempt | SaveResult | SaveError], None] = lambda decision: None
-    prepares_itself: bool = False
 
 
 def start(
@@ -599,11 +588,6 @@ def attempt_until_done(state: RetryState, steps: SaveSteps) -> SaveResult:
     succeeds, or the attempts give up (`SaveError`)."""
     while True:
         try:
-            if not steps.prepares_itself:
-                try:
-                    state.prepare()
-                except OSError as error:
-                    raise FailedAttempt.of(error, "mkdir") from error
             nbytes = steps.write(state.destination)
         except FailedAttempt as failure:
             plan = state.failed(failure)
@@ -625,5 +609,15 @@ def run_attempts(
     steps: SaveSteps,
     context: SaveContext | None = None,
 ) -> SaveResult:
-    """Save `path` in this process: preflight, then `attempt_until_done`."""
-    return attempt_until_done(start(path, options, context=context), steps)
+    """Save `path` in this process: preflight, then `attempt_until_done`, each attempt's
+    destination prepared before `steps.write`."""
+    state = start(path, options, context=context)
+
+    def attempt(destination: str) -> int:
+        try:
+            state.prepare()
+        except OSError as error:
+            raise FailedAttempt.of(error, "mkdir") from error
+        return steps.write(destination)
+
+    return attempt_until_done(state, steps._replace(write=attempt))

@@ -30,6 +30,7 @@ from fsprobe.integrations import dcp
 from fsprobe.redirect.areas import own_area
 from fsprobe.redirect.manifest import read_manifest
 from fsprobe.saving.options import Backoff
+from fsprobe.saving.retry import FailedAttempt
 from tests.support.crash import a_while_ago, leftovers
 from tests.support.durability import assert_directory_saved
 from tests.support.ranks import (
@@ -179,6 +180,33 @@ def test_a_write_failing_once_on_each_rank_is_retried_per_file_and_commits(fault
     faultfs.ctl.clear()
     assert_loads(target, 2, seed=1)
     assert leftovers(faultfs.backing) == []
+
+
+def test_a_file_is_written_again_in_place_only_after_a_transient_error():
+    """`retried_in_place`, a file of a rank: a transient failure is written again until the
+    attempts are spent, anything else fails the attempt it is part of at once."""
+    options = fsprobe.SaveOptions(attempts=3, backoff=Backoff(sleep=lambda seconds: None))
+
+    def writes(*errnos: str) -> list[str]:
+        """The errnos of the writes made, each failing with the next of `errnos`, then not."""
+        pending, made = list(errnos), []
+
+        def write() -> str:
+            made.append(pending[0] if pending else "ok")
+            if pending:
+                raise FailedAttempt(pending.pop(0), "write", "__1_0.distcp")
+            return "written"
+
+        try:
+            assert dcp.retried_in_place(write, options, "__1_0.distcp") == "written"
+        except FailedAttempt as failure:
+            assert failure.errno == made[-1]
+        return made
+
+    assert writes("EIO", "ESTALE") == ["EIO", "ESTALE", "ok"]
+    assert writes("ENOSPC") == ["ENOSPC"]
+    assert writes("EIO", "EROFS", "EIO") == ["EIO", "EROFS"]
+    assert writes("EIO", "EIO", "EIO", "EIO") == ["EIO", "EIO", "EIO"]  # the attempts spent
 
 
 def test_a_file_out_of_room_is_not_written_again_the_whole_checkpoint_moves(faultfs, tmp_path):

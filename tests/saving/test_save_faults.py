@@ -3,32 +3,21 @@ tmpfs): transient write errors, a dead filesystem, a saver killed mid-write, $TM
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import json
 import logging
 import os
-import socket
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import torch
 
 import fsprobe
-from fsprobe.events.emit import SOCKET_NAME
 from fsprobe.posix.atomic import parse_temp_name
-from fsprobe.redirect.manifest import sha256_of
-from fsprobe.saving.options import Backoff, save_options
+from fsprobe.saving.options import Backoff
 from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import (
     FailedAttempt,
-    RetryState,
-    SaveError,
-    SaveResult,
-    SaveSteps,
-    attempt_until_done,
     deciding,
     first_os_error,
 )
@@ -328,47 +317,3 @@ def test_a_broken_handle_that_fails_its_close_is_not_called_a_removal_failure(fa
     assert not [m for m in messages if "could not remove" in m], messages
     closed = [m for m in messages if "closing it failed" in m]
     assert closed and all("removed the temp file" in m and "Errno 5" in m for m in closed)
-
-
-def test_a_part_of_an_attempt_is_written_again_only_after_a_transient_error_and_never_reported(
-    tmp_path,
-):
-    """A `part` (a file of a DCP rank) on the one driver: a transient failure is retried in
-    place, anything else fails the attempt it is part of at once; neither is a save of its
-    own to the daemon, whose socket hears the save around it only."""
-    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    daemon.bind(str(tmp_path / SOCKET_NAME))
-    daemon.setblocking(False)
-    options = save_options(None, {"attempts": 3, "backoff": Backoff(sleep=lambda s: None)})
-    options = dataclasses.replace(options, state_dir=str(tmp_path), preflight=False)
-    context = SaveContext()
-
-    def failing(*errnos: str) -> Callable[[str], int]:
-        pending = list(errnos)
-
-        def write(destination: str) -> int:
-            if pending:
-                raise FailedAttempt(pending.pop(0), "write", destination)
-            return 7
-
-        return write
-
-    def attempts(write: Callable[[str], int], part: bool) -> SaveResult:
-        state = RetryState(str(tmp_path / "__1_0.distcp"), options, context=context, part=part)
-        steps = SaveSteps(write, sha256_of, prepares_itself=part)
-        return attempt_until_done(state, steps)
-
-    result = attempts(failing("EIO", "ESTALE"), part=True)
-    assert (result.attempts, result.errors, result.bytes) == (3, ("EIO", "ESTALE"), 7)
-    for code in ("ENOSPC", "EROFS"):
-        with pytest.raises(SaveError) as raised:
-            attempts(failing(code), part=True)
-        assert [a.errno for a in raised.value.attempts] == [code]  # tried once
-    with pytest.raises(SaveError):
-        attempts(failing("EIO", "EIO", "EIO"), part=True)  # the attempts spent
-    with pytest.raises(BlockingIOError):
-        daemon.recv(65536)  # nothing reported of the parts
-    assert not context.has_seen(str(tmp_path))  # nor remembered as a save there
-    assert attempts(failing("EIO"), part=False).attempts == 2  # a save: reported
-    assert json.loads(daemon.recv(65536))["attempts"] == 2
-    assert context.has_seen(str(tmp_path))

@@ -48,8 +48,6 @@ WRONG: dict[str, tuple[object, object]] = {
     "timeout": ("10", 0),
     "save_timeout": ("1", float("inf")),
 }
-#: What DCP's writer plans or leaves to DCP: refused by name, whatever the value.
-DCP_REFUSED = {"need_bytes", "need_inodes", "fsync", "save_timeout"}
 
 
 def test_every_option_has_a_wrong_type_and_a_wrong_value_to_try():
@@ -74,11 +72,23 @@ def test_a_wrong_option_fails_when_made_naming_the_option_and_writing_nothing(
     wrong = WRONG[option][0 if kind == "type" else 1]
     target = tmp_path / "target"
     target.mkdir()
-    refused_by_dcp = entry.startswith("dcp.") and option in DCP_REFUSED
-    expected = TypeError if kind == "type" or refused_by_dcp else ValueError
+    expected = TypeError if kind == "type" else ValueError
     with pytest.raises(expected, match=option):
         ENTRIES[entry](target, **{option: wrong})
     assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if e.startswith("dcp.")))
+def test_dcp_refuses_a_deadline_it_cannot_keep_however_given(tmp_path, entry):
+    """An attempt of a DCP save is DCP's collectives, never abandoned: `save_timeout` is
+    refused by name, as a keyword or in `options`; its default is not, nor the other options."""
+    with pytest.raises(TypeError, match="FsprobeWriter does not take save_timeout"):
+        ENTRIES[entry](tmp_path, save_timeout=60.0)
+    with pytest.raises(TypeError, match="FsprobeWriter does not take save_timeout"):
+        ENTRIES[entry](tmp_path, options=SaveOptions(save_timeout=60.0))
+    writer = dcp.FsprobeWriter(tmp_path / "d", options=SaveOptions(need_bytes=1, fsync=False))
+    assert writer.sync_files is False  # `fsync` is DCP's `sync_files`
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_wrong_backoff_is_refused_when_made():
