@@ -20,7 +20,8 @@ import tempfile
 import time
 
 import fsprobe
-from fsprobe.state import TargetState, Writer, write_state
+from fsprobe.report import TargetState
+from fsprobe.state import Writer, write_state
 
 
 def publish_fresh_state(state_dir: str, target: str) -> None:

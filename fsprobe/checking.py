@@ -6,7 +6,8 @@ import dataclasses
 import os
 import time
 
-from fsprobe.policy import NEED_INODES, evaluate
+from fsprobe.model import NEED_INODES
+from fsprobe.policy import evaluate
 from fsprobe.probing.plan import ProbeSettings, probe_once
 from fsprobe.probing.runner import ProbeRunner
 from fsprobe.report import Report

@@ -71,21 +71,17 @@ def _scalar(kind: type) -> _Codec:
 
 def _enum(kind: type[enum.Enum]) -> _Codec:
     """A member by its ``label`` (fsprobe's levels) or its value."""
-    labelled = hasattr(kind, "from_label")
+    labelled = hasattr(kind, "label")
+    write = (lambda m: m.label) if labelled else (lambda m: m.value)
+    members = {write(member): member for member in kind}
 
     def convert(value: str, where: str, key: object) -> enum.Enum:
-        if labelled:
-            try:
-                return kind.from_label(value)  # type: ignore[attr-defined]
-            except ValueError as error:
-                raise FormatError(f"{_at(where, key)}: {error}") from None
-        for member in kind:
-            if member.value == value:
-                return member
-        names = ", ".join(str(member.value) for member in kind)
-        raise FormatError(f"{_at(where, key)}: {value!r} is not one of {names}")
+        member = members.get(value)
+        if member is None:
+            names = ", ".join(map(str, members))
+            raise FormatError(f"{_at(where, key)}: {value!r} is not one of {names}")
+        return member
 
-    write = (lambda m: m.label) if labelled else (lambda m: m.value)
     return _Codec("a string", lambda v: isinstance(v, str), write, convert)
 
 

@@ -5,15 +5,21 @@ Nothing here knows how a value was obtained or where it goes.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from fsprobe.units import format_bytes, format_count
+
 T = TypeVar("T")
 
 #: The probe kinds, in the order in which they are shown and exported.
 PROBE_KINDS = ("statvfs", "quota", "lfs_df", "imports", "write", "tmpdir")
+
+#: Inodes a save needs unless told otherwise: it writes at least one file.
+NEED_INODES = 1
 
 #: The error name a probe reports when it overran its deadline (an errno name otherwise).
 TIMEOUT = "TIMEOUT"
@@ -21,9 +27,6 @@ TIMEOUT = "TIMEOUT"
 #: contained in that probe (the policy's reason ``internal_error``), never a fact about the
 #: filesystem.
 INTERNAL = "INTERNAL"
-
-
-L = TypeVar("L", bound="Level")
 
 
 class Level(enum.IntEnum):
@@ -34,14 +37,6 @@ class Level(enum.IntEnum):
     def label(self) -> str:
         return self.name.lower()
 
-    @classmethod
-    def from_label(cls: type[L], label: str) -> L:
-        """``"degraded"`` -> `Status.DEGRADED`; ValueError for anything else."""
-        member = cls.__members__.get(label.upper()) if isinstance(label, str) else None
-        if member is None or member.label != label:
-            raise ValueError(f"{label!r} is not one of {', '.join(s.label for s in cls)}")
-        return member
-
 
 class Status(Level):
     """Health of a target; the values are the exit codes of `fsprobe check` (monitoring plugins)."""
@@ -50,6 +45,48 @@ class Status(Level):
     DEGRADED = 1
     UNHEALTHY = 2
     UNKNOWN = 3
+
+
+class Severity(Level):
+    """How much one reason weighs. A notice is worth knowing but leaves the status as it is."""
+
+    NOTICE = 0
+    DEGRADED = 1
+    UNHEALTHY = 2
+
+    @property
+    def status(self) -> Status:
+        """The status this reason alone gives a target."""
+        return _SEVERITY_STATUS[self]
+
+
+_SEVERITY_STATUS = {
+    Severity.NOTICE: Status.OK,
+    Severity.DEGRADED: Status.DEGRADED,
+    Severity.UNHEALTHY: Status.UNHEALTHY,
+}
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a target is not plainly ok: a stable code for machines, a sentence for people, and
+    what it means for a save.
+
+    `errno` is set when a write into the target now fails (or hangs) because of this reason:
+    the error it would get (``EROFS``, ``EDQUOT``, ``ENOSPC``, the test write's errno,
+    ``ETIMEDOUT`` for a hung mount). `transient` says that the trouble stands in the way of a
+    save now but is expected to pass, so that waiting for it is worth it (a hung mount, a
+    transient write error, a very slow write, a stale or failed probe). Lack of room and
+    refusals are not transient; nor are warnings about what has already passed or never
+    stops a write (low headroom without a size to fit, a transient error whose next test
+    write succeeded, a slowish write).
+    """
+
+    code: str
+    severity: Severity
+    message: str
+    transient: bool = False
+    errno: str | None = None
 
 
 @dataclass(frozen=True)
@@ -352,3 +389,104 @@ class LastSave:
     host: str
     ranks: int
     failures: tuple[tuple[str, str], ...]  # (errno, step) of each failed attempt
+
+
+def binding_phrase(limited_by: str | None) -> str:
+    """Where a limit binds, in words: ``on the filesystem``, ``under the user quota``."""
+    if limited_by is None or limited_by == "filesystem":
+        return "on the filesystem"
+    kind, _, pool = limited_by.split(":", 1)[1].partition("@")
+    return f"under the {kind} quota" + (f" of pool {pool}" if pool else "")
+
+
+def full_errno(limited_by: str | None) -> str:
+    """What a write gets when the binding limit runs out: a quota says EDQUOT, a disk ENOSPC."""
+    return "EDQUOT" if limited_by is not None and limited_by.startswith("quota:") else "ENOSPC"
+
+
+def fit_need(
+    need: tuple[int | None, int | None],
+    left: tuple[int | None, int | None],
+    limited_by: tuple[str | None, str | None],
+) -> tuple[bool | None, tuple[Reason, ...]]:
+    """Whether a save needing (bytes, inodes) fits what is `left` of each under the limit
+    that binds it; a save that does not is refused, unhealthy, with ENOSPC or EDQUOT. None:
+    nothing was asked, or what is left is unknown. The one rule of `policy.evaluate` and of
+    `SaveAnswer.fit`."""
+    if need == (None, None):
+        return None, ()
+    refusals = []
+    unknown = False
+    for code, wanted, remaining, limit, fmt in (
+        ("space_headroom_low", need[0], left[0], limited_by[0], format_bytes),
+        ("inode_headroom_low", need[1], left[1], limited_by[1], format_count),
+    ):
+        if wanted is None:
+            continue
+        if remaining is None:
+            unknown = True
+        elif wanted > remaining:
+            refusals.append(
+                Reason(
+                    code,
+                    Severity.UNHEALTHY,
+                    f"the checkpoint needs {fmt(wanted)} but only {fmt(remaining)} is left "
+                    f"{binding_phrase(limit)}",
+                    errno=full_errno(limit),
+                )
+            )
+    if refusals:
+        return False, tuple(refusals)
+    return (None if unknown else True), ()
+
+
+@dataclass(frozen=True)
+class SaveAnswer:
+    """What a save asks of the daemon about one target, and nothing more: worked out by the
+    policy from its verdict (`policy.save_answer`) and written flat into the state file beside
+    the report, so that a save reads it without the report or the judge (docs/reference.md).
+
+    `can_take_save`: a save may be written here now; `worth_waiting`: trouble that is expected
+    to pass stands in the way, none that stays; `acceptable_destination`: good enough to
+    redirect a save to (judged, nothing in the way); `headroom_*`: what a new file can still
+    take, None when unknown, and the limit that binds it; `exists`: whether the directory
+    itself exists (None: not known); `errno`: what a write now would most likely fail with;
+    `fresh_until`: when it stops holding without a new probe result; `reasons`: worst first.
+    `fits` is set by `fit`, for one save's need; it is never written.
+    """
+
+    status: Status
+    can_take_save: bool
+    worth_waiting: bool
+    acceptable_destination: bool
+    headroom_bytes: int | None
+    headroom_inodes: int | None
+    bytes_limited_by: str | None
+    inodes_limited_by: str | None
+    exists: bool | None
+    errno: str | None
+    fresh_until: float | None
+    reasons: tuple[Reason, ...]
+    fits: bool | None = None
+
+    def fit(self, need_bytes: int | None, need_inodes: int | None) -> SaveAnswer:
+        """This answer for a save of this size (`fit_need`): one that does not fit is
+        refused here, unhealthy, nor redirected here."""
+        fits, refusals = fit_need(
+            (need_bytes, need_inodes),
+            (self.headroom_bytes, self.headroom_inodes),
+            (self.bytes_limited_by, self.inodes_limited_by),
+        )
+        if not refusals:
+            return self if fits == self.fits else dataclasses.replace(self, fits=fits)
+        reasons = tuple(sorted((*refusals, *self.reasons), key=lambda r: -r.severity))
+        return dataclasses.replace(
+            self,
+            status=max(self.status, Status.UNHEALTHY),
+            can_take_save=False,
+            worth_waiting=False,
+            acceptable_destination=False,
+            errno=refusals[0].errno,
+            reasons=reasons,
+            fits=False,
+        )

@@ -6,10 +6,8 @@ A pure function of a snapshot, the target's `Policy` and the time: the only judg
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from fsprobe.errors import NOT_AS_ROOT, UNTRUSTED, ErrorClass, classify
 from fsprobe.model import (
@@ -17,7 +15,6 @@ from fsprobe.model import (
     RECOVERY_HARD_SECONDS,
     TIMEOUT,
     FilesystemInfo,
-    Level,
     LustreImport,
     LustreTarget,
     ProbeResult,
@@ -25,10 +22,15 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     QuotaUsage,
+    Reason,
+    SaveAnswer,
+    Severity,
     Snapshot,
     Status,
     TmpdirInfo,
     WriteProbeResult,
+    binding_phrase,
+    fit_need,
 )
 from fsprobe.units import (
     format_bytes,
@@ -47,10 +49,6 @@ DEFAULT_INTERVALS: Mapping[str, float] = {
     "imports": 15.0,
     "tmpdir": 60.0,
 }
-
-
-#: Inodes a save needs unless told otherwise: it writes at least one file.
-NEED_INODES = 1
 
 
 @dataclass(frozen=True)
@@ -86,54 +84,12 @@ class Policy:
         return self.stale_after_intervals * self.interval(probe)
 
 
-class Severity(Level):
-    """How much one reason weighs. A notice is worth knowing but leaves the status as it is."""
-
-    NOTICE = 0
-    DEGRADED = 1
-    UNHEALTHY = 2
-
-    @property
-    def status(self) -> Status:
-        """The status this reason alone gives a target."""
-        return _SEVERITY_STATUS[self]
-
-
-_SEVERITY_STATUS = {
-    Severity.NOTICE: Status.OK,
-    Severity.DEGRADED: Status.DEGRADED,
-    Severity.UNHEALTHY: Status.UNHEALTHY,
-}
-
-
 #: Passing trouble that only degrades a target and yet stands in the way of a save's writes:
 #: a file striped on a target this node has lost waits for the reconnection, one on a target in
 #: recovery for its end. A save waits for it (up to `max_wait`), then goes elsewhere.
 IN_THE_WAY = frozenset({"lustre_target_disconnected", "lustre_target_recovering"})
 #: How long an eviction in an import's state history is worth a notice.
 RECENT_EVICTION_SECONDS = 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why a target is not plainly ok: a stable code for machines, a sentence for people, and
-    what it means for a save.
-
-    `errno` is set when a write into the target now fails (or hangs) because of this reason:
-    the error it would get (``EROFS``, ``EDQUOT``, ``ENOSPC``, the test write's errno,
-    ``ETIMEDOUT`` for a hung mount). `transient` says that the trouble stands in the way of a
-    save now but is expected to pass, so that waiting for it is worth it (a hung mount, a
-    transient write error, a very slow write, a stale or failed probe). Lack of room and
-    refusals are not transient; nor are warnings about what has already passed or never
-    stops a write (low headroom without a size to fit, a transient error whose next test
-    write succeeded, a slowish write).
-    """
-
-    code: str
-    severity: Severity
-    message: str
-    transient: bool = False
-    errno: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,16 +115,12 @@ class Headroom:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The judgement of one target, and the answers to what the save path asks of it.
+    """The judgement of one target, and the answers to what a save asks of it.
 
     `fits` is None when no size was asked about or the headroom is unknown. `fresh_until` is
     when the verdict stops holding if no new probe result comes (the first of its results to
-    go stale), None when there is nothing it could hold on.
-
-    The answers to what a save asks (`refusing`, `passing`, `can_take_save`,
-    `acceptable_destination`) are worked out once, when the verdict is made: the save hook
-    reuses one verdict for as long as the daemon's state file is unchanged, and asks the
-    policy once for a new one, which keeps each call in microseconds.
+    go stale), None when there is nothing it could hold on. A save reads what it asks as the
+    target's `SaveAnswer` (`save_answer`), never the verdict.
     """
 
     status: Status
@@ -176,29 +128,29 @@ class Verdict:
     headroom: Headroom
     fits: bool | None = None
     fresh_until: float | None = None
-    refusing: tuple[Reason, ...] = field(init=False, repr=False, compare=False)
-    passing: tuple[Reason, ...] = field(init=False, repr=False, compare=False)
-    can_take_save: bool = field(init=False, repr=False, compare=False)
-    acceptable_destination: bool = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        refusing = tuple(r for r in self.reasons if r.errno is not None and not r.transient)
-        passing = tuple(r for r in self.reasons if r.transient)
-        answer = functools.partial(object.__setattr__, self)
-        answer("refusing", refusing)  # why the target cannot take it, and waiting won't help
-        answer("passing", passing)  # trouble in the way that is expected to pass by itself
-        # Write here now: nothing refuses it, nothing passing is bad enough (unhealthy, or in
-        # the way of its writes) to write elsewhere instead.
-        answer(
-            "can_take_save",
-            not refusing
-            and not any(r.severity is Severity.UNHEALTHY or r.code in IN_THE_WAY for r in passing),
+    @property
+    def refusing(self) -> tuple[Reason, ...]:
+        """Why the target cannot take a save, and waiting won't help."""
+        return tuple(r for r in self.reasons if r.errno is not None and not r.transient)
+
+    @property
+    def passing(self) -> tuple[Reason, ...]:
+        """Trouble in the way that is expected to pass by itself."""
+        return tuple(r for r in self.reasons if r.transient)
+
+    @property
+    def can_take_save(self) -> bool:
+        """Write here now: nothing refuses it, nothing passing is bad enough (unhealthy, or
+        in the way of its writes) to write elsewhere instead."""
+        return not self.refusing and not any(
+            r.severity is Severity.UNHEALTHY or r.code in IN_THE_WAY for r in self.passing
         )
-        # Good enough to redirect a save to: judged, and nothing in the way at all.
-        answer(
-            "acceptable_destination",
-            self.status is not Status.UNKNOWN and not (refusing or passing),
-        )
+
+    @property
+    def acceptable_destination(self) -> bool:
+        """Good enough to redirect a save to: judged, and nothing in the way at all."""
+        return self.status is not Status.UNKNOWN and not (self.refusing or self.passing)
 
     @property
     def worth_waiting(self) -> bool:
@@ -227,7 +179,8 @@ def write_errno(reasons: Iterable[Reason]) -> str | None:
     return next((reason.errno for reason in reasons if reason.errno is not None), None)
 
 
-class _Limit(NamedTuple):  # made for every quota and target judged: a named tuple is cheaper
+@dataclass(frozen=True)
+class _Limit:
     """One candidate bound on headroom: how much remains and out of what capacity (> 0)."""
 
     source: str
@@ -317,18 +270,6 @@ def capacity_reasons(fs: FilesystemInfo) -> list[Reason]:
     return reasons
 
 
-def _binding_phrase(limited_by: str | None) -> str:
-    if limited_by is None or limited_by == "filesystem":
-        return "on the filesystem"
-    kind, _, pool = limited_by.split(":", 1)[1].partition("@")
-    return f"under the {kind} quota" + (f" of pool {pool}" if pool else "")
-
-
-def _full_errno(limited_by: str | None) -> str:
-    """What a write gets when the binding limit runs out: a quota says EDQUOT, a disk ENOSPC."""
-    return "EDQUOT" if limited_by is not None and limited_by.startswith("quota:") else "ENOSPC"
-
-
 def _headroom_reasons(headroom: Headroom, policy: Policy) -> list[Reason]:
     reasons = []
     for code, left, ratio, limited_by, fmt, noun in (
@@ -362,7 +303,7 @@ def _headroom_reasons(headroom: Headroom, policy: Policy) -> list[Reason]:
             Reason(
                 code,
                 severity,
-                f"{noun}: {used} used {_binding_phrase(limited_by)}, "
+                f"{noun}: {used} used {binding_phrase(limited_by)}, "
                 f"only {fmt(left)} ({format_percent(ratio)}) left",
             )
         )
@@ -371,40 +312,34 @@ def _headroom_reasons(headroom: Headroom, policy: Policy) -> list[Reason]:
 
 def fit(
     headroom: Headroom, need_bytes: int | None, need_inodes: int | None
-) -> tuple[bool | None, list[Reason]]:
+) -> tuple[bool | None, tuple[Reason, ...]]:
     """Whether a save of the given size fits; one that does not is refused (ENOSPC/EDQUOT)."""
-    if need_bytes is None and need_inodes is None:
-        return None, []
-    reasons = []
-    checks = (
-        ("space_headroom_low", need_bytes, headroom.bytes, headroom.bytes_limited_by, format_bytes),
-        (
-            "inode_headroom_low",
-            need_inodes,
-            headroom.inodes,
-            headroom.inodes_limited_by,
-            format_count,
-        ),
+    return fit_need(
+        (need_bytes, need_inodes),
+        (headroom.bytes, headroom.inodes),
+        (headroom.bytes_limited_by, headroom.inodes_limited_by),
     )
-    unknown = False
-    for code, need, left, limited_by, fmt in checks:
-        if need is None:
-            continue
-        if left is None:
-            unknown = True
-        elif need > left:
-            reasons.append(
-                Reason(
-                    code,
-                    Severity.UNHEALTHY,
-                    f"the checkpoint needs {fmt(need)} but only {fmt(left)} is left "
-                    f"{_binding_phrase(limited_by)}",
-                    errno=_full_errno(limited_by),
-                )
-            )
-    if reasons:
-        return False, reasons
-    return (None if unknown else True), []
+
+
+def save_answer(verdict: Verdict, exists: bool | None) -> SaveAnswer:
+    """What a save asks of a target, from its verdict: the flat answer the daemon writes into
+    the state file beside the report (`exists`: whether the target directory itself exists,
+    None when no statvfs says), for a save of any size (`SaveAnswer.fit` fits one)."""
+    headroom = verdict.headroom
+    return SaveAnswer(
+        status=verdict.status,
+        can_take_save=verdict.can_take_save,
+        worth_waiting=verdict.worth_waiting,
+        acceptable_destination=verdict.acceptable_destination,
+        headroom_bytes=headroom.bytes,
+        headroom_inodes=headroom.inodes,
+        bytes_limited_by=headroom.bytes_limited_by,
+        inodes_limited_by=headroom.inodes_limited_by,
+        exists=exists,
+        errno=verdict.errno,
+        fresh_until=verdict.fresh_until,
+        reasons=verdict.reasons,
+    )
 
 
 def judge_need(verdict: Verdict, need_bytes: int | None, need_inodes: int | None) -> Verdict:

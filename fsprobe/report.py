@@ -1,4 +1,5 @@
-"""A judged snapshot and its JSON, both ways: `check --json`, and a target in the state file.
+"""A judged snapshot and its JSON, both ways: `check --json`, and a target in the state file
+(`TargetState`: the report, and the `SaveAnswer` the policy makes of it for the save).
 
 The document's keys and the forms of the values in it are declared here (`fsprobe.codec`);
 `Report.from_dict` reads what `Report.to_dict` wrote, `FormatError` naming a field that does
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsprobe.codec import Form
+from fsprobe.codec import Form, FormatError
 from fsprobe.model import (
     PROBE_KINDS,
     QUOTA_TYPES,
@@ -24,12 +25,14 @@ from fsprobe.model import (
     QuotaEntry,
     QuotaReport,
     QuotaUsage,
+    Reason,
     Snapshot,
     Status,
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Headroom, Reason, Verdict
+from fsprobe.policy import Headroom, Verdict, save_answer
+from fsprobe.state import ANSWER, ANSWER_KEY, StateFile
 
 #: ``files``/``files_free``: the old names of ``inodes``/``inodes_free``, written beside them
 #: for one release (0.2) so that scripts reading them keep working, and read where the new
@@ -61,7 +64,6 @@ LUSTRE_IMPORT = Form(  # connected and recovering are derived from the state
 )
 WRITE_PROBE = Form(WriteProbeResult, "ok bytes latency_seconds step errno message")
 TMPDIR = Form(TmpdirInfo, "path same_device free_bytes?")
-REASON = Form(Reason, "code severity message transient errno")
 HEADROOM = Form(  # limited_by is derived from the others
     Headroom,
     "bytes inodes bytes_ratio inodes_ratio limited_by! bytes_limited_by inodes_limited_by",
@@ -73,9 +75,7 @@ PROBE = Form(  # ok is derived from error and stuck; the value is in the documen
 )
 
 
-#: `_Need` and `_Document` only carry a document to and from its form: never compared, hashed,
-#: printed or kept, so their classes are made without those methods (each costs an `exec`).
-@dataclass(eq=False, repr=False)
+@dataclass(frozen=True)
 class _Need:
     """What was asked of the target: a save of `bytes` and `inodes`."""
 
@@ -86,7 +86,7 @@ class _Need:
 NEED = Form(_Need, "bytes inodes")
 
 
-@dataclass(eq=False, repr=False)
+@dataclass(frozen=True)
 class _Document:
     """The `check --json` object as its keys hold it (docs/reference.md)."""
 
@@ -149,6 +149,12 @@ class Report:
     def fits(self) -> bool | None:
         return self.verdict.fits
 
+    @property
+    def exists(self) -> bool | None:
+        """Whether the target directory itself exists (None: no statvfs says)."""
+        fs: FilesystemInfo | None = self.snapshot.value("statvfs")
+        return fs.target_exists if fs is not None else None
+
     def to_dict(self) -> dict[str, Any]:
         """The documented `check --json` object (docs/reference.md), plus per-probe details."""
         snapshot, verdict = self.snapshot, self.verdict
@@ -157,7 +163,7 @@ class Report:
         write = snapshot.get("write")
         document = _Document(
             path=self.path,
-            exists=fs.target_exists if fs is not None else None,
+            exists=self.exists,
             status=verdict.status,
             reasons=verdict.reasons,
             filesystem=fs,
@@ -217,3 +223,46 @@ def _with_existence(fs: FilesystemInfo | None, exists: bool | None) -> Filesyste
     if fs is None or exists is None or exists == fs.target_exists:
         return fs
     return dataclasses.replace(fs, target_exists=exists)
+
+
+@dataclass(frozen=True)
+class TargetState:
+    """One target in the state file: the daemon's report, how often its probes run, and
+    when the daemon last published it. Its entry also holds the report's `SaveAnswer`, the
+    only part a save reads (`fsprobe.state.StateFile.answer`)."""
+
+    report: Report
+    intervals: Mapping[str, float]
+    updated_at: float
+    last_save: LastSave | None = None  # the latest real save the daemon heard of
+    server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
+
+    def to_dict(self) -> dict[str, Any]:
+        answer = save_answer(self.report.verdict, self.report.exists)
+        return {
+            **self.report.to_dict(),
+            **TARGET_STATE.encode(self),
+            ANSWER_KEY: ANSWER.encode(answer),
+        }
+
+    @classmethod
+    def from_dict(cls, document: Any, where: str) -> TargetState:
+        """Raises `FormatError` naming the field that does not read (the answer is not read:
+        it is the report's)."""
+        return TARGET_STATE.decode(document, where, report=Report.from_dict(document, where))
+
+    @classmethod
+    def read(cls, state: StateFile, name: str) -> TargetState:
+        """The watched target `name` of `state` (KeyError if it is not watched;
+        `CorruptStateFile` if its entry does not read)."""
+        try:
+            return cls.from_dict(state.entry(name), f"targets[{name!r}]")
+        except FormatError as error:
+            raise state.corrupt(error) from None
+
+
+#: Beside the report's keys; last_save and server_probes_elsewhere are absent in the state
+#: files of earlier versions.
+TARGET_STATE = Form(
+    TargetState, "intervals updated_at last_save? server_probes_elsewhere?", name="target"
+)

@@ -7,6 +7,7 @@ belong to the reader or root and nobody else may write them.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -15,10 +16,9 @@ from typing import Any
 
 from fsprobe import __version__
 from fsprobe.codec import Form, FormatError
-from fsprobe.model import LastSave
+from fsprobe.model import Reason, SaveAnswer
 from fsprobe.posix.atomic import lock_within
 from fsprobe.posix.outputdir import OutputDirectory
-from fsprobe.report import Report
 
 SCHEMA = 1
 STATE_FILE = "state.json"
@@ -178,31 +178,15 @@ def write_state(
         return directory.publish(STATE_FILE, data)
 
 
-@dataclass(frozen=True)
-class TargetState:
-    """One target in the state file: the daemon's report, how often its probes run, and
-    when the daemon last published it."""
-
-    report: Report
-    intervals: Mapping[str, float]
-    updated_at: float
-    last_save: LastSave | None = None  # the latest real save the daemon heard of
-    server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.report.to_dict(), **TARGET_STATE.encode(self)}
-
-    @classmethod
-    def from_dict(cls, document: Any, where: str) -> TargetState:
-        """Raises `FormatError` naming the field that does not read."""
-        return TARGET_STATE.decode(document, where, report=Report.from_dict(document, where))
-
-
-#: Beside the report's keys; last_save and server_probes_elsewhere are absent in the state
-#: files of earlier versions.
-TARGET_STATE = Form(
-    TargetState, "intervals updated_at last_save? server_probes_elsewhere?", name="target"
+REASON = Form(Reason, "code severity message transient errno")
+#: A target's answer to a save (`SaveAnswer`), under `ANSWER_KEY` in its entry beside the report.
+ANSWER = Form(
+    SaveAnswer,
+    "status can_take_save worth_waiting acceptable_destination headroom_bytes headroom_inodes"
+    " bytes_limited_by inodes_limited_by exists errno fresh_until reasons",
+    name="answer",
 )
+ANSWER_KEY = "answer"
 
 
 @dataclass(frozen=True)
@@ -219,7 +203,7 @@ class Writer:
     failure: str | None = None
 
 
-@dataclass(eq=False, repr=False)  # carries a document from its form only, as report._Need
+@dataclass(frozen=True)
 class _Head:
     """The state file's top level: when, and who wrote it (keys absent in earlier versions)."""
 
@@ -232,48 +216,71 @@ HEAD = Form(_Head, "generated_at", name="state file")
 
 
 class StateFile:
-    """A trusted state file, its top level read; each target's report is read when first
-    asked for (the save hook asks for one target, not the hundred a node daemon watches).
+    """A trusted state file. What a save asks, one target's `SaveAnswer`, is read when first
+    asked for, and only that (`answer`): not the top level, not the report beside it, not the
+    hundred other targets a node daemon watches. The top level is read when asked for too.
 
     Every accessor raises `CorruptStateFile` for content that does not read.
     """
 
     def __init__(self, path: str, document: Mapping[str, Any]) -> None:
         self.path = path
-        try:
-            head = HEAD.decode(document, writer=WRITER.decode(document))
-        except FormatError as error:
-            raise CorruptStateFile(f"state file {path} does not read: {error}") from None
-        self.generated_at, self.writer = head.generated_at, head.writer
         targets = document.get("targets", {})
         if not isinstance(targets, dict):
             raise CorruptStateFile(f"state file {path}: 'targets' is not an object")
+        self._document = document
         self._documents: Mapping[str, Any] = targets
-        self._read: dict[str, TargetState] = {}
+        self._answers: dict[str, SaveAnswer | None] = {}
+
+    @functools.cached_property
+    def _head(self) -> _Head:
+        try:
+            return HEAD.decode(self._document, writer=WRITER.decode(self._document))
+        except FormatError as error:
+            raise CorruptStateFile(f"state file {self.path} does not read: {error}") from None
+
+    @property
+    def generated_at(self) -> float:
+        return self._head.generated_at
+
+    @property
+    def writer(self) -> Writer:
+        return self._head.writer
 
     @property
     def names(self) -> list[str]:
         """The watched targets, sorted."""
         return sorted(self._documents)
 
-    def target(self, name: str) -> TargetState:
-        """The state of the watched target `name` (KeyError if it is not watched)."""
-        state = self._read.get(name)
-        if state is None:
-            try:
-                state = TargetState.from_dict(self._documents[name], f"targets[{name!r}]")
-            except FormatError as error:
-                raise CorruptStateFile(
-                    f"state file {self.path} does not read: {error} (written by fsprobe "
-                    f"{self.writer.version or 'of an unknown version'}; this is "
-                    f"{__version__})"
-                ) from None
-            self._read[name] = state  # a race only reads it twice
-        return state
+    def entry(self, name: str) -> Any:
+        """The document of the watched target `name`, as it was read (KeyError if it is not
+        watched): `fsprobe.report.TargetState.read` reads the whole of it."""
+        return self._documents[name]
 
-    def targets(self) -> dict[str, TargetState]:
-        """Every target, sorted by path."""
-        return {name: self.target(name) for name in self.names}
+    def corrupt(self, error: FormatError) -> CorruptStateFile:
+        """The error for a target's entry that does not read, naming who wrote it."""
+        version = self._document.get("version")
+        written_by = version if isinstance(version, str) else "of an unknown version"
+        return CorruptStateFile(
+            f"state file {self.path} does not read: {error} (written by fsprobe "
+            f"{written_by}; this is {__version__})"
+        )
+
+    def answer(self, name: str) -> SaveAnswer | None:
+        """The answer of the watched target `name` to a save (KeyError if it is not watched);
+        None when its entry carries none (a state file of a version before it)."""
+        if name in self._answers:
+            return self._answers[name]
+        document = self._documents[name]
+        if not isinstance(document, dict):
+            raise self.corrupt(FormatError(f"targets[{name!r}]: expected an object"))
+        found = document.get(ANSWER_KEY)
+        try:
+            answer = None if found is None else ANSWER.decode(found, f"targets[{name!r}].answer")
+        except FormatError as error:
+            raise self.corrupt(error) from None
+        self._answers[name] = answer  # a race only reads it twice
+        return answer
 
     def target_for(self, path: str) -> str | None:
         """The watched target that is `path` or its closest ancestor.
@@ -290,10 +297,10 @@ class StateFile:
             path = parent
         return path
 
-    def watching(self, path: str) -> tuple[str, TargetState] | None:
-        """The watched target that judges `path` (`target_for`) and its state, or None."""
+    def watching(self, path: str) -> tuple[str, SaveAnswer | None] | None:
+        """The watched target that judges `path` (`target_for`) and its answer, or None."""
         target = self.target_for(path)
-        return None if target is None else (target, self.target(target))
+        return None if target is None else (target, self.answer(target))
 
 
 class StateReader:

@@ -15,8 +15,9 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     QuotaUsage,
+    Reason,
 )
-from fsprobe.policy import Headroom, Reason, reached_imports
+from fsprobe.policy import Headroom, reached_imports
 from fsprobe.posix.paths import escaped
 from fsprobe.report import Report
 from fsprobe.units import (

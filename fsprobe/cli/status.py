@@ -18,12 +18,12 @@ from fsprobe.cli.render import STATUS_COLORS, reason_lines
 from fsprobe.events.evidence import BY_SAVE
 from fsprobe.model import LastSave, QuotaReport, Status, WriteProbeResult
 from fsprobe.posix.paths import escaped
+from fsprobe.report import TargetState
 from fsprobe.state import (
     WRITER,
     StateFile,
     StateFileError,
     StateReader,
-    TargetState,
     Writer,
     default_state_dir,
     writer_running,
@@ -272,7 +272,10 @@ def status(state_dir: str | None, as_json: bool) -> int:
     reader = StateReader(state_dir)
     try:
         state = reader.read()
-        targets = state.targets() if state is not None else {}
+        targets = {}
+        if state is not None:
+            writer = state.writer  # the top level: read here, where its error is caught
+            targets = {name: TargetState.read(state, name) for name in state.names}
     except StateFileError as error:
         return _problem(reader.path, f"cannot use the state file: {error}", as_json)
     if state is None:
@@ -285,7 +288,6 @@ def status(state_dir: str | None, as_json: bool) -> int:
     now = time.time()
     assessment = _assess(state, targets, writer_running(state_dir), now)
     if as_json:
-        writer = state.writer
         click.echo(
             json.dumps(
                 {
@@ -310,6 +312,6 @@ def status(state_dir: str | None, as_json: bool) -> int:
         )
     else:
         age = short_age(now - state.generated_at)
-        click.echo(f"{escaped(_describe(state.writer))}, state written {age} ago\n")
+        click.echo(f"{escaped(_describe(writer))}, state written {age} ago\n")
     click.echo(render_table(targets, now))
     return int(assessment.status)

@@ -24,8 +24,8 @@ from fsprobe.exporters.textfile import open_textfile_dir, write_textfile
 from fsprobe.model import Snapshot
 from fsprobe.policy import unjudged
 from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
-from fsprobe.report import Report
-from fsprobe.state import StateFileError, TargetState, Writer, write_state
+from fsprobe.report import Report, TargetState
+from fsprobe.state import StateFileError, Writer, write_state
 from fsprobe.view import TargetView
 
 #: How long the supervisor waits for the scheduler's publishing before it gives up on a write.

@@ -12,8 +12,8 @@ import stat
 import time
 from collections.abc import Callable, Iterable
 
-from fsprobe.model import Snapshot
-from fsprobe.policy import evaluate
+from fsprobe.model import SaveAnswer, Snapshot
+from fsprobe.policy import evaluate, save_answer
 from fsprobe.probing.plan import ProbeSettings, plan, run_plans
 from fsprobe.probing.runner import ProbeRunner, Run
 from fsprobe.probing.worker import shared_runner
@@ -50,6 +50,13 @@ class InlineProbes:
             directory: Snapshot(directory, results)
             for directory, results in run_plans(plans, self.runner()).items()
         }
+
+    def answer(self, snapshot: Snapshot, settings: ProbeSettings) -> SaveAnswer:
+        """What `snapshot` answers a save, judged by the policy as the daemon's state file
+        answers (`fsprobe.policy.save_answer`)."""
+        verdict = evaluate(snapshot, settings.policy, time.time())
+        fs = snapshot.value("statvfs")
+        return save_answer(verdict, fs.target_exists if fs is not None else None)
 
     def room(self, directory: str, timeout: float) -> int | None:
         """The bytes a new file in `directory` has room for now (None: unknown)."""

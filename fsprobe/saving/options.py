@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsprobe.policy import NEED_INODES
+from fsprobe.model import NEED_INODES
 from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
 
 if TYPE_CHECKING:  # typing_extensions is not a dependency: these exist for type checkers only

@@ -1,9 +1,10 @@
 """`fsprobe.preflight()`: right before a save, can the target take it now, and if not, where to?
 
-The daemon's fresh, trusted state file answers in microseconds; otherwise cheap probes run
-inline in the context's probe runner and are reused for `INLINE_CACHE_SECONDS`. The policy
-judges; this module asks, and decides ``proceed``, ``delay``, ``redirect`` or ``fail``
-(docs/design.md §7). `SaveContext` holds what a process keeps between saves.
+The daemon's fresh, trusted state file answers in microseconds (each target's `SaveAnswer`,
+which the policy worked out in the daemon); otherwise cheap probes run inline in the
+context's probe runner, judged there, and are reused for `INLINE_CACHE_SECONDS`. This module
+fits the save's need against the answer and decides ``proceed``, ``delay``, ``redirect`` or
+``fail`` (docs/design.md §7). `SaveContext` holds what a process keeps between saves.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fsprobe.model import FilesystemInfo, ProbeResult, Snapshot, Status
-from fsprobe.policy import Reason, Severity, Verdict, evaluate, judge_need, write_errno
-from fsprobe.report import REASON
+from fsprobe.model import ProbeResult, Reason, SaveAnswer, Severity, Snapshot, Status
 from fsprobe.saving.options import DEFAULT_TIMEOUT, SaveOptions, save_options
-from fsprobe.state import StateFile, StateFileError, StateReader, default_state_dir
+from fsprobe.state import REASON, StateFile, StateFileError, StateReader, default_state_dir
 from fsprobe.units import format_bytes, format_duration, format_seconds
 
 if TYPE_CHECKING:  # types only: what is built on first use (`SaveContext`), or redirected
@@ -34,10 +33,9 @@ if TYPE_CHECKING:  # types only: what is built on first use (`SaveContext`), or 
     from fsprobe.saving.inline import InlineProbes
     from fsprobe.saving.options import SaveOverrides
     from fsprobe.saving.writers import BackgroundSaves
-    from fsprobe.state import TargetState
 
-    #: A watched target in the state file, and its state.
-    Watched = tuple[str, TargetState]
+    #: A watched target in the state file, and its answer to a save (None: it has none).
+    Watched = tuple[str, SaveAnswer | None]
 
 log = logging.getLogger("fsprobe.preflight")
 
@@ -53,8 +51,9 @@ class Decision(NamedTuple):
     """What preflight decided, and why. `path` is where to write (a fallback's on redirect).
 
     `status` and `reasons` are those of the requested target (they say why a save was delayed
-    or redirected); `wait_seconds` is how long preflight waited; `source` is ``"state"`` when
-    the daemon's state file answered, ``"probe"`` when preflight probed itself.
+    or redirected), `errno` the error a write to it would most likely fail with now;
+    `wait_seconds` is how long preflight waited; `source` is ``"state"`` when the daemon's
+    state file answered, ``"probe"`` when preflight probed itself.
 
     A named tuple, not a frozen dataclass: one is made before every save, in 0.5 µs, not 2.
     """
@@ -68,6 +67,7 @@ class Decision(NamedTuple):
     requested_path: str = ""
     need_bytes: int | None = None
     fits: bool | None = None
+    errno: str | None = None
 
     @property
     def redirected(self) -> bool:
@@ -79,11 +79,6 @@ class Decision(NamedTuple):
         if not self.reasons:
             return ()
         return tuple(r for r in self.reasons if r.severity is not Severity.NOTICE)
-
-    @property
-    def errno(self) -> str | None:
-        """The error a write to the requested target would most likely fail with now."""
-        return write_errno(self.reasons)
 
     def summary(self) -> str:
         """One line for a log: the action, the target's status and the reasons that matter."""
@@ -112,10 +107,10 @@ class Decision(NamedTuple):
 
 
 class _Judged(NamedTuple):
-    """The verdict on one directory for one save, and whence it came (state file or probe)."""
+    """The answer on one directory for one save, and whence it came (state file or probe)."""
 
     directory: str
-    verdict: Verdict
+    answer: SaveAnswer
     source: str
 
 
@@ -142,14 +137,14 @@ def _wait_for_recovery(
     log.info(
         "preflight: %s is %s (%s); waiting up to %s for it to recover",
         target.directory,
-        target.verdict.status.label,
-        ", ".join(r.code for r in target.verdict.passing),
+        target.answer.status.label,
+        ", ".join(r.code for r in target.answer.reasons if r.transient),
         format_seconds(max_wait),
     )
     while (remaining := until - time.monotonic()) > 0:
         time.sleep(min(POLL_SECONDS, remaining))
         target = judge(max(0.05, until - time.monotonic()))
-        if not target.verdict.worth_waiting:
+        if not target.answer.worth_waiting:
             break
     return target, time.monotonic() - start
 
@@ -179,10 +174,10 @@ class SaveContext:
         self._seen: dict[str, None] = {}  # directories seen to exist (`saw`)
         self._readers: dict[str, StateReader] = {}
         self._warned: set[str] = set()
-        #: Verdicts made from the state file, by directory, with the target's state and the need
-        #: they were made for: reused while the `StateReader` hands out the same parsed file.
+        #: Answers from the state file fitted to a need, by directory, with the answer and the
+        #: need: reused while the `StateReader` hands out the same parsed file.
         self._state_judgements: dict[
-            str, tuple[TargetState, tuple[int | None, int | None], _Judged]
+            str, tuple[SaveAnswer, tuple[int | None, int | None], _Judged]
         ] = {}
         self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
         self._probes: InlineProbes | None = None
@@ -341,52 +336,52 @@ class SaveContext:
         need_bytes: int | None,
         need_inodes: int | None,
     ) -> _Judged | None:
-        """The daemon's verdict on `directory` (judged by `watched`) for this save, or None if
-        it has none to give. The policy is asked once: the verdict for this need answers
-        everything a save asks of it (`policy.Verdict`); only its freshness is asked again."""
+        """The daemon's answer on `directory` (judged by `watched`) fitted to this save, or
+        None if it has none to give (said once when its state file holds no answer: an older
+        daemon). The fit is made once per answer and need; only its freshness is asked again."""
         if watched is None:
             return None
-        target, target_state = watched
+        target, answer = watched
+        if answer is None:
+            self.warn_once(
+                f"unanswered:{target}",
+                f"the fsprobe state for {target} holds no answer for a save (written by an "
+                "older `fsprobe run`?); probing inline",
+            )
+            return None
         need = (need_bytes, need_inodes)
-        now = time.time()
         cached = self._state_judgements.get(directory)  # replaced whole, never mutated
-        if cached is not None and cached[0] is target_state and cached[1] == need:
+        if cached is not None and cached[0] is answer and cached[1] == need:
             judged = cached[2]
-            fresh = judged.verdict.is_fresh(now)
         else:
-            verdict = judge_need(target_state.report.verdict, need_bytes, need_inodes)
-            fresh = verdict.is_fresh(now)
-            judged = _Judged(target, verdict, "state")
+            judged = _Judged(target, answer.fit(need_bytes, need_inodes), "state")
             with self._lock:
-                _remember(
-                    self._state_judgements, directory, (target_state, need, judged), self._entries
-                )
-        verdict = judged.verdict
-        if verdict.status is Status.UNKNOWN:
+                _remember(self._state_judgements, directory, (answer, need, judged), self._entries)
+        if answer.status is Status.UNKNOWN:
             return None  # the daemon has seen nothing yet; a probe of our own says more
-        if not fresh:
+        now = time.time()
+        if answer.fresh_until is None or now > answer.fresh_until:
             since = (
-                f" {format_duration(now - verdict.fresh_until)} ago" if verdict.fresh_until else ""
+                f" {format_duration(now - answer.fresh_until)} ago" if answer.fresh_until else ""
             )
             self.warn_once(
-                f"stale:{judged.directory}",
-                f"the fsprobe state for {judged.directory} went stale{since}: is `fsprobe run` "
+                f"stale:{target}",
+                f"the fsprobe state for {target} went stale{since}: is `fsprobe run` "
                 "still running? probing inline",
             )
             return None
         return judged
 
     def _exists_in_state(self, directory: str, state: StateFile | None) -> bool | None:
-        """Whether the daemon, watching `directory` itself with a fresh verdict, found it a
+        """Whether the daemon, watching `directory` itself with a fresh answer, found it a
         directory; None when its state cannot say."""
         watched = self._watched(state, directory)
-        if watched is None or watched[0] != directory:
+        if watched is None or watched[0] != directory or watched[1] is None:
             return None
-        report = watched[1].report
-        fs: FilesystemInfo | None = report.snapshot.value("statvfs")
-        if fs is None or not report.verdict.is_fresh(time.time()):
+        answer = watched[1]
+        if answer.fresh_until is None or time.time() > answer.fresh_until:
             return None
-        return fs.target_exists
+        return answer.exists
 
     # -- inline probes --------------------------------------------------------------------------
 
@@ -447,10 +442,10 @@ class SaveContext:
         if not unanswered:
             return judgements
         settings = probe_settings()
-        now = time.time()
+        inline = self.inline()
         for directory, snapshot in self._probe_inline(unanswered, settings, fresh).items():
-            verdict = evaluate(snapshot, settings.policy, now, need_bytes, need_inodes)
-            judgements[directory] = _Judged(directory, verdict, "probe")
+            answer = inline.answer(snapshot, settings).fit(need_bytes, need_inodes)
+            judgements[directory] = _Judged(directory, answer, "probe")
         return judgements
 
     def _check_existence(
@@ -587,7 +582,7 @@ class SaveContext:
             )
             target = judged[directory]
         waited = 0.0
-        if options.max_wait > 0 and target.verdict.worth_waiting:
+        if options.max_wait > 0 and target.answer.worth_waiting:
 
             def judge_again(deadline: float) -> _Judged:
                 again = functools.partial(
@@ -598,11 +593,11 @@ class SaveContext:
 
             target, waited = _wait_for_recovery(target, options.max_wait, judge_again)
 
-        verdict = target.verdict
+        answer = target.answer
         action, where = ("delay" if waited else "proceed"), requested
-        if not verdict.can_take_save and candidates is None:
+        if not answer.can_take_save and candidates is None:
             candidates = self._candidates(requested, options.fallback_dirs)
-        if not verdict.can_take_save and candidates:
+        if not answer.can_take_save and candidates:
             existence = existence or self._check_existence(
                 [c.fallback for c in candidates], state, timeout
             )
@@ -615,19 +610,20 @@ class SaveContext:
         if (
             action != "redirect"
             and options.on_unhealthy == "fail"
-            and (not verdict.can_take_save or verdict.status is Status.UNHEALTHY)
+            and (not answer.can_take_save or answer.status is Status.UNHEALTHY)
         ):
             action = "fail"
         decision = Decision(
             action=action,
             path=where,
-            status=verdict.status,
-            reasons=verdict.reasons,
+            status=answer.status,
+            reasons=answer.reasons,
             wait_seconds=waited,
             source=target.source,
             requested_path=requested,
             need_bytes=need,
-            fits=verdict.fits,
+            fits=answer.fits,
+            errno=answer.errno,
         )
         _log_decision(decision)
         return decision
@@ -654,19 +650,19 @@ def _first_acceptable(
     """The path in the first candidate that can take the save; why each one before could not
     is logged, and put in `skipped` when given."""
     for candidate in candidates:
-        verdict = judgements[candidate.directory].verdict
+        answer = judgements[candidate.directory].answer
         exists = existence[candidate.fallback]()
-        if exists.ok and exists.value and verdict.acceptable_destination:
+        if exists.ok and exists.value and answer.acceptable_destination:
             return candidate.path
         if not (exists.ok and exists.value):
             why = exists.message or "it does not exist"
         else:
-            trouble = verdict.refusing + verdict.passing
-            why = "; ".join(r.message for r in trouble) or verdict.status.label
+            trouble = [r for r in answer.reasons if r.transient or r.errno is not None]
+            why = "; ".join(r.message for r in trouble) or answer.status.label
         if skipped is not None:
             skipped[candidate.fallback] = why
         # A fallback someone pointed elsewhere (target_untrusted) is an attack, not weather.
-        untrusted = any(r.code == "target_untrusted" for r in verdict.reasons)
+        untrusted = any(r.code == "target_untrusted" for r in answer.reasons)
         log.log(
             logging.WARNING if untrusted else logging.INFO,
             "preflight: fallback %s cannot take %s: %s",

@@ -15,6 +15,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from fsprobe.model import Status
+from fsprobe.report import TargetState
 from fsprobe.state import StateReader
 from tests.support.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
@@ -139,7 +140,7 @@ def test_sigterm_while_a_probe_hangs_stops_the_daemon_without_waiting_for_the_ca
     assert code == 0, daemon.log()
     worker.wait(timeout=60)  # the released call returns, the worker sees us gone and exits
     state = StateReader(str(daemon.state_dir)).read()
-    report = state.target(str(target)).report
+    report = TargetState.read(state, str(target)).report
     assert report.status is Status.UNHEALTHY
     assert "mount_stuck" in [reason.code for reason in report.reasons]
     assert report.snapshot.get("statvfs").stuck is True

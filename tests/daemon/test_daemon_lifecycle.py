@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsprobe.model import Status
+from fsprobe.report import TargetState
 from fsprobe.state import StateReader
 from tests.support.capability import ipv6_problem, require
 from tests.support.daemon_process import DaemonProcess, clean_environment, fast_config, run_fsprobe
@@ -47,7 +48,7 @@ def test_stop_signal_ends_the_daemon_with_a_valid_state_file(tmp_path, number):
     state = StateReader(str(daemon.state_dir)).read()
     assert state is not None and state.writer.pid == daemon.pid
     assert state.writer.stopped_at is not None  # its last word: stopped cleanly
-    assert state.target(str(ckpt)).report.status is Status.OK
+    assert TargetState.read(state, str(ckpt)).report.status is Status.OK
     assert sorted(p.name for p in daemon.state_dir.iterdir()) == ["state.json", "writer.lock"]
 
 
@@ -139,7 +140,7 @@ def test_once_runs_every_probe_writes_the_outputs_and_prints_one_line_per_target
     )
     assert (code, out, err) == (0, f" OK  {ckpt}\n", "")  # issue 17.5: cron's mail says it
     state = StateReader(str(state_dir)).read()
-    report = state.target(str(ckpt)).report
+    report = TargetState.read(state, str(ckpt)).report
     assert report.status is Status.OK and state.writer.once
     assert report.snapshot.value("write").ok is True
     assert {"statvfs", "write", "tmpdir"} <= set(report.snapshot.results)
@@ -170,8 +171,8 @@ def test_once_exits_with_the_worst_status(tmp_path, tmpfs):
     # unhealthy from the start is a warning (it went from unknown to unhealthy: level=info)
     assert f"level=warning event=status_changed target={full} old=unknown new=unhealthy" in err
     state = StateReader(str(tmp_path / "state")).read()
-    assert state.target(str(healthy)).report.status is Status.OK
-    assert state.target(str(full)).report.status is Status.UNHEALTHY
+    assert TargetState.read(state, str(healthy)).report.status is Status.OK
+    assert TargetState.read(state, str(full)).report.status is Status.UNHEALTHY
     assert "event=probe_failed" in err and "errno=ENOSPC" in err and f"target={full}" in err
 
 

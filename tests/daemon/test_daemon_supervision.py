@@ -22,6 +22,7 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.exporters import exposition as exposition_module
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.model import ProbeResult, Status
+from fsprobe.report import TargetState
 from fsprobe.state import StateReader
 from tests.support.daemon_process import DaemonProcess, fast_config, run_fsprobe
 from tests.support.policy import NOW, filesystem_info, probe
@@ -185,8 +186,8 @@ def test_a_target_whose_state_does_not_encode_is_written_unknown(monkeypatch, tm
     publisher = publish.Publisher(store.views, exposition, str(tmp_path))
     publisher.publish(store.views())
     state = StateReader(str(tmp_path)).read()
-    assert state.target("/good").report.status is Status.OK
-    bad = state.target("/bad").report
+    assert TargetState.read(state, "/good").report.status is Status.OK
+    bad = TargetState.read(state, "/bad").report
     assert bad.status is Status.UNKNOWN and bad.reasons[0].code == "internal_error"
     assert exposition.internal_errors.counts() == {("/bad", "publish"): 1}
 

@@ -20,17 +20,19 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     QuotaUsage,
+    Reason,
+    Severity,
     Snapshot,
     Status,
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Headroom, Reason, Severity, Verdict
+from fsprobe.policy import Headroom, Verdict, save_answer
 from fsprobe.redirect.areas import Area
 from fsprobe.redirect.manifest import Entry
 from fsprobe.redirect.sync import SyncOutcome, UnsyncedUser
-from fsprobe.report import Report
-from fsprobe.state import StateReader, TargetState, Writer, write_state
+from fsprobe.report import Report, TargetState
+from fsprobe.state import StateReader, Writer, write_state
 from tests.support.policy import NOW, filesystem_info, probe
 
 EXPECTED = Path(__file__).resolve().parents[1] / "fixtures" / "json"
@@ -124,8 +126,11 @@ def test_what_is_written_reads_back_to_the_same_bytes(tmp_path):
     assert state is not None
     assert (state.writer, state.generated_at) == (Writer("n1", 7, "0.3", True, NOW, "stalled"), NOW)
     target = json.loads(written["state.json"])["targets"]["/ckpt/run"]
-    assert state.target("/ckpt/run").to_dict() == target
-    assert state.target("/ckpt/run").last_save == SAVE
+    assert TargetState.read(state, "/ckpt/run").to_dict() == target
+    assert TargetState.read(state, "/ckpt/run").last_save == SAVE
+    # The save's answer is the policy's, from the report's verdict, and reads back whole.
+    report = every_probe()
+    assert state.answer("/ckpt/run") == save_answer(report.verdict, report.exists)
     (outcome,) = json.loads(written["sync.json"])["entries"]
     assert SyncOutcome.from_dict(outcome, "/fb", 1000) == SyncOutcome(
         ENTRY, "synced", "synced back"

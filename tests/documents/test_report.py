@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from fsprobe.codec import FormatError
-from fsprobe.model import QuotaReport, Status
-from fsprobe.policy import Severity
+from fsprobe.model import QuotaReport, Severity, Status
 from fsprobe.report import Report
 from tests.support.fakes.fake_lfs import fake_lfs_for
 

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from fsprobe.model import Status
+from fsprobe.report import TargetState
 from fsprobe.state import (
+    ANSWER_KEY,
     STATE_FILE,
     CorruptStateFile,
     StateReader,
@@ -44,7 +47,8 @@ def test_a_file_written_by_write_state_is_trusted_and_parsed(state_dir, view_tex
     state = StateReader(str(state_dir)).read()
     assert json.loads((state_dir / STATE_FILE).read_bytes())["schema"] == 1
     assert state.names == ["/ckpt"]
-    assert state.target("/ckpt").to_dict() == json.loads(view_text)
+    assert TargetState.read(state, "/ckpt").to_dict() == json.loads(view_text)
+    assert state.answer("/ckpt").status is Status.OK
     assert state.generated_at == 1_700_000_000.0
     assert state.writer == Writer("h", 1, "0.1.0")
     assert oct(os.stat(state_dir).st_mode & 0o777) == oct(0o755)
@@ -151,11 +155,6 @@ def test_a_symlink_in_place_of_the_file_is_refused(state_dir, tmp_path):
         (b'{"schema": 2, "targets": {}}', "has schema 2"),
         (b'["schema", 1]', "has schema None"),
         (b'{"schema": 1, "generated_at": 1, "targets": []}', "'targets' is not an object"),
-        (b'{"schema": 1, "targets": {}}', "does not read: generated_at: missing"),
-        (
-            b'{"schema": 1, "generated_at": 1, "pid": "me", "targets": {}}',
-            "pid: expected an integer or null, not a string",
-        ),
     ],
 )
 def test_a_corrupt_file_is_reported_with_the_reason(state_dir, content, message):
@@ -163,6 +162,47 @@ def test_a_corrupt_file_is_reported_with_the_reason(state_dir, content, message)
     path.write_bytes(content)
     with pytest.raises(CorruptStateFile, match=message):
         StateReader(str(state_dir)).read()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"schema": 1, "targets": {}}', "does not read: generated_at: missing"),
+        (
+            b'{"schema": 1, "generated_at": 1, "pid": "me", "targets": {}}',
+            "pid: expected an integer or null, not a string",
+        ),
+    ],
+)
+def test_a_corrupt_top_level_is_reported_when_it_is_read(state_dir, content, message):
+    """A save reads one target's answer, never the top level: `fsprobe status` does."""
+    (state_dir / STATE_FILE).write_bytes(content)
+    state = StateReader(str(state_dir)).read()
+    for read in (lambda: state.writer, lambda: state.generated_at):
+        with pytest.raises(CorruptStateFile, match=message):
+            read()
+
+
+def test_a_target_without_an_answer_has_none_and_one_that_does_not_read_is_corrupt(
+    state_dir, view_text
+):
+    """A state file of the version before the answer: the target reads, its answer is None
+    (a save then probes inline); an answer that does not read names its field."""
+    document = json.loads(view_text)
+    answer = document.pop(ANSWER_KEY)
+    write(state_dir, {"/ckpt": json.dumps(document)})
+    state = StateReader(str(state_dir)).read()
+    assert state.answer("/ckpt") is None and state.watching("/ckpt/m.pt") == ("/ckpt", None)
+    assert TargetState.read(state, "/ckpt").report.status is Status.OK
+    for key, value, message in [
+        ("can_take_save", "yes", "can_take_save: expected true or false, not a string"),
+        ("status", "fine", "status: 'fine' is not one of ok, degraded, unhealthy, unknown"),
+        ("reasons", [{"code": "x"}], r"reasons\[0\]\.severity: missing"),
+    ]:
+        write(state_dir, {"/ckpt": json.dumps({**document, ANSWER_KEY: {**answer, key: value}})})
+        state = StateReader(str(state_dir)).read()
+        with pytest.raises(CorruptStateFile, match=rf"targets\['/ckpt'\]\.answer\.{message}"):
+            state.answer("/ckpt")
 
 
 def test_the_parse_is_cached_until_the_file_changes(state_dir, view_text):
@@ -186,7 +226,7 @@ def test_a_target_that_does_not_read_is_corrupt_and_says_which_field(state_dir, 
     write(state_dir, {"/ckpt": json.dumps(target)})
     state = StateReader(str(state_dir)).read()  # the top level reads; the target does not
     with pytest.raises(CorruptStateFile) as raised:
-        state.target("/ckpt")
+        TargetState.read(state, "/ckpt")
     assert message in str(raised.value) and "written by fsprobe 0.1.0" in str(raised.value)
 
 
@@ -195,7 +235,7 @@ def test_a_target_without_its_intervals_is_corrupt(state_dir, view_text):
     del document["intervals"]
     write(state_dir, {"/ckpt": json.dumps(document)})
     with pytest.raises(CorruptStateFile, match=r"targets\['/ckpt'\]\.intervals"):
-        StateReader(str(state_dir)).read().target("/ckpt")
+        TargetState.read(StateReader(str(state_dir)).read(), "/ckpt")
 
 
 def test_a_trust_change_is_noticed_even_with_a_cached_parse(state_dir):

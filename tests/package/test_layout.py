@@ -194,6 +194,25 @@ def test_only_the_save_context_imports_inside_a_function():
     assert INSIDE_FUNCTIONS == LAZY
 
 
+def test_the_save_path_reads_the_answer_never_the_report_or_the_judge():
+    """docs/design.md §2: a save reads its target's `SaveAnswer` from the state file; the
+    daemon's report and the policy are not its business (a change of either is not a change of
+    the save path). Only the inline probes (`saving/inline.py`, loaded on first use) judge
+    what they probed, as the daemon does."""
+    save_path = {"fsprobe.state", "fsprobe.events.event", "fsprobe.events.emit"} | {
+        module
+        for module in GRAPH
+        if module.startswith(("fsprobe.saving.", "fsprobe.redirect."))
+        and module != "fsprobe.saving.inline"
+    }
+    offenders = {
+        module: GRAPH[module] & {"fsprobe.report", "fsprobe.policy"}
+        for module in save_path
+        if GRAPH[module] & {"fsprobe.report", "fsprobe.policy"}
+    }
+    assert offenders == {}
+
+
 def test_the_bottom_layer_imports_only_itself():
     offenders = {module: GRAPH[module] - BOTTOM for module in BOTTOM if GRAPH[module] - BOTTOM}
     assert offenders == {}
@@ -221,11 +240,14 @@ def test_every_public_name_loads():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-#: What a preflight that the daemon's state file answers must not load: the `lfs` parsers (and
-#: all of `lustre/`), all of `probing/` (the probes, their plan, the runner, both sides of the
-#: probe worker), the quota settings, a save's inline probes and the background saves' writers
-#: (docs/design.md §3-§4).
+#: What a preflight that the daemon's state file answers must not load: the judge (`policy`)
+#: and the daemon's report (`report`: it reads the target's answer, nothing else), the `lfs`
+#: parsers (and all of `lustre/`), all of `probing/` (the probes, their plan, the runner, both
+#: sides of the probe worker), the quota settings, a save's inline probes and the background
+#: saves' writers (docs/design.md §3-§4).
 NOT_ON_THE_STATE_PATH = (
+    "fsprobe.policy",
+    "fsprobe.report",
     "fsprobe.lustre",
     "fsprobe.probing",
     "fsprobe.quota",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import pytest
 
+from fsprobe.codec import Form, FormatError
 from fsprobe.model import (
     TIMEOUT,
     LustreTarget,
@@ -12,11 +16,12 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     QuotaUsage,
+    Severity,
     Status,
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Policy, Severity, judge_need
+from fsprobe.policy import Policy, judge_need, save_answer
 from tests.support.policy import NOW, filesystem_info, judge
 
 GiB = 1024**3
@@ -536,6 +541,31 @@ def test_a_verdict_made_without_a_size_is_judged_for_one_by_the_same_rule():
     assert judge_need(without, None, None) is without
 
 
+@pytest.mark.parametrize("readonly", [False, True])
+@pytest.mark.parametrize(
+    ("need_bytes", "need_inodes"),
+    [(None, None), (300 * GiB, None), (500 * GiB, 1), (None, 10**12), (500 * GiB, 10**12)],
+)
+def test_the_saves_answer_fits_a_need_as_the_policy_judges_one(readonly, need_bytes, need_inodes):
+    """What a save reads from the state file (`save_answer`, fitted by `SaveAnswer.fit`)
+    answers every question as the verdict for that size does: one rule, two places."""
+    without = judge(result("statvfs", fs(avail=400 * GiB, readonly=readonly)))
+    answer = save_answer(without, True).fit(need_bytes, need_inodes)
+    judged = judge_need(without, need_bytes, need_inodes)
+    assert (answer.status, answer.reasons, answer.fits, answer.errno) == (
+        judged.status,
+        judged.reasons,
+        judged.fits,
+        judged.errno,
+    )
+    assert (answer.can_take_save, answer.worth_waiting, answer.acceptable_destination) == (
+        judged.can_take_save,
+        judged.worth_waiting,
+        judged.acceptable_destination,
+    )
+    assert (answer.headroom_bytes, answer.bytes_limited_by) == (400 * GiB, "filesystem")
+
+
 def test_a_verdict_holds_until_its_first_result_goes_stale():
     verdict = judge(result("statvfs", fs(), age=10.0), result("write", write_ok(), age=100.0))
     statvfs_due = NOW - 10.0 + 0.01 + 3 * 15.0
@@ -553,13 +583,23 @@ def test_a_stuck_mark_ages_like_any_result():
     assert verdict.fresh_until == pytest.approx(NOW - 5.0 + 0.01 + 45.0)
 
 
-@pytest.mark.parametrize("enum", [Status, Severity])
-def test_labels_read_back_exactly(enum):
-    for member in enum:
-        assert enum.from_label(member.label) is member
-    for bad in ("Degraded", "worse", "", None, 1):
-        with pytest.raises(ValueError):
-            enum.from_label(bad)
+@dataclass(frozen=True)
+class _Levels:
+    status: Status
+    severity: Severity
+
+
+LEVELS = Form(_Levels, "status severity")
+
+
+def test_labels_read_back_exactly():
+    for status, severity in itertools.zip_longest(Status, Severity, fillvalue=Severity.NOTICE):
+        document = {"status": status.label, "severity": severity.label}
+        assert LEVELS.encode(_Levels(status, severity)) == document
+        assert LEVELS.decode(document) == _Levels(status, severity)
+    for bad in ("Degraded", "worse", "", "OK", None, 1):
+        with pytest.raises(FormatError, match="status"):
+            LEVELS.decode({"status": bad, "severity": "notice"})
 
 
 def test_a_write_probe_root_refused_degrades_but_leaves_saves_alone():

@@ -20,11 +20,12 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     QuotaUsage,
+    Severity,
     Status,
     TmpdirInfo,
     WriteProbeResult,
 )
-from fsprobe.policy import Policy, Severity
+from fsprobe.policy import Policy
 from tests.support.policy import NOW, filesystem_info, judge, probe
 
 

@@ -18,7 +18,7 @@ import fsprobe
 from fsprobe.model import QuotaState, Status
 from fsprobe.policy import Policy
 from fsprobe.saving.preflight import SaveContext
-from fsprobe.state import Writer, write_state
+from fsprobe.state import ANSWER_KEY, Writer, write_state
 from tests.support.state import INTERVALS, daemon_view, publish, quota_entry
 
 
@@ -308,3 +308,29 @@ def test_a_fallback_the_daemon_found_missing_is_refused_from_the_state(dirs, tmp
     )
     assert (decision.action, decision.source) == ("proceed", "state")
     assert not os.path.exists(missing)
+
+
+@pytest.mark.parametrize("answer", ["absent", "corrupt"])
+def test_a_state_file_without_a_readable_answer_is_probed_inline_and_said_once(
+    dirs, caplog, answer
+):
+    """A state file of the version before the answer (none in the target's entry), or one
+    whose answer does not read: never a crash, never believed; probed inline instead, and
+    said once. The daemon says read-only: an inline probe finds the directory healthy."""
+    target, _, state = dirs
+    document = daemon_view(target, readonly=True).to_dict()
+    if answer == "absent":
+        del document[ANSWER_KEY]
+    else:
+        document[ANSWER_KEY]["can_take_save"] = "yes"
+    write_state(state, time.time(), Writer("n", 1, "0.3"), {target: json.dumps(document)})
+    with caplog.at_level(logging.INFO, logger="fsprobe.preflight"):
+        decisions = [fsprobe.preflight(os.path.join(target, f"{n}.pt"), state_dir=state)
+                     for n in range(2)]  # fmt: skip
+    assert [(d.source, d.action, d.status) for d in decisions] == [
+        ("probe", "proceed", Status.OK)
+    ] * 2
+    said = [r.getMessage() for r in caplog.records if "state" in r.getMessage()]
+    assert len(said) == 1, said
+    expected = "holds no answer" if answer == "absent" else "can_take_save: expected true or false"
+    assert expected in said[0]

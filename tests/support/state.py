@@ -27,8 +27,8 @@ from fsprobe.model import (
     WriteProbeResult,
 )
 from fsprobe.policy import Policy, evaluate
-from fsprobe.report import Report
-from fsprobe.state import TargetState, Writer, write_state
+from fsprobe.report import Report, TargetState
+from fsprobe.state import Writer, write_state
 
 INTERVALS = {"statvfs": 15.0, "tmpdir": 60.0, "write": 60.0, "quota": 300.0}
 

@@ -9,7 +9,7 @@ machine could show; a survivor that a test could catch gets the test instead.
 from __future__ import annotations
 
 EXPLAINED: dict[str, str] = {
-    "fsprobe/policy.py Severity: 2 -> 3 in `UNHEALTHY = 2`": (
+    "fsprobe/model.py Severity: 2 -> 3 in `UNHEALTHY = 2`": (
         "equivalent: severities are only compared (worst first, max); the status comes from "
         "_SEVERITY_STATUS and the JSON from the label, never from the number"
     ),
@@ -21,7 +21,7 @@ EXPLAINED: dict[str, str] = {
     "`return self.intervals.get(probe, DEFAULT_INTERVALS.get(probe, 60.0))`": (
         "unreachable: every probe kind has a default interval, so the last fallback is never read"
     ),
-    "fsprobe/policy.py _binding_phrase: 1 -> 2 in "
+    "fsprobe/model.py binding_phrase: 1 -> 2 in "
     '`kind, _, pool = limited_by.split(":", 1)[1].partition("@")`': (
         "equivalent: the source is 'quota:<type>' or 'quota:<type>@<pool>', one colon; "
         "maxsplit 1 or 2 splits the same"

@@ -52,7 +52,13 @@ _SAVE_TESTS = (
 
 TARGETS = (
     target("policy", "fsprobe/policy.py", "*", *_POLICY_TESTS),
-    target("levels", "fsprobe/model.py", "Level", *_POLICY_TESTS),
+    target("levels", "fsprobe/model.py", "Level Severity", *_POLICY_TESTS),
+    target(
+        "save-answer",
+        "fsprobe/model.py",
+        "binding_phrase full_errno fit_need SaveAnswer.fit",
+        *_POLICY_TESTS,
+    ),
     target(
         "quota-state",
         "fsprobe/model.py",
