@@ -26,7 +26,12 @@ from fsprobe.state import Writer, write_state
 
 def publish_fresh_state(state_dir: str, target: str) -> None:
     """A state file as the daemon writes it, for `target`, just updated."""
-    report = fsprobe.check(target, write_probe=False, quota_provider="none")
+    report = fsprobe.check(
+        target,
+        fsprobe.ProbeSettings(
+            write_probe=False, server_probes=fsprobe.ServerProbeSettings(provider="none")
+        ),
+    )
     entry = TargetState(report, {"statvfs": 15.0, "tmpdir": 60.0}, time.time())
     writer = Writer(socket.gethostname(), os.getpid(), fsprobe.__version__)
     write_state(state_dir, time.time(), writer, {target: json.dumps(entry.to_dict())})

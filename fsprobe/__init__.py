@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 #: Public name -> the module that defines it.
 _API = {
     "check": "fsprobe.checking",
+    "ProbeSettings": "fsprobe.probing.plan",
+    "ServerProbeSettings": "fsprobe.quota.settings",
     "Report": "fsprobe.report",
     "preflight": "fsprobe.saving.preflight",
     "Decision": "fsprobe.saving.preflight",
@@ -32,6 +34,8 @@ _API = {
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr__` loads these
     from fsprobe.checking import check as check
+    from fsprobe.probing.plan import ProbeSettings as ProbeSettings
+    from fsprobe.quota.settings import ServerProbeSettings as ServerProbeSettings
     from fsprobe.redirect.locate import locate as locate
     from fsprobe.report import Report as Report
     from fsprobe.saving.background import save_async as save_async

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -12,6 +13,7 @@ from fsprobe.checking import check as run_check
 from fsprobe.cli.options import DIRECTORY, PROBE_AS, SECONDS, SIZE, absolute_lfs, quota_options
 from fsprobe.cli.render import render_report
 from fsprobe.daemon.config import ConfigError, load_target, server_probes_elsewhere
+from fsprobe.probing.plan import ProbeSettings
 
 
 @click.command()
@@ -84,7 +86,7 @@ def check(
       fsprobe check "$CKPT_DIR" --need 120G --json | jq .headroom
       fsprobe check /lustre/proj/ckpt --config /etc/fsprobe/fsprobe.toml
     """
-    settings, elsewhere = None, None
+    settings, elsewhere = ProbeSettings(), None
     if config_file:
         try:
             target = load_target(config_file, path)
@@ -97,21 +99,23 @@ def check(
         # One rank of a job asks the servers for all (docs/design.md §8); --quota-provider lfs asks.
         click.echo(f"fsprobe check: lfs quota and lfs df not asked here: {elsewhere}", err=True)
         no_quota = True
-    report = run_check(
-        path,
-        need_bytes=need,
-        need_inodes=need_inodes,
-        timeout=timeout,
-        write_probe=not no_write_probe,
-        quota_provider="none" if no_quota else quota_provider,
-        lfs=lfs,
-        lctl=lctl,
-        user=user,
-        group=group,
-        project=project,
-        probe_as=probe_as,
-        settings=settings,
+    server = settings.server_probes
+    if no_quota or quota_provider != "auto":
+        server = dataclasses.replace(server, provider="none" if no_quota else quota_provider)
+    settings = dataclasses.replace(
+        settings,
+        write_probe=settings.write_probe and not no_write_probe,
+        probe_as=probe_as or settings.probe_as,
+        server_probes=dataclasses.replace(
+            server,
+            lfs=lfs or server.lfs,
+            lctl=lctl or server.lctl,
+            user=server.user if user is None else user,
+            group=server.group if group is None else group,
+            project=server.project if project is None else project,
+        ),
     )
+    report = run_check(path, settings, need_bytes=need, need_inodes=need_inodes, timeout=timeout)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -10,6 +10,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+import fsprobe
 from fsprobe.cli import main
 
 CHECK_KEYS = {
@@ -191,3 +192,17 @@ def test_a_need_that_fits_the_target_but_not_tmpdir_says_which_framework_fails(t
     assert "tmpdir_too_small" in human and "MiB free" in human
     small = json.loads(check("1M", "--json").stdout)
     assert "tmpdir_too_small" not in {reason["code"] for reason in small["reasons"]}
+
+
+def test_the_python_check_takes_its_settings_as_one_value(tmp_path):
+    """`fsprobe.check(path, settings)` as the saves take `options`: what the daemon's
+    configuration gives a target, one value; the old keywords, and a need where the settings
+    go, are refused."""
+    settings = fsprobe.ProbeSettings(write_probe=False)
+    report = fsprobe.check(tmp_path, settings, need_bytes=1, context=fsprobe.SaveContext())
+    assert (report.to_dict()["write_probe"], report.need_bytes, report.need_inodes) == (None, 1, 1)
+    assert fsprobe.check(tmp_path).to_dict()["write_probe"]["ok"] is True
+    with pytest.raises(TypeError, match=r"settings takes a fsprobe\.ProbeSettings, not 1024"):
+        fsprobe.check(tmp_path, 1024)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="quota_provider"):
+        fsprobe.check(tmp_path, quota_provider="none")  # type: ignore[call-arg]

@@ -179,7 +179,9 @@ def test_a_target_that_does_not_exist_yet_is_judged_by_its_parent(tmpfs):
 def test_python_api_matches_the_cli(tmpfs, monkeypatch):
     fs = tmpfs(size="4M", nr_inodes=100)
     monkeypatch.setenv("TMPDIR", str(fs.path))
-    report = fsprobe.check(str(fs.path), need_bytes=8 * 1024 * 1024, write_probe=False)
+    report = fsprobe.check(
+        str(fs.path), fsprobe.ProbeSettings(write_probe=False), need_bytes=8 * 1024 * 1024
+    )
     assert report.fits is False
     assert report.status.label == "unhealthy"
     assert report.to_dict()["reasons"][0]["code"] == "space_headroom_low"

@@ -82,7 +82,7 @@ def test_without_torch_save_names_the_extra_and_the_rest_works(tmp_path):
         """
         import fsprobe
         from fsprobe.extras import MissingExtra
-        report = fsprobe.check(".", write_probe=False)  # the core needs no torch
+        report = fsprobe.check(".", fsprobe.ProbeSettings(write_probe=False))  # no torch needed
         print(report.status.label)
         fsprobe.atomic_write("plain.bin", lambda f: f.write(b"x"))
         try:

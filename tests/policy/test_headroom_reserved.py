@@ -21,6 +21,7 @@ import os
 import fsprobe
 from fsprobe.model import Status
 from fsprobe.probing.statvfs import probe_statvfs
+from tests.support.state import STATVFS_ONLY
 
 BLOCK = 4096
 TOTAL = 100_000
@@ -42,7 +43,7 @@ def test_space_headroom_follows_f_bavail_not_f_bfree(faultfs):
     assert info.avail_bytes == 2_000 * BLOCK
     assert info.size_bytes == TOTAL * BLOCK
 
-    report = fsprobe.check(str(faultfs.mountpoint), write_probe=False, quota_provider="none")
+    report = fsprobe.check(str(faultfs.mountpoint), STATVFS_ONLY)
     assert report.verdict.headroom.bytes == 2_000 * BLOCK
     assert report.verdict.headroom.bytes_ratio == 0.02
     assert report.status is Status.UNHEALTHY  # 2 % < 3 %; f_bfree would say 50 %: ok
@@ -54,12 +55,8 @@ def test_reserved_blocks_do_not_count_for_a_checkpoint_that_needs_them(faultfs):
     faultfs.ctl.set_statfs(
         f_bsize=BLOCK, f_frsize=BLOCK, f_blocks=TOTAL, f_bfree=TOTAL // 2, f_bavail=20_000
     )
-    fits = fsprobe.check(
-        str(faultfs.mountpoint), 20_000 * BLOCK, write_probe=False, quota_provider="none"
-    )
-    too_big = fsprobe.check(
-        str(faultfs.mountpoint), 20_000 * BLOCK + 1, write_probe=False, quota_provider="none"
-    )
+    fits = fsprobe.check(str(faultfs.mountpoint), STATVFS_ONLY, need_bytes=20_000 * BLOCK)
+    too_big = fsprobe.check(str(faultfs.mountpoint), STATVFS_ONLY, need_bytes=20_000 * BLOCK + 1)
     assert (fits.verdict.fits, too_big.verdict.fits) == (True, False)
 
 
@@ -70,7 +67,7 @@ def test_inode_headroom_is_the_free_inodes_the_filesystem_reports(faultfs):
 
     info = probe_statvfs(str(faultfs.mountpoint))
     assert (info.files, info.files_free) == (TOTAL, 2_000)
-    report = fsprobe.check(str(faultfs.mountpoint), write_probe=False, quota_provider="none")
+    report = fsprobe.check(str(faultfs.mountpoint), STATVFS_ONLY)
     assert report.verdict.headroom.inodes == 2_000
     assert report.status is Status.UNHEALTHY
     assert "inode_headroom_low" in reason_codes(report)

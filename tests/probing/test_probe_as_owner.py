@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import signal
@@ -34,6 +35,8 @@ from tests.support.capability import need_command, need_module
 from tests.support.fakes.fake_lfs import fake_lfs_for
 from tests.support.users import REPO, LocalUser, share
 
+#: A check without quota: these tests are about who writes.
+NO_QUOTA = fsprobe.ProbeSettings(server_probes=ServerProbeSettings(provider="none"))
 DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
 
 #: renameat2's flag that swaps two names atomically, from <linux/fs.h>.
@@ -93,7 +96,7 @@ def test_a_users_symlink_to_a_root_only_directory_is_refused_never_followed(
     home = home_of(alice, tmp_path / "homes")
     alice.run(os.symlink, str(secret), str(home / "ckpt"))
 
-    report = fsprobe.check(str(home / "ckpt"), quota_provider="none")
+    report = fsprobe.check(str(home / "ckpt"), NO_QUOTA)
 
     assert creates_in(faultfs, secret) == []
     untrusted = codes(report)["target_untrusted"]
@@ -109,7 +112,7 @@ def test_the_owners_own_symlink_to_her_own_directory_is_followed(local_users, tm
     alice.run(os.mkdir, str(real))
     alice.run(os.symlink, str(real), str(home / "ckpt"))
 
-    report = fsprobe.check(str(home / "ckpt"), quota_provider="none")
+    report = fsprobe.check(str(home / "ckpt"), NO_QUOTA)
 
     assert "target_untrusted" not in codes(report)
     assert report.to_dict()["write_probe"]["ok"] is True
@@ -134,7 +137,7 @@ def test_swapping_the_target_for_a_symlink_while_root_probes_never_writes_throug
         assert swapper.stdout.readline() == "swapping\n"
         outcomes = set()
         for _ in range(25):
-            report = fsprobe.check(str(home / "ckpt"), quota_provider="none")
+            report = fsprobe.check(str(home / "ckpt"), NO_QUOTA)
             write = report.to_dict()["write_probe"]
             refused = "target_untrusted" in codes(report)
             outcomes.add("untrusted" if refused else (write["ok"], write["message"]))
@@ -153,7 +156,7 @@ def test_two_owners_probed_at_once_each_write_as_themselves(local_users, faultfs
     homes = {user: home_of(user, faultfs.mountpoint) for user in (alice, bob)}
     held = faultfs.ctl.block("fsync")
     checks = [
-        threading.Thread(target=fsprobe.check, args=(str(home),), kwargs={"quota_provider": "none"})
+        threading.Thread(target=fsprobe.check, args=(str(home),), kwargs={"settings": NO_QUOTA})
         for home in homes.values()
     ]
     for check in checks:
@@ -184,7 +187,7 @@ def full_home_of(user: LocalUser, faultfs) -> Path:
 def test_roots_probe_of_a_users_full_directory_meets_her_quota(local_users, faultfs):
     target = full_home_of(local_users.user(), faultfs)
 
-    report = fsprobe.check(str(target), quota_provider="none")
+    report = fsprobe.check(str(target), NO_QUOTA)
 
     write = report.to_dict()["write_probe"]
     assert (write["ok"], write["step"], write["errno"]) == (False, "write", "EDQUOT")
@@ -229,7 +232,7 @@ def test_the_probe_file_in_a_users_directory_is_hers_and_root_keeps_its_own_ids(
 def test_probe_as_root_writes_as_root(local_users, faultfs):
     target = full_home_of(local_users.user(), faultfs)
 
-    report = fsprobe.check(str(target), quota_provider="none", probe_as="root")
+    report = fsprobe.check(str(target), dataclasses.replace(NO_QUOTA, probe_as="root"))
 
     assert report.to_dict()["write_probe"]["ok"] is True  # root writes past her quota
 

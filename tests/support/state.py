@@ -30,6 +30,10 @@ from fsprobe.policy import Policy, evaluate
 from fsprobe.report import Report, TargetState
 from fsprobe.state import Writer, write_state
 
+#: A `fsprobe.check` of statvfs and $TMPDIR only: no test write, no quota.
+STATVFS_ONLY = fsprobe.ProbeSettings(
+    write_probe=False, server_probes=fsprobe.ServerProbeSettings(provider="none")
+)
 INTERVALS = {"statvfs": 15.0, "tmpdir": 60.0, "write": 60.0, "quota": 300.0}
 
 
@@ -60,7 +64,7 @@ def daemon_view(
     connections to the Lustre targets.
     """
     at = time.time() - age
-    probed = fsprobe.check(path, write_probe=False, quota_provider="none").snapshot.results
+    probed = fsprobe.check(path, STATVFS_ONLY).snapshot.results
     fs = dataclasses.replace(probed["statvfs"].value, readonly=readonly)
     if avail_bytes is not None:
         fs = dataclasses.replace(fs, avail_bytes=avail_bytes, size_bytes=2 * avail_bytes)
