@@ -123,21 +123,26 @@ class Pipeline:
 
 @pytest.fixture
 def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
-    """``pipeline(*targets, env=..., settings=...)``: a daemon watching `targets` (each with
-    the TOML lines `settings`), scraped by Prometheus
-    with the shipped rules (compressed), alerting the shipped Alertmanager, notifying a
-    webhook."""
+    """``pipeline(*targets, env=..., settings=..., nodes=1)``: a daemon watching `targets`
+    (each with the TOML lines `settings`; `nodes` daemons, one instance each, as on as many
+    nodes), scraped by Prometheus with the shipped rules (compressed), alerting the shipped
+    Alertmanager, notifying a webhook."""
     started: list[object] = []
 
-    def start(*targets: Path, env: dict[str, str] | None = None, settings: str = "") -> Pipeline:
-        home = tmp_path / "daemon"
-        home.mkdir()
+    def start(
+        *targets: Path, env: dict[str, str] | None = None, settings: str = "", nodes: int = 1
+    ) -> Pipeline:
         config = tmp_path / "fsprobe.toml"
         config.write_text(
             DAEMON + "".join(f'[[targets]]\npath = "{t}"\n{settings}' for t in targets)
         )
-        daemon = DaemonProcess(home, "--config", str(config), env=env or clean_environment())
-        started.append(daemon.start())
+        daemons = []
+        for node in range(nodes):
+            home = tmp_path / ("daemon" if node == 0 else f"daemon{node}")
+            home.mkdir()
+            daemon = DaemonProcess(home, "--config", str(config), env=env or clean_environment())
+            started.append(daemon.start())
+            daemons.append(daemon)
         webhook = Webhook()
         started.append(webhook)
         (tmp_path / "alertmanager").mkdir()
@@ -149,14 +154,14 @@ def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
         (tmp_path / "prometheus").mkdir()
         prometheus = Prometheus(
             tmp_path / "prometheus",
-            daemon.url.split("//")[1].split("/")[0],
+            [daemon.url.split("//")[1].split("/")[0] for daemon in daemons],
             [compressed_rules(tmp_path)],
             alertmanager.address,
         )
         started.append(prometheus)
         prometheus.wait_ready()
-        prometheus.wait_for('up{job="fsprobe"}', 1.0)
-        return Pipeline(daemon, prometheus, alertmanager, webhook)
+        prometheus.wait_for('count(up{job="fsprobe"} == 1)', float(nodes))
+        return Pipeline(daemons[0], prometheus, alertmanager, webhook)
 
     yield start
     for thing in reversed(started):
@@ -363,3 +368,95 @@ def test_a_lost_lustre_target_reaches_a_person_once_naming_the_target(faultfs, f
     )
     says_what_to_do(alert, path, "lustre-OST0001")
     assert "lctl get_param" in alert["annotations"]["action"]
+
+
+def _lustre_environment() -> dict[str, str]:
+    """The daemon's environment with the fake `lfs` and `lctl` the `fake_lfs` fixture set."""
+    lustre = {name: os.environ[name] for name in ("FSPROBE_LFS", "FSPROBE_LCTL", "PATH")}
+    lustre.update(
+        {k: v for k, v in os.environ.items() if k.startswith(("FAKE_LFS_", "FAKE_LCTL_"))}
+    )
+    return lustre
+
+
+def _notifications_of(run: Pipeline, alertname: str) -> list[list[dict]]:
+    """Each notification that reached a person with `alertname` firing: its firing alerts."""
+    found = []
+    for receiver, notification in run.webhook.notifications():
+        firing = [
+            alert
+            for alert in notification["alerts"]
+            if alert["status"] == "firing" and alert["labels"]["alertname"] == alertname
+        ]
+        if receiver in PERSON and firing:
+            found.append(firing)
+    return found
+
+
+def _one_notification(run: Pipeline, alertname: str, nodes: int) -> list[dict]:
+    """Wait for the first notification of `alertname`, then for one more group interval of
+    the shipped route (15 m, compressed: 15 s) and a margin: no other notification of it may
+    come. Returns its alerts."""
+    deadline = time.monotonic() + PATIENCE
+    while not (sent := _notifications_of(run, alertname)):
+        assert time.monotonic() < deadline, f"no {alertname}: {run.prometheus.alerts()}"
+        time.sleep(0.25)
+    time.sleep(15 + 5)
+    sent = _notifications_of(run, alertname)
+    print(f"\n{alertname}: {len(sent)} notification(s), of {[len(s) for s in sent]} node(s)")
+    assert len(sent) == 1, sent
+    (alerts,) = sent
+    assert len({alert["labels"]["instance"] for alert in alerts}) == nodes, alerts
+    return alerts
+
+
+def test_a_failover_seen_by_three_nodes_reaches_a_person_once_per_state(
+    faultfs, fake_lfs, pipeline
+):
+    """An OSS failover of OST0001 seen by three nodes (three daemons, three instances): lost
+    for more than 2 minutes (compressed), then connected again and in recovery for more than
+    15. Each state reaches a person in one notification that holds the three nodes' alerts
+    (the shipped route groups these alerts by target); OST0000, which the admin deactivated,
+    never does."""
+    nodes = 3
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    now = int(time.time())
+    deactivated = {"state": "DISCONN", "active": False, "history": [[now - 9000, "DISCONN"]]}
+    fake_lfs.configure(
+        control=faultfs.ctl.socket_path, imports={"targets": {"OST0000": deactivated}}
+    )
+    run = pipeline(
+        target,
+        env=clean_environment(TMPDIR=str(faultfs.mountpoint), **_lustre_environment()),
+        settings='quota_provider = "lfs"\nimports_interval = 0.5\n',
+        nodes=nodes,
+    )
+    run.prometheus.wait_for(
+        'count(fsprobe_lustre_target_connected{target="lustre-OST0001"} == 1)', float(nodes)
+    )
+    now = int(time.time())
+    up = [[now - 3600, "CONNECTING"], [now - 3600, "FULL"]]
+    lost = {"state": "DISCONN", "history": [*up, [now, "DISCONN"]]}
+    fake_lfs.configure(
+        control=faultfs.ctl.socket_path,
+        imports={"targets": {"OST0000": deactivated, "OST0001": lost}},
+    )
+    (alert, *_) = _one_notification(run, "FsprobeLustreTargetDisconnected", nodes)
+    assert alert["labels"]["target"] == "lustre-OST0001"
+    now = int(time.time())
+    replaying = [[now, "CONNECTING"], [now, "REPLAY"], [now, "REPLAY_LOCKS"], [now, "REPLAY_WAIT"]]
+    recovering = {"state": "REPLAY_WAIT", "history": [*lost["history"], *replaying]}
+    fake_lfs.configure(
+        control=faultfs.ctl.socket_path,
+        imports={"targets": {"OST0000": deactivated, "OST0001": recovering}},
+    )
+    (alert, *_) = _one_notification(run, "FsprobeLustreTargetRecovering", nodes)
+    assert alert["labels"]["target"] == "lustre-OST0001"
+    says_what_to_do(alert, str(target), "lustre-OST0001", "900 s")
+    assert len(_notifications_of(run, "FsprobeLustreTargetDisconnected")) == 1
+    assert not [
+        alert
+        for alert in run.prometheus.alerts()
+        if alert["labels"].get("target") == "lustre-OST0000"
+    ]

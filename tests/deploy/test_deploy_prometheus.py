@@ -34,6 +34,7 @@ RUNBOOK_URL = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["u
 #: docs/design.md §6, "Alert names".
 DESIGN_ALERTS = {
     "FsprobeLustreTargetDisconnected",
+    "FsprobeLustreTargetRecovering",
     "FsprobeSpaceHeadroomLow",
     "FsprobeInodeHeadroomLow",
     "FsprobeSpaceFillingUp",

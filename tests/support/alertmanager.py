@@ -54,8 +54,9 @@ class Webhook:
 
 def compressed_config(shipped: Path, webhook: Webhook) -> str:
     """The shipped configuration with every receiver posting to `webhook` (path: the
-    receiver's name) and its timers compressed from minutes to a second; the inhibit rules
-    and the route tree as shipped."""
+    receiver's name) and its timers compressed from minutes to a second (a sub-route's own
+    timers 60 times shorter, as the rules' `for:`); the inhibit rules and the route tree as
+    shipped."""
     config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
     for receiver in config["receivers"]:
         if "webhook_configs" in receiver:
@@ -63,7 +64,17 @@ def compressed_config(shipped: Path, webhook: Webhook) -> str:
                 {"url": f"{webhook.url}/{receiver['name']}", "send_resolved": True}
             ]
     config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+    for route in config["route"].get("routes", ()):
+        for timer in ("group_wait", "group_interval"):
+            if timer in route:  # its own timers, 60 times shorter as the rules' `for:`
+                route[timer] = f"{_seconds(route[timer]) / 60:g}s"
     return yaml.safe_dump(config)
+
+
+def _seconds(duration: str) -> float:
+    """``"2m"`` -> 120.0: an Alertmanager duration of one unit (s, m or h)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    return float(duration[:-1]) * units[duration[-1]]
 
 
 class Alertmanager(LocalServer):

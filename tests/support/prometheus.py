@@ -1,7 +1,7 @@
 """A real Prometheus server (Debian's `prometheus`) for end-to-end tests.
 
-It scrapes one target every second, optionally loads rule files (evaluated every second), and
-is queried through its HTTP API, exactly as Grafana or Alertmanager would see it.
+It scrapes one target (or several) every second, optionally loads rule files (evaluated every
+second), and is queried through its HTTP API, exactly as Grafana or Alertmanager would see it.
 """
 
 from __future__ import annotations
@@ -31,16 +31,18 @@ class Prometheus(LocalServer):
     def __init__(
         self,
         home: Path,
-        scrape_target: str,
+        scrape_target: str | Sequence[str],
         rule_files: Sequence[Path] = (),
         alertmanager: str | None = None,
     ) -> None:
-        """`alertmanager` ("127.0.0.1:PORT"): where to send the alerts, at once (no resend
-        delay beyond a second)."""
+        """`scrape_target` ("127.0.0.1:PORT", or several: one instance each); `alertmanager`
+        ("127.0.0.1:PORT"): where to send the alerts, at once (no resend delay beyond a
+        second)."""
         require(prometheus_problem())
         super().__init__(home)
         self.alertmanager = alertmanager
         config = home / "prometheus.yml"
+        targets = [scrape_target] if isinstance(scrape_target, str) else list(scrape_target)
         rules = "".join(f"  - {path}\n" for path in rule_files)
         alerting = (
             "alerting:\n  alertmanagers:\n    - static_configs:\n"
@@ -58,7 +60,7 @@ class Prometheus(LocalServer):
             + "scrape_configs:\n"
             "  - job_name: fsprobe\n"
             "    static_configs:\n"
-            f"      - targets: ['{scrape_target}']\n"
+            f"      - targets: {targets!r}\n"
         )
         self.config = config
         self._start()
