@@ -3,7 +3,9 @@ kind of save (docs/design.md §7); the process's state owned by a `SaveContext`,
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 import fsprobe
 import fsprobe.distributed
 from fsprobe.integrations import dcp
+from fsprobe.saving import options as options_module
 from fsprobe.saving.options import Backoff, SaveOptions
 from fsprobe.saving.preflight import SaveContext
 
@@ -48,6 +51,34 @@ WRONG: dict[str, tuple[object, object]] = {
     "timeout": ("10", 0),
     "save_timeout": ("1", float("inf")),
 }
+
+
+#: The overrides that accept more than the field holds: what `SaveOptions` converts when made.
+WIDENED = {
+    "backoff": "Backoff | None",  # None: the default
+    "fallback_dirs": "Iterable[str | os.PathLike[str]]",  # made a tuple of str
+    "state_dir": "str | os.PathLike[str] | None",  # made a str
+}
+
+
+def test_save_overrides_mirror_every_option_with_its_type():
+    """`SaveOverrides` (for type checkers only, so read from the source) names every field of
+    `SaveOptions`, in order, with the field's own type or, for the fields it converts, the
+    wider type it accepts: a new option cannot be forgotten in the keywords of the saves."""
+    source = ast.parse(inspect.getsource(options_module))
+    (overrides,) = [
+        node
+        for node in ast.walk(source)
+        if isinstance(node, ast.ClassDef) and node.name == "SaveOverrides"
+    ]
+    mirrored = {
+        statement.target.id: ast.unparse(statement.annotation)
+        for statement in overrides.body
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+    }
+    fields = {field.name: field.type for field in dataclasses.fields(SaveOptions)}
+    assert list(mirrored) == list(fields)
+    assert {name: mirrored[name] for name in fields} == {**fields, **WIDENED}
 
 
 def test_every_option_has_a_wrong_type_and_a_wrong_value_to_try():
