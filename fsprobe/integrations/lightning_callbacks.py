@@ -36,7 +36,17 @@ class FsprobeModelCheckpoint(ModelCheckpoint):
     redirected copy is the path Lightning loads and names), and a checkpoint name taken by a
     redirected copy gets Lightning's ``-v1`` as one taken at the target does. The fallback
     directories are the trainer's `FsprobeCheckpointIO`'s (and ``FSPROBE_FALLBACK_DIRS``).
+    Its state in a checkpoint is `ModelCheckpoint`'s, under `ModelCheckpoint`'s key: a run
+    saved by either resumes with either.
     """
+
+    @property
+    def state_key(self) -> str:
+        key = super().state_key
+        ours = f"{FsprobeModelCheckpoint.__qualname__}{{"
+        if key.startswith(ours):  # not a subclass of this one: that names itself
+            key = f"{ModelCheckpoint.__qualname__}{{{key[len(ours) :]}"
+        return key
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         found = super()._find_last_checkpoints(trainer)

@@ -114,6 +114,9 @@ def test_fit_last_resumes_from_the_redirected_last_checkpoint(tmpfs, tmp_path):
     for name, value in unfaulted.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
     assert everywhere(target, fallback) == sorted(os.listdir(tmp_path / "plain"))
+    ours = torch.load(resumed.ckpt_path, weights_only=False)["callbacks"]
+    theirs = torch.load(tmp_path / "plain" / "last.ckpt", weights_only=False)["callbacks"]
+    assert list(ours) == list(theirs)  # ModelCheckpoint's own key: either class resumes it
 
 
 def test_fit_last_takes_the_newest_last_checkpoint_of_both_places(faultfs, tmp_path):
