@@ -1,10 +1,10 @@
 """The documentation's training examples run as written, and do what the pages say they do.
 
 docs/saving.md and docs/integrations.md show one whole program per use (plain PyTorch, DDP with
-DCP under torchrun, the Hugging Face Trainer, Lightning). A reader copies them; an API change
-that breaks one must fail here, not in a user's first job. Each program is taken from its page
-verbatim, run in an empty directory of its own in a fresh interpreter, and its checkpoints are
-then opened and checked; each is run a second time where the page says it resumes.
+DCP under torchrun, the Hugging Face Trainer, Accelerate, Lightning). A reader copies them; an API
+change that breaks one must fail here, not in a user's first job. Each program is taken from its
+page verbatim, run in an empty directory of its own in a fresh interpreter, and its checkpoints
+are then opened and checked; each is run a second time where the page says it resumes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ PROGRAMS = {
         "# torchrun --nproc-per-node 2 train.py",
     ),
     "## Hugging Face Trainer": ("docs/integrations.md", "import torch"),
+    "## Accelerate": ("docs/integrations.md", "import torch"),
     "## Lightning": ("docs/integrations.md", "import torch"),
 }
 
@@ -110,6 +111,22 @@ def test_hugging_face_trainer_keeps_its_last_two_checkpoints_whole_and_resumes(p
         assert {"trainer_state.json", "model.safetensors", "optimizer.pt"} <= files
     run([sys.executable, "train.py"], where)  # resumes from checkpoint-40: nothing left to do
     assert sorted(os.listdir(checkpoints)) == ["checkpoint-30", "checkpoint-40"]
+    assert nothing_half_written(where) == []
+
+
+@pytest.mark.parametrize("program", ["## Accelerate"], indirect=True)
+def test_accelerate_keeps_its_last_two_checkpoints_whole_and_resumes(program):
+    where = program.parent
+    run([sys.executable, "train.py"], where)
+    checkpoints = where / "run/checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["checkpoint_3", "checkpoint_4"]  # limit 2
+    for name in ("checkpoint_3", "checkpoint_4"):
+        files = set(os.listdir(checkpoints / name))
+        assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= files
+    before = (checkpoints / "checkpoint_4/model.safetensors").read_bytes()
+    run([sys.executable, "train.py"], where)  # resumes after checkpoint_4: nothing left to do
+    assert sorted(os.listdir(checkpoints)) == ["checkpoint_3", "checkpoint_4"]
+    assert (checkpoints / "checkpoint_4/model.safetensors").read_bytes() == before
     assert nothing_half_written(where) == []
 
 
