@@ -19,6 +19,9 @@ from fsprobe.probing.runner import ProbeRunner, Run
 from fsprobe.probing.worker import shared_runner
 from fsprobe.quota import ServerProbeSettings
 
+#: What a save probes inline: no test write, no quota (a metadata-server RPC per save).
+_CHEAP = ProbeSettings(write_probe=False, server_probes=ServerProbeSettings(provider="none"))
+
 
 class InlineProbes:
     """The probe runner of a context (`fsprobe.probing.worker.shared_runner` unless given, started
@@ -30,18 +33,9 @@ class InlineProbes:
     def runner(self) -> ProbeRunner:
         return self._runner()
 
-    def settings(
-        self, settings: ProbeSettings | None, quota: ServerProbeSettings | None, timeout: float
-    ) -> ProbeSettings:
-        """Cheap probes only: never a test write, quota only when the caller configured it."""
-        base = settings or ProbeSettings(server_probes=ServerProbeSettings(provider="none"))
-        chosen = quota or base.server_probes
-        return dataclasses.replace(
-            base,
-            deadline=min(base.deadline, timeout),
-            write_probe=False,
-            server_probes=dataclasses.replace(chosen, timeout=min(chosen.timeout, timeout)),
-        )
+    def settings(self, timeout: float) -> ProbeSettings:
+        """Cheap probes only, within `timeout`: never a test write, nor quota."""
+        return dataclasses.replace(_CHEAP, deadline=min(_CHEAP.deadline, timeout))
 
     def snapshots(self, directories: Iterable[str], settings: ProbeSettings) -> dict[str, Snapshot]:
         """A snapshot of each directory, probed now, in parallel."""
@@ -60,7 +54,7 @@ class InlineProbes:
 
     def room(self, directory: str, timeout: float) -> int | None:
         """The bytes a new file in `directory` has room for now (None: unknown)."""
-        settings = self.settings(None, None, timeout)
+        settings = self.settings(timeout)
         snapshot = self.snapshots([directory], settings)[directory]
         return evaluate(snapshot, settings.policy, time.time()).headroom.bytes
 

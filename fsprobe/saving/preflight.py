@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # types only: what is built on first use (`SaveContext`), or 
 
     from fsprobe.probing.plan import ProbeSettings
     from fsprobe.probing.runner import ProbeRunner
-    from fsprobe.quota import ServerProbeSettings
     from fsprobe.redirect.manifest import Entry
     from fsprobe.saving.inline import InlineProbes
     from fsprobe.saving.options import SaveOverrides
@@ -179,7 +178,7 @@ class SaveContext:
         self._state_judgements: dict[
             str, tuple[SaveAnswer, tuple[int | None, int | None], _Judged]
         ] = {}
-        self._inline_cache: dict[tuple[str, ServerProbeSettings], tuple[float, Snapshot]] = {}
+        self._inline_cache: dict[str, tuple[float, Snapshot]] = {}
         self._probes: InlineProbes | None = None
         self._background: BackgroundSaves | None = None
         #: When (`time.monotonic`) this context cleaned each directory of crashed saves'
@@ -385,10 +384,8 @@ class SaveContext:
 
     # -- inline probes --------------------------------------------------------------------------
 
-    def _inline_settings(
-        self, settings: ProbeSettings | None, quota: ServerProbeSettings | None, timeout: float
-    ) -> ProbeSettings:
-        return self.inline().settings(settings, quota, timeout)
+    def _inline_settings(self, timeout: float) -> ProbeSettings:
+        return self.inline().settings(timeout)
 
     def _probe_inline(
         self, directories: list[str], settings: ProbeSettings, fresh: bool
@@ -398,9 +395,8 @@ class SaveContext:
         probed = []
         now = time.monotonic()
         for directory in directories:
-            key = (directory, settings.server_probes)  # a probe with quota is not one without
             with self._lock:
-                cached = self._inline_cache.get(key)
+                cached = self._inline_cache.get(directory)
             if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
                 snapshots[directory] = cached[1]
                 continue
@@ -408,10 +404,7 @@ class SaveContext:
         for directory, snapshot in self.inline().snapshots(probed, settings).items():
             with self._lock:
                 _remember(
-                    self._inline_cache,
-                    (directory, settings.server_probes),
-                    (time.monotonic(), snapshot),
-                    self._entries,
+                    self._inline_cache, directory, (time.monotonic(), snapshot), self._entries
                 )
             snapshots[directory] = snapshot
         return snapshots
@@ -480,8 +473,6 @@ class SaveContext:
         fallback_dirs: Iterable[str | os.PathLike[str]],
         options: SaveOptions,
         *,
-        quota: ServerProbeSettings | None = None,
-        settings: ProbeSettings | None = None,
         skipped: dict[str, str] | None = None,
     ) -> str | None:
         """Where in the first fallback that can take it a save of `path` should go, or None;
@@ -506,7 +497,7 @@ class SaveContext:
             need,
             options.need_inodes,
             state,
-            functools.partial(self._inline_settings, settings, quota, options.timeout),
+            functools.partial(self._inline_settings, options.timeout),
             fresh=True,
         )
         return _first_acceptable(candidates, existence, judgements, requested, skipped)
@@ -538,8 +529,6 @@ class SaveContext:
         options: SaveOptions,
         *,
         directory_itself: bool = False,
-        quota: ServerProbeSettings | None = None,
-        settings: ProbeSettings | None = None,
     ) -> Decision:
         """The decision on a save of `path` with resolved `options` (`SaveOptions.resolved`:
         their fallback directories are the candidates for a redirect, as they are), judged by
@@ -559,7 +548,7 @@ class SaveContext:
         need = options.need_bytes
         if need is None:
             need = self.expected_need(requested)
-        probe_settings = functools.partial(self._inline_settings, settings, quota, timeout)
+        probe_settings = functools.partial(self._inline_settings, timeout)
 
         # Fallbacks are worked out only when needed: the common case, a healthy target in a
         # fresh state file, pays for none of it.
@@ -585,9 +574,7 @@ class SaveContext:
         if options.max_wait > 0 and target.answer.worth_waiting:
 
             def judge_again(deadline: float) -> _Judged:
-                again = functools.partial(
-                    self._inline_settings, settings, quota, min(timeout, deadline)
-                )
+                again = functools.partial(self._inline_settings, min(timeout, deadline))
                 now = self._read_state(options.state_dir)[0]
                 return self._judge_all([directory], need, need_inodes, now, again, True)[directory]
 
@@ -702,8 +689,6 @@ def preflight(
     options: SaveOptions | None = None,
     *,
     context: SaveContext | None = None,
-    quota: ServerProbeSettings | None = None,
-    settings: ProbeSettings | None = None,
     **overrides: Unpack[SaveOverrides],
 ) -> Decision:
     """Decide, right before writing the checkpoint `path`, whether and where to write it.
@@ -717,15 +702,11 @@ def preflight(
     directory times 1.1 (no fit check before the first one); `fallback_dirs` (and
     ``FSPROBE_FALLBACK_DIRS``, colon-separated) are tried in order for a redirect, unless
     `redirect` is False; `on_unhealthy="fail"` turns "attempt it anyway" into ``fail``.
-    `quota`/`settings` configure the inline probe (no quota by default: `lfs quota` costs a
-    metadata-server RPC per save). `context` is `default_context()` unless given.
+    An inline probe asks no quota (`lfs quota` costs a metadata-server RPC per save).
+    `context` is `default_context()` unless given.
     """
     return (context or _DEFAULT).preflight(
-        path,
-        save_options(options, overrides),
-        directory_itself=True,
-        quota=quota,
-        settings=settings,
+        path, save_options(options, overrides), directory_itself=True
     )
 
 
