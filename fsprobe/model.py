@@ -318,9 +318,6 @@ class LustreImport:
         return self.state in RECOVERY_STATES
 
 
-WRITE_STEPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink")
-
-
 @dataclass(frozen=True)
 class WriteProbeResult:
     """The atomic-save rehearsal: every step timed, the failing step and errno if any."""

@@ -77,7 +77,6 @@ class TargetConfig:
     path: str
     settings: ProbeSettings
     intervals: Mapping[str, float]
-    quota_probe: str = "auto"
     quota_enabled: bool = True
     server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
     lfs_df_enabled: bool = True  # the per-OST series; quota runs without them
@@ -593,7 +592,6 @@ def _target(
         path=path,
         settings=settings,
         intervals=intervals,
-        quota_probe=mode,
         quota_enabled=quota_probes_enabled(mode, environ),
         server_probes_elsewhere=server_probes_elsewhere(mode, environ),
         lfs_df_enabled=values.get("lfs_df_probe", True),

@@ -90,11 +90,6 @@ def parse_temp_name(name: str) -> TempName | None:
     return TempName(match["host"], int(match["pid"]), match["base"])
 
 
-def open_exclusive(path: str, mode: int = 0o600) -> int:
-    """Create `path` for writing; fails if anything (a file, a symlink) is already there."""
-    return os.open(path, EXCLUSIVE_FLAGS, mode)
-
-
 def is_live_here(info: os.stat_result) -> bool:
     """Whether a file is a temp file that this process is writing right now."""
     return (info.st_dev, info.st_ino) in CLAIMS

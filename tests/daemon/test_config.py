@@ -129,7 +129,8 @@ group = 2000
     assert second.settings.policy.write_slow_seconds == 2.0  # the default still applies
     assert second.settings.policy.check_tmpdir is False
     assert (second.settings.server_probes.user, second.settings.server_probes.group) == (1000, 2000)
-    assert second.quota_probe == "never" and not second.quota_enabled
+    assert second.server_probes_elsewhere == 'quota_probe = "never"'
+    assert not second.quota_enabled
 
     assert config.listen == "[::1]:9100" and config.listen_address == ("::1", 9100)
     assert config.textfile_dir == str(tmp_path / "prom")
@@ -198,7 +199,10 @@ def test_quota_probe_auto_runs_on_local_rank_zero_only(environ, expected):
 
 def test_quota_probe_auto_is_resolved_from_the_environment(tmp_path):
     config = load(Overrides(paths=(str(tmp_path),)), environ={"LOCAL_RANK": "5"})
-    assert config.targets[0].quota_probe == "auto"
+    elsewhere = config.targets[0].server_probes_elsewhere
+    assert elsewhere == "local rank 0 of this node asks lfs quota and lfs df for this job " + (
+        "(LOCAL_RANK=5 here)"
+    )
     assert not config.targets[0].quota_enabled
 
 

@@ -51,6 +51,15 @@ def effective() -> tuple[Config, TargetConfig]:
     return config, target
 
 
+def _quota_probe() -> str:
+    """The `quota_probe` mode in force, told by where it sends the server probes of rank 1."""
+    config = load(Overrides(paths=("/srv/ckpt",)), environ={"RANK": "1"})
+    elsewhere = config.targets[0].server_probes_elsewhere
+    if elsewhere is None:
+        return "always"
+    return "never" if elsewhere == 'quota_probe = "never"' else "auto"
+
+
 def _threshold(name: str) -> Callable[[Config, TargetConfig], Any]:
     return lambda config, target: getattr(target.settings.policy, name)
 
@@ -70,7 +79,7 @@ ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
     "write_probe": lambda config, target: target.settings.write_probe,
     "probe_as": lambda config, target: target.settings.probe_as,
     "quota_provider": lambda config, target: target.settings.server_probes.provider,
-    "quota_probe": lambda config, target: target.quota_probe,
+    "quota_probe": lambda config, target: _quota_probe(),
     "lfs_df_probe": lambda config, target: target.lfs_df_enabled,
     "listen": lambda config, target: config.listen,
     "log_level": lambda config, target: config.log_level,

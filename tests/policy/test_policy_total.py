@@ -22,7 +22,6 @@ from fsprobe.model import (
     PROBE_KINDS,
     QUOTA_TYPES,
     TIMEOUT,
-    WRITE_STEPS,
     FilesystemInfo,
     LustreImport,
     LustreTarget,
@@ -39,7 +38,7 @@ from fsprobe.model import (
 from fsprobe.policy import Policy, evaluate
 from fsprobe.report import Report
 from fsprobe.view import TargetView
-from tests.support.policy import NOW
+from tests.support.policy import NOW, WRITE_STEPS
 
 #: Amounts as statvfs (u64 blocks times a block size), `lfs` and quotas can report them: the
 #: edges, and anything up to far beyond 2**64.

@@ -9,10 +9,10 @@ import subprocess
 import pytest
 
 from fsprobe.errors import ProbeFailure
-from fsprobe.model import WRITE_STEPS
-from fsprobe.posix.atomic import open_exclusive, parse_temp_name, temp_name
+from fsprobe.posix.atomic import EXCLUSIVE_FLAGS, parse_temp_name, temp_name
 from fsprobe.probing.write import probe_write
 from tests.support.capability import need_root
+from tests.support.policy import WRITE_STEPS
 
 
 def test_rehearses_every_step_and_leaves_nothing(tmp_path):
@@ -103,5 +103,5 @@ def test_exclusive_create_refuses_an_existing_symlink(tmp_path):
     trap = tmp_path / "trap"
     trap.symlink_to(victim)
     with pytest.raises(FileExistsError):
-        open_exclusive(str(trap))
+        os.open(trap, EXCLUSIVE_FLAGS, 0o600)
     assert victim.read_text() == "precious"

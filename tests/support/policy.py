@@ -13,6 +13,9 @@ from collections.abc import Iterable
 from fsprobe.model import FilesystemInfo, ProbeResult, Snapshot
 from fsprobe.policy import Policy, Verdict, evaluate
 
+#: The steps of the write probe (`fsprobe.probing.write`), each timed in `latency_seconds`.
+WRITE_STEPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink")
+
 NOW = 1_800_000_000.0
 
 
