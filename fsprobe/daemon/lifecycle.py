@@ -15,6 +15,7 @@ from fsprobe import __version__
 from fsprobe.daemon import logs
 from fsprobe.daemon.config import Config, ConfigError
 from fsprobe.daemon.logs import event
+from fsprobe.daemon.memory import boot_id, read_memory
 from fsprobe.daemon.publish import Publisher
 from fsprobe.daemon.scheduler import Scheduler, log_result, planned_probes, target_spec
 from fsprobe.daemon.store import Store
@@ -84,7 +85,11 @@ class Daemon:
         )
         self.exposition.reload_status = ReloadStatus(True, time.time())
         self.publisher = Publisher(
-            self.store.views, self.exposition, config.state_dir, config.textfile_dir
+            self.store.views,
+            self.exposition,
+            config.state_dir,
+            config.textfile_dir,
+            memory=self.store.memory,
         )
         self.scheduler = Scheduler(self.store, self.publisher.publish, shared_runner())
         self.server: MetricsServer | None = None
@@ -104,6 +109,8 @@ class Daemon:
             raise StartupError(str(error)) from None
         self._lock = _lock_state_dir(self.config.state_dir)
         self.publisher.state_dir = _directory(self._lock)
+        boot, remembered = read_memory(_directory(self._lock))
+        self.store.recall(remembered, same_boot=bool(boot) and boot == boot_id())
         try:
             self.server = MetricsServer(
                 self.config.listen_address, self.exposition.render, web, self.scheduler.health

@@ -13,10 +13,11 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from fsprobe import __version__
 from fsprobe.daemon.logs import event
+from fsprobe.daemon.memory import Remembered, boot_id, write_memory
 from fsprobe.errors import name_of
 from fsprobe.exporters.contained import summary
 from fsprobe.exporters.exposition import Exposition
@@ -54,8 +55,10 @@ class Publisher:
         textfile_dir: str | None = None,
         clock: Callable[[], float] = time.time,
         once: bool = False,
+        memory: Callable[[], tuple[int, Mapping[str, Remembered]]] | None = None,
     ) -> None:
-        """`state_dir` is the writer lock's open state dir once the lock is taken."""
+        """`state_dir` is the writer lock's open state dir once the lock is taken; `memory`
+        (the store's) says what to keep in the memory file, and its version."""
         self._views = views
         self.exposition = exposition
         self.state_dir = state_dir
@@ -65,6 +68,9 @@ class Publisher:
         self._writer = Writer(socket.gethostname(), os.getpid(), __version__, once=once)
         self._texts: dict[str, tuple[int, str]] = {}
         self._failing: dict[str, str] = {}  # output -> errno name, while it fails
+        self._memory = memory
+        self._boot = boot_id()
+        self._remembered = 0  # the version of the memory last written (0: nothing to keep)
         # The scheduler thread publishes; the supervisor (main thread) also writes the state
         # when the scheduler stops turning, and must not wait for one stalled in an output.
         self._lock = threading.Lock()
@@ -79,6 +85,19 @@ class Publisher:
         self._write_state(self._views(), self._writer)
         if self._textfile_dir:
             self._write("textfile", self._write_textfile)
+        self._remember()
+
+    def _remember(self) -> None:
+        """Write the memory file if what it holds changed (a save heard of, a saver gone):
+        with the state file, so that a daemon killed at any moment left what it published."""
+        if self._memory is None:
+            return
+        version, targets = self._memory()
+        if version == self._remembered:
+            return
+        self._write("memory", lambda: write_memory(self.state_dir, targets, self._boot))
+        if "memory" not in self._failing:
+            self._remembered = version
 
     @property
     def textfile_dir(self) -> str | None:
@@ -110,6 +129,7 @@ class Publisher:
             try:
                 self._writer = dataclasses.replace(self._writer, stopped_at=now)
                 self._write_state(self._views(), self._writer)
+                self._remember()
             finally:
                 self._lock.release()
 

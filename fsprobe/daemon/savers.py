@@ -7,7 +7,7 @@ expected until its goodbye (docs/design.md §13).
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -48,44 +48,51 @@ def crowding(owned: list[tuple[Key, int]]) -> Key:
 
 @dataclass(frozen=True)
 class Saver:
-    """A process that reported a save: its uid (the kernel's) and, when it can be looked up
-    here, its start time."""
+    """A process that reported a save: its uid (the kernel's), its host and pid, when it can
+    be looked up here its start time, and when its latest save was heard of."""
 
     uid: int
+    host: str
+    pid: int
     started: int | None
+    heard_at: float
 
 
 class Savers:
-    """The live saving processes of one target, by (host, pid)."""
+    """The live saving processes of one target, by (uid, host, pid): the kernel's uid is part
+    of the key, so no user's claim of a host and pid ever stands for another user's process."""
 
     def __init__(self) -> None:
-        self._savers: OrderedDict[tuple[str, int], Saver] = OrderedDict()
+        self._savers: OrderedDict[tuple[int, str, int], Saver] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._savers)
 
-    def heard(self, host: str, pid: int, saver: Saver) -> None:
-        key = (host, pid)
+    def __iter__(self) -> Iterator[Saver]:
+        """Heard from longest ago first."""
+        return iter(list(self._savers.values()))
+
+    def heard(self, saver: Saver) -> None:
+        key = (saver.uid, saver.host, saver.pid)
         self._savers.pop(key, None)
         self._savers[key] = saver
         if len(self._savers) > MAX_SAVERS:
-            del self._savers[crowding([(k, s.uid) for k, s in self._savers.items()])]
+            del self._savers[crowding([(k, k[0]) for k in self._savers])]
 
     def goodbye(self, host: str, pid: int, uid: int) -> bool:
-        """Forget the process that says goodbye (only its own uid, or root, may); whether it
-        was one of ours."""
-        saver = self._savers.get((host, pid))
-        if saver is None or uid not in (saver.uid, 0):
-            return False
-        del self._savers[(host, pid)]
-        return True
+        """Forget the process that says goodbye (its own uid's claim; root's ends any);
+        whether it was one of ours."""
+        gone = [k for k in self._savers if k[1:] == (host, pid) and uid in (k[0], 0)]
+        for key in gone:
+            del self._savers[key]
+        return bool(gone)
 
     def forget_gone(self, started: StartTime) -> bool:
         """Forget the processes that are gone; whether any was."""
         gone = [
             key
             for key, saver in self._savers.items()
-            if saver.started is not None and started(key[1]) != saver.started
+            if saver.started is not None and started(saver.pid) != saver.started
         ]
         for key in gone:
             del self._savers[key]

@@ -7,6 +7,7 @@ count is kept beside the view, never in it; the saving processes are `daemon.sav
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import threading
 import time
@@ -15,7 +16,8 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsprobe.daemon.logs import log_bug
+from fsprobe.daemon.logs import event, log_bug
+from fsprobe.daemon.memory import Remembered
 from fsprobe.daemon.savers import Saver, Savers, StartTime, crowding, process_start
 from fsprobe.errors import NOT_AS_ROOT
 from fsprobe.events.admission import Sender
@@ -146,8 +148,6 @@ class _Target:
         if save.succeeded:
             last_success_at = now
             self.save_times.append(now)
-        times = list(self.save_times)
-        gaps = [later - earlier for earlier, later in zip(times, times[1:])]
         self.saves = SaveStats(
             outcomes={**before.outcomes, outcome: before.outcomes.get(outcome, 0) + 1},
             failed_attempts=dict(failed),
@@ -167,12 +167,45 @@ class _Target:
                 failures=tuple((f.errno, f.step) for f in save.failures),
             ),
             last_success_at=last_success_at,
-            interval=statistics.median(gaps) if len(gaps) >= 2 else None,
+            interval=self.regular_interval(),
             savers=len(self.savers),
             problems=before.problems
             if outcome == "ok"
             else {**before.problems, outcome: _problem(sender, save, now)},
         )
+
+    def regular_interval(self) -> float | None:
+        """The median gap between the last successful saves, from the third on."""
+        times = list(self.save_times)
+        gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+        return statistics.median(gaps) if len(gaps) >= 2 else None
+
+    def remembered(self) -> Remembered:
+        saves = self.saves
+        return Remembered(
+            tuple(self.savers),
+            tuple(self.save_times),
+            saves.last,
+            saves.last_success_at,
+            dict(saves.problems),
+        )
+
+    def recall(self, remembered: Remembered, alive: Callable[[Saver], bool]) -> int:
+        """Take what an earlier daemon knew of this target's saves: its savers that still
+        live, the times of its saves, its last save and problems; how many savers were gone."""
+        savers = [saver for saver in remembered.savers if alive(saver)]
+        for saver in savers:
+            self.savers.heard(saver)
+        self.save_times.extend(remembered.save_times)
+        self.saves = dataclasses.replace(
+            self.saves,
+            last=remembered.last,
+            last_success_at=remembered.last_success_at,
+            problems=dict(remembered.problems),
+            interval=self.regular_interval(),
+        )
+        self.savers_changed()
+        return len(remembered.savers) - len(savers)
 
     def hear_fallback(self, fallback: str, uid: int) -> None:
         """A redirected save of `uid` landed in `fallback`: remember it (the latest ones, at
@@ -243,6 +276,9 @@ class Store:
         self._views: dict[str, TargetView] = {}
         self._ordered: tuple[TargetView, ...] = ()
         self._version = 0
+        self._memory_version = 0  # grows with every change of what `memory` returns
+        self._recalled: dict[str, Remembered] = {}  # an earlier daemon's, until configured
+        self._alive: Callable[[Saver], bool] = lambda saver: True
 
     def configure(self, specs: Iterable[TargetSpec]) -> None:
         """Watch exactly these targets; a target kept across a reload keeps its history."""
@@ -256,10 +292,55 @@ class Store:
                 target = self._targets.get(path)
                 if target is None:
                     target = self._targets[path] = _Target(spec)
+                    self._take_recalled(target)
                 target.spec = spec
                 window = spec.policy.transient_write_window
                 target.recent_write_errors = deque(target.recent_write_errors, maxlen=window)
                 self._publish(target)
+            self._recalled.clear()  # a target configured later starts afresh
+
+    def recall(self, remembered: Mapping[str, Remembered], same_boot: bool) -> None:
+        """What an earlier daemon of this state dir knew of the saves (`daemon.memory`), for
+        the targets of the first configuration: a saver whose pid can be looked up is kept
+        only if that pid still holds the process it was (never one of another boot), one
+        outside our pid namespace as every such saver is."""
+        started = self._started
+
+        def alive(saver: Saver) -> bool:
+            if saver.started is None:
+                return True
+            return same_boot and started(saver.pid) == saver.started
+
+        with self._lock:
+            self._recalled, self._alive = dict(remembered), alive
+            if remembered:  # rewritten even if no target takes its part: none is kept
+                self._memory_version += 1
+            for target in self._targets.values():
+                self._take_recalled(target)
+
+    def _take_recalled(self, target: _Target) -> None:
+        remembered = self._recalled.pop(target.spec.path, None)
+        if remembered is None:
+            return
+        gone = target.recall(remembered, self._alive)
+        self._memory_version += 1
+        event(
+            logging.INFO,
+            "memory_recalled",
+            target=target.spec.path,
+            savers=len(target.savers),
+            gone=gone,
+            last_save_at=remembered.last.at if remembered.last is not None else None,
+        )
+
+    def memory(self) -> tuple[int, dict[str, Remembered]]:
+        """What to remember across a restart, and its version (it changes with it)."""
+        with self._lock:
+            return self._memory_version, {
+                path: target.remembered()
+                for path, target in self._targets.items()
+                if target.saves.last is not None or target.savers
+            }
 
     def record(self, path: str, result: ProbeResult) -> TargetView | None:
         """Take one probe result; returns the new view, or None for a target not watched."""
@@ -326,10 +407,11 @@ class Store:
                 return "unwatched", None
             now = self._clock()
             if sender.pid == 0:  # outside our pid namespace: expected until its goodbye
-                target.savers.heard(save.host, save.pid, Saver(sender.uid, None))
+                target.savers.heard(Saver(sender.uid, save.host, save.pid, None, now))
             elif (started := self._started(save.pid)) is not None:  # else gone already
-                target.savers.heard(save.host, save.pid, Saver(sender.uid, started))
+                target.savers.heard(Saver(sender.uid, save.host, save.pid, started, now))
             target.add_save(sender, save, now)
+            self._memory_version += 1
             for evidence in write_evidence(save, target.spec.path, now, target.saves_stand_in()):
                 target.take(evidence, probed=False)
                 if evidence.ok:
@@ -355,6 +437,7 @@ class Store:
             for target in self._targets.values():
                 if target.savers.goodbye(goodbye.host, goodbye.pid, sender.uid):
                     target.savers_changed()
+                    self._memory_version += 1
                     changed.append(self._publish(target))
             return changed
 
@@ -365,6 +448,7 @@ class Store:
             for target in self._targets.values():
                 if target.savers.forget_gone(self._started):
                     target.savers_changed()
+                    self._memory_version += 1
                     changed.append(self._publish(target))
             return changed
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from fsprobe.daemon.memory import Remembered
+from fsprobe.daemon.savers import Saver
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import SaveEvent
@@ -224,3 +226,26 @@ def test_the_exported_deadline_follows_the_policys_stale_after_intervals():
     policy = Policy(intervals=intervals, stale_after_intervals=5.0)
     store.configure([TargetSpec("/ckpt", policy, intervals)])
     assert store.view("/ckpt").stale_after == {"statvfs": 75.0, "write": 300.0}
+
+
+def test_a_recalled_saver_is_kept_only_while_its_pid_holds_the_same_process_in_this_boot():
+    """What an earlier daemon knew (`daemon.memory`): a saver whose pid still holds the
+    process it was is expected at once, with the save interval; one whose pid is gone or
+    reused is not; after a reboot none whose pid can be looked up is."""
+    remembered = Remembered(
+        savers=(Saver(1000, "h", 41, 500, NOW), Saver(1000, "h", 42, 600, NOW)),
+        save_times=(NOW - 600, NOW - 300, NOW),
+    )
+    for same_boot, starts, expected in (
+        (True, {41: 500, 42: 601}, 1),  # 42 now holds another process
+        (True, {}, 0),
+        (False, {41: 500, 42: 600}, 0),
+    ):
+        store = Store(clock=lambda: NOW, started=starts.get)
+        store.recall({"/ckpt": remembered, "/elsewhere": remembered}, same_boot)
+        store.configure([TargetSpec("/ckpt")])
+        saves = store.view("/ckpt").saves
+        assert saves.savers == expected
+        assert saves.interval == (300.0 if expected else None)
+        version, memory = store.memory()
+        assert version > 0 and set(memory) == ({"/ckpt"} if expected else set())
