@@ -24,12 +24,12 @@ from fsprobe.events.receive import Receiver
 from fsprobe.exporters.exposition import Exposition, ReloadStatus
 from fsprobe.exporters.server import MetricsServer
 from fsprobe.exporters.textfile import open_textfile_dir
+from fsprobe.exporters.view import TargetView
 from fsprobe.exporters.webconfig import WebConfigError, load_web_config
 from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
 from fsprobe.probing.plan import run_plans
 from fsprobe.probing.worker import shared_runner
 from fsprobe.state import StateFileError, WriterLock, ensure_state_dir
-from fsprobe.view import TargetView
 
 #: How often the main thread looks at the scheduler's health, in seconds.
 SUPERVISE_EVERY = 1.0

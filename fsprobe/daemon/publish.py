@@ -22,12 +22,12 @@ from fsprobe.errors import name_of
 from fsprobe.exporters.contained import summary
 from fsprobe.exporters.exposition import Exposition
 from fsprobe.exporters.textfile import open_textfile_dir, write_textfile
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import Snapshot
 from fsprobe.policy import unjudged
 from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
 from fsprobe.report import Report, TargetState
 from fsprobe.state import StateFileError, Writer, write_state
-from fsprobe.view import TargetView
 
 #: How long the supervisor waits for the scheduler's publishing before it gives up on a write.
 _SUPERVISOR_PATIENCE = 1.0

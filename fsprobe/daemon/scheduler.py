@@ -23,10 +23,10 @@ from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.daemon.tasks import Tasks
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import Goodbye, SaveEvent
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import FilesystemInfo, ProbeResult, Status
 from fsprobe.probing.plan import PlannedProbe, plan
 from fsprobe.probing.runner import ProbeRunner, Run
-from fsprobe.view import TargetView
 
 #: Wake this long after a run's deadline, so that the run reads as overdue when checked.
 _DEADLINE_SLACK = 0.01

@@ -24,6 +24,7 @@ from fsprobe.events.admission import Sender
 from fsprobe.events.event import Goodbye, SaveEvent
 from fsprobe.events.evidence import write_evidence
 from fsprobe.exporters.contained import InternalErrors, summary
+from fsprobe.exporters.view import Histogram, LastSave, SaveProblem, SaveStats, TargetView
 from fsprobe.model import (
     INTERNAL,
     DirectoryOwner,
@@ -35,7 +36,6 @@ from fsprobe.model import (
 from fsprobe.policy import Policy, Verdict, evaluate, unjudged
 from fsprobe.posix.paths import is_under
 from fsprobe.redirect.areas import fallback_of
-from fsprobe.view import Histogram, LastSave, SaveProblem, SaveStats, TargetView
 
 #: Things a target remembers having reported once (squatted areas, superseded copies).
 MAX_SEEN_KEPT = 10_000

@@ -22,13 +22,13 @@ from fsprobe.daemon.readiness import VerdictReadiness
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store
 from fsprobe.events.admission import may_write
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import ProbeResult
 from fsprobe.posix.identity import Identity
 from fsprobe.probing.runner import Executor
 from fsprobe.redirect.manifest import MAX_AREA_ENTRIES, FallbackCount, count_fallbacks
 from fsprobe.redirect.sync import SyncOutcome, sync
 from fsprobe.saving.stale import clean_directory
-from fsprobe.view import TargetView
 
 #: How long copying checkpoints back may take before the task is reported overdue: copying
 #: gigabytes is slow, not hung.

@@ -36,7 +36,7 @@ from fsprobe.exporters.metrics import (
     target_samples,
     unrendered_samples,
 )
-from fsprobe.view import TargetView
+from fsprobe.exporters.view import TargetView
 
 
 def _escape_label(value: str) -> str:

@@ -18,6 +18,7 @@ from prometheus_client.utils import floatToGoString
 from fsprobe.errors import NOT_AS_ROOT
 from fsprobe.events.event import OUTCOMES
 from fsprobe.exporters.contained import STAGES
+from fsprobe.exporters.view import SaveStats, TargetView
 from fsprobe.model import (
     PROBE_KINDS,
     FilesystemInfo,
@@ -30,7 +31,6 @@ from fsprobe.model import (
 )
 from fsprobe.policy import Headroom
 from fsprobe.posix.paths import escaped
-from fsprobe.view import SaveStats, TargetView
 
 CACHED = "Cached from fsprobe's background probes; a scrape never probes."
 

@@ -26,13 +26,13 @@ from fsprobe.daemon.store import MAX_SEEN_FALLBACKS, Store, TargetSpec
 from fsprobe.daemon.tasks import COUNT_SOON_GAP, Tasks, planned_tasks
 from fsprobe.events.admission import MAX_CHECKS, PARKED, UNVERIFIED, Admission, Sender
 from fsprobe.events.event import SaveEvent
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.probing.plan import ProbeSettings
 from fsprobe.probing.threads import ThreadExecutor
 from fsprobe.redirect.areas import area_name, mirrored, redirect_path
 from fsprobe.redirect.manifest import new_entry, record, sha256_of
-from fsprobe.view import TargetView
 from tests.events.test_save_events import start_daemon
 from tests.redirect.test_daemon_redirect import daemon_config
 from tests.support.crash import REPO

@@ -9,6 +9,7 @@ from fsprobe.daemon.savers import Saver
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import SaveEvent
+from fsprobe.exporters.view import LATENCY_BUCKETS, Histogram
 from fsprobe.model import (
     FilesystemInfo,
     ProbeResult,
@@ -16,7 +17,6 @@ from fsprobe.model import (
     WriteProbeResult,
 )
 from fsprobe.policy import Policy
-from fsprobe.view import LATENCY_BUCKETS, Histogram
 
 NOW = 1_700_000_000.0
 

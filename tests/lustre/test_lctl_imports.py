@@ -18,13 +18,13 @@ import pytest
 import fsprobe
 from fsprobe.errors import ProbeFailure
 from fsprobe.exporters.metrics import target_samples
+from fsprobe.exporters.view import TargetView
 from fsprobe.lustre.imports import own_mount, parse_states
 from fsprobe.lustre.pools import parse_getname_instance
 from fsprobe.lustre.runner import LfsRun
 from fsprobe.model import LustreImport, LustreTarget, ProbeResult, Snapshot, Status
 from fsprobe.policy import Policy, evaluate
 from fsprobe.units import format_clock
-from fsprobe.view import TargetView
 from tests.support.cli import check_json
 from tests.support.fakes.fake_lfs import FAKE_LCTL, fake_lfs_for, is_fake_process
 from tests.support.policy import NOW, filesystem_info

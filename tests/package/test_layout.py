@@ -303,6 +303,13 @@ TESTS = PACKAGE.parent / "tests"
 OTHER_TEST_FOLDERS = {"policy", "documents", "attacks", "deploy", "package", "harness"}
 
 
+def test_at_most_twelve_modules_sit_at_the_top_level():
+    """docs/design.md §3: a subsystem is a folder; the top level is the public API and the
+    few modules every folder shares."""
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
+
+
 def test_every_test_file_is_in_the_folder_of_its_package():
     packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
     folders = {

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from fsprobe.cli.render import render_report
 from fsprobe.exporters.metrics import target_samples
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import (
     PROBE_KINDS,
     QUOTA_TYPES,
@@ -37,7 +38,6 @@ from fsprobe.model import (
 )
 from fsprobe.policy import Policy, evaluate
 from fsprobe.report import Report
-from fsprobe.view import TargetView
 from tests.support.policy import NOW, WRITE_STEPS
 
 #: Amounts as statvfs (u64 blocks times a block size), `lfs` and quotas can report them: the

@@ -22,6 +22,7 @@ import psutil
 import fsprobe
 from fsprobe.daemon.config import TargetConfig
 from fsprobe.daemon.tasks import SYNC_DEADLINE, planned_tasks
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import Snapshot
 from fsprobe.policy import Policy, evaluate
 from fsprobe.posix.atomic import parse_temp_name
@@ -29,7 +30,6 @@ from fsprobe.probing.plan import ProbeSettings
 from fsprobe.redirect.areas import fallback_of, prepare_directory, redirect_path
 from fsprobe.redirect.manifest import MAX_AREA_ENTRIES, new_entry, pending, record
 from fsprobe.redirect.sync import fair_order
-from fsprobe.view import TargetView
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.daemon_process import DaemonProcess, clean_environment, run_fsprobe
 
