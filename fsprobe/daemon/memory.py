@@ -29,10 +29,10 @@ from fsprobe.events.event import (
     OUTCOMES,
     STEP_NAME,
 )
+from fsprobe.exporters.view import SaveProblem
 from fsprobe.model import LastSave
 from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
 from fsprobe.state import StateFileError, open_state_dir
-from fsprobe.view import SaveProblem
 
 SCHEMA = 1
 MEMORY_FILE = "memory.json"
