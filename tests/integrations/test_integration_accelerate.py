@@ -25,7 +25,9 @@ from fsprobe.integrations.accelerate import (  # noqa: E402
 )
 from fsprobe.redirect import manifest  # noqa: E402
 from fsprobe.saving.commit import Backoff, SaveError  # noqa: E402
+from tests.support.accelerate_job import RESULT  # noqa: E402
 from tests.support.tmpfs import fill_bytes  # noqa: E402
+from tests.support.torchrun import torchrun_job  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a framework: the full run only
 
@@ -182,3 +184,32 @@ def test_an_explicit_directory_is_redirected_whole_and_loaded_by_its_name(tmpfs,
 def test_a_wrong_option_fails_when_protecting():
     with pytest.raises(TypeError, match="max_wiat"):
         protect(Accelerator(cpu=True), max_wiat=30)
+
+
+def test_two_processes_commit_one_checkpoint_and_resume_from_the_fallback(tmpfs, tmp_path):
+    """Under torchrun every process writes its part (its RNG state) into one staging
+    directory, committed once, redirected together; ``load_state()`` on both resumes."""
+    mounted = tmpfs(size="256k").path
+    project, fallback = mounted / "run", tmp_path / "fallback"
+    (project / "checkpoints").mkdir(parents=True)
+    fallback.mkdir(mode=0o700)
+    fill_bytes(mounted)
+
+    first = job(project, 2, "fresh", fallback)
+    assert first[0]["landed"] == first[1]["landed"]  # one save of both processes
+    assert all(path.startswith(str(fallback)) for path in first[0]["landed"])
+    newest = last_checkpoint(project / "checkpoints", [fallback])
+    assert newest == first[0]["landed"][-1]
+    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors"} <= set(
+        os.listdir(newest)
+    )
+    resumed = job(project, 3, "resume", fallback)
+    unfaulted = job(tmp_path / "plain", 3, "fresh")
+    assert [r["done"] for r in resumed] == [3, 3]
+    assert resumed[0]["weights"] == resumed[1]["weights"] == unfaulted[0]["weights"]
+    assert everywhere(project / "checkpoints", fallback) == ["checkpoint_1", "checkpoint_2"]
+
+
+def job(project: Path, epochs: int, resume: str, fallback: Path | None = None) -> list[dict]:
+    args = [str(project), str(epochs), resume, *([str(fallback)] if fallback else [])]
+    return torchrun_job("tests.support.accelerate_job", RESULT, *args)
