@@ -15,6 +15,7 @@ from fsprobe import __version__
 from fsprobe.daemon import logs
 from fsprobe.daemon.config import Config, ConfigError
 from fsprobe.daemon.logs import event
+from fsprobe.daemon.lustre_memory import LustreMemory
 from fsprobe.daemon.memory import boot_id, read_memory
 from fsprobe.daemon.publish import Publisher
 from fsprobe.daemon.scheduler import Scheduler, log_result, planned_probes, target_spec
@@ -91,7 +92,9 @@ class Daemon:
             config.textfile_dir,
             memory=self.store.memory,
         )
-        self.scheduler = Scheduler(self.store, self.publisher.publish, shared_runner())
+        #: What the daemon saw of each Lustre target beyond the imports' state history.
+        self.lustre = LustreMemory()
+        self.scheduler = Scheduler(self.store, self.publisher.publish, shared_runner(), self.lustre)
         self.server: MetricsServer | None = None
         self.receiver: Receiver | None = None
         self._lock: WriterLock | None = None

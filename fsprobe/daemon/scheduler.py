@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from fsprobe.daemon.config import QUOTA_KINDS, TargetConfig
 from fsprobe.daemon.logs import event
+from fsprobe.daemon.lustre_memory import LustreMemory
 from fsprobe.daemon.savers import CHECK_EVERY
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store, TargetSpec
@@ -92,8 +93,10 @@ class Scheduler:
         store: Store,
         publish: Callable[[Sequence[TargetView]], None],
         runner: ProbeRunner,
+        lustre: LustreMemory,
     ) -> None:
         self.store = store
+        self.lustre = lustre
         self.runner = runner
         self._publish = publish
         self._schedule = Schedule()
@@ -356,7 +359,7 @@ class Scheduler:
 
     def _record(self, path: str, result: ProbeResult, changed: dict[str, TargetView]) -> None:
         before = self.store.view(path)
-        view = self.store.record(path, result)
+        view = self.store.record(path, self.lustre.take(result))
         if view is None:
             return
         changed[path] = view

@@ -250,7 +250,7 @@ FAMILIES: tuple[Family, ...] = (
         "fsprobe_lustre_target_last_eviction_timestamp_seconds",
         "gauge",
         "Unix time of the latest eviction of this node by that target in its import's state "
-        "history (absent when none).",
+        "history or seen by the daemon within 24 h (absent when none).",
         ("path", "target"),
     ),
     Family(
