@@ -25,8 +25,8 @@ _API = {
     "SaveError": "fsprobe.saving.retry",
     "SaveResult": "fsprobe.saving.retry",
     "SaveOptions": "fsprobe.saving.options",
-    "SaveContext": "fsprobe.saving.preflight",
-    "default_context": "fsprobe.saving.preflight",
+    "SaveContext": "fsprobe.saving.context",
+    "default_context": "fsprobe.saving.context",
     "save_async": "fsprobe.saving.background",
     "wait_saves": "fsprobe.saving.background",
     "locate": "fsprobe.redirect.locate",
@@ -40,13 +40,13 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time `__getattr_
     from fsprobe.report import Report as Report
     from fsprobe.saving.background import save_async as save_async
     from fsprobe.saving.background import wait_saves as wait_saves
+    from fsprobe.saving.context import SaveContext as SaveContext
+    from fsprobe.saving.context import default_context as default_context
     from fsprobe.saving.directory import save_dir as save_dir
     from fsprobe.saving.file import atomic_write as atomic_write
     from fsprobe.saving.file import save as save
     from fsprobe.saving.options import SaveOptions as SaveOptions
     from fsprobe.saving.preflight import Decision as Decision
-    from fsprobe.saving.preflight import SaveContext as SaveContext
-    from fsprobe.saving.preflight import default_context as default_context
     from fsprobe.saving.preflight import preflight as preflight
     from fsprobe.saving.retry import SaveError as SaveError
     from fsprobe.saving.retry import SaveResult as SaveResult

@@ -10,7 +10,7 @@ from fsprobe.model import NEED_INODES
 from fsprobe.policy import evaluate
 from fsprobe.probing.plan import ProbeSettings, probe_once
 from fsprobe.report import Report
-from fsprobe.saving.preflight import SaveContext, default_context
+from fsprobe.saving.context import SaveContext, default_context
 
 _DEFAULT_SETTINGS = ProbeSettings()
 

@@ -12,10 +12,10 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from fsprobe.extras import import_extra
+from fsprobe.saving.context import SaveContext, default_context
 from fsprobe.saving.cpu_copy import cpu_copy
 from fsprobe.saving.file import write_file
 from fsprobe.saving.options import SaveOptions, save_options, split_keywords
-from fsprobe.saving.preflight import SaveContext, default_context
 from fsprobe.saving.retry import SaveResult
 
 if TYPE_CHECKING:

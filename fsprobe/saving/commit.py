@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from fsprobe.posix.staging import Staging
 from fsprobe.posix.tree import sync_file_at
 from fsprobe.redirect.manifest import sha256_of, sha256_of_directory
+from fsprobe.saving.context import SaveContext, default_context
 from fsprobe.saving.deadline import Progress
 from fsprobe.saving.options import (
     DEFAULT_ATTEMPTS,
@@ -20,7 +21,7 @@ from fsprobe.saving.options import (
     save_options,
     split_keywords,
 )
-from fsprobe.saving.preflight import NEED_MARGIN, Decision, SaveContext, default_context
+from fsprobe.saving.preflight import NEED_MARGIN, Decision
 from fsprobe.saving.retry import (
     FailedAttempt,
     NextAttempt,

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from fsprobe.posix.staging import Staging, open_parent
 from fsprobe.posix.tree import opened, remove_tree
 from fsprobe.redirect.manifest import sha256_of_directory
+from fsprobe.saving.context import SaveContext
 from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options
-from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import FailedAttempt, SaveResult, SaveSteps, failure_of, run_attempts
 
 if TYPE_CHECKING:

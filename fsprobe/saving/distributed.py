@@ -22,9 +22,9 @@ from fsprobe.model import TIMEOUT
 from fsprobe.posix.staging import Staging
 from fsprobe.posix.tree import open_directory, opened, sync_file_at, sync_tree
 from fsprobe.redirect.manifest import sha256_of_directory
+from fsprobe.saving.context import SaveContext
 from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options
-from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import (
     FailedAttempt,
     NextAttempt,

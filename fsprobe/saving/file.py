@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from fsprobe.extras import import_extra
 from fsprobe.posix.atomic import CLAIMS, TempFile, fsync_directory, temp_name
 from fsprobe.redirect.manifest import sha256_of
+from fsprobe.saving.context import SaveContext
 from fsprobe.saving.deadline import Progress, bounded
 from fsprobe.saving.options import SaveOptions, save_options, split_keywords
-from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import (
     INTERRUPTS,
     FailedAttempt,

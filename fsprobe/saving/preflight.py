@@ -2,9 +2,9 @@
 
 The daemon's fresh, trusted state file answers in microseconds (each target's `SaveAnswer`,
 which the policy worked out in the daemon); otherwise cheap probes run inline in the
-context's probe runner, judged there, and are reused for `INLINE_CACHE_SECONDS`. This module
-fits the save's need against the answer and decides ``proceed``, ``delay``, ``redirect`` or
-``fail`` (docs/design.md §7). `SaveContext` holds what a process keeps between saves.
+context's probe runner, judged there, and are reused for `INLINE_CACHE_SECONDS`. These
+functions fit the save's need against the answer and decide ``proceed``, ``delay``,
+``redirect`` or ``fail`` (docs/design.md §7); what they remember is the `SaveContext`'s.
 """
 
 from __future__ import annotations
@@ -13,25 +13,21 @@ import functools
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fsprobe.model import ProbeResult, Reason, SaveAnswer, Severity, Snapshot, Status
+from fsprobe.model import ProbeResult, Reason, SaveAnswer, Severity, Status
+from fsprobe.saving.context import SaveContext, default_context
 from fsprobe.saving.options import DEFAULT_TIMEOUT, SaveOptions, save_options
-from fsprobe.state import REASON, StateFile, StateFileError, StateReader, default_state_dir
+from fsprobe.state import REASON, StateFile, StateFileError
 from fsprobe.units import format_bytes, format_duration, format_seconds
 
-if TYPE_CHECKING:  # types only: what is built on first use (`SaveContext`), or redirected
+if TYPE_CHECKING:  # types only
     from typing_extensions import Unpack
 
-    from fsprobe.probing.plan import ProbeSettings
-    from fsprobe.probing.runner import ProbeRunner
     from fsprobe.redirect.manifest import Entry
-    from fsprobe.saving.inline import InlineProbes
     from fsprobe.saving.options import SaveOverrides
-    from fsprobe.saving.writers import BackgroundSaves
 
     #: A watched target in the state file, and its answer to a save (None: it has none).
     Watched = tuple[str, SaveAnswer | None]
@@ -113,19 +109,6 @@ class _Judged(NamedTuple):
     source: str
 
 
-#: The per-directory memories of a `SaveContext` are bounded: a run saving into ``epoch-<n>/``
-#: directories for weeks must not grow them without end. The oldest entry goes first.
-MEMORY_ENTRIES = 1024
-
-
-def _remember(memory: dict[Any, Any], key: object, value: object, entries: int) -> None:
-    """Set `memory[key]`, forgetting the oldest entry once there are more than `entries`."""
-    memory.pop(key, None)  # re-inserted last: the most recently used is kept longest
-    memory[key] = value
-    while len(memory) > entries:
-        memory.pop(next(iter(memory)))
-
-
 def _wait_for_recovery(
     target: _Judged, max_wait: float, judge: Callable[[float], _Judged]
 ) -> tuple[_Judged, float]:
@@ -148,472 +131,383 @@ def _wait_for_recovery(
     return target, time.monotonic() - start
 
 
-class SaveContext:
-    """What one process keeps between its saves, and the preflight that uses it.
+def expected_need(context: SaveContext, path: str) -> int | None:
+    """What the next save of `path` needs by default, or None before the first save there.
 
-    The state readers (one per state directory, so that its parse cache serves every call),
-    the verdicts made from the state file, the inline probes' results (reused for
-    `INLINE_CACHE_SECONDS`), the size of the last save per file and per directory (the default
-    need of the next one), the directories cleaned of crashed saves' leftovers, the warnings
-    said once, the inline probes and the probe runner they run in
-    (`fsprobe.probing.worker.shared_runner` unless given), and the writer threads of its
-    background saves; the last two are built on first use. Every public function takes one as
-    ``context=``, `default_context()` unless given; a test or an embedding builds its own.
+    The last save of the same file (``last.pt`` saved every epoch), else the last save into
+    the same directory (``epoch-7.pt`` after ``epoch-6.pt``), times `NEED_MARGIN`.
     """
+    sizes = context.sizes
+    last = sizes.get(path, sizes.get(os.path.dirname(path)))
+    return math.ceil(last * NEED_MARGIN) if last is not None else None
 
-    def __init__(
-        self,
-        runner: Callable[[], ProbeRunner] | None = None,
-        memory_entries: int = MEMORY_ENTRIES,
-    ) -> None:
-        self._runner = runner
-        self._entries = memory_entries
-        self._lock = threading.Lock()
-        self._last_sizes: dict[str, int] = {}  # by file path and by directory
-        self._seen: dict[str, None] = {}  # directories seen to exist (`saw`)
-        self._readers: dict[str, StateReader] = {}
-        self._warned: set[str] = set()
-        #: Answers from the state file fitted to a need, by directory, with the answer and the
-        #: need: reused while the `StateReader` hands out the same parsed file.
-        self._state_judgements: dict[
-            str, tuple[SaveAnswer, tuple[int | None, int | None], _Judged]
-        ] = {}
-        self._inline_cache: dict[str, tuple[float, Snapshot]] = {}
-        self._probes: InlineProbes | None = None
-        self._background: BackgroundSaves | None = None
-        #: When (`time.monotonic`) this context cleaned each directory of crashed saves'
-        #: leftovers (`was_cleaned`, docs/design.md §7, Cleanup).
-        self.cleaned: dict[str, float] = {}
 
-    # What only some saves use is built, or its module imported, on first use: the only
-    # fsprobe imports inside a function (docs/design.md §3, tests/package/test_layout.py).
+# -- the daemon's state file --------------------------------------------------------------------
 
-    def background(self) -> BackgroundSaves:
-        """The writer threads of this context's background saves (started on first use)."""
-        with self._lock:
-            if self._background is None:
-                from fsprobe.saving.writers import BackgroundSaves
 
-                self._background = BackgroundSaves()
-            return self._background
+def _read_state(
+    context: SaveContext, state_dir: str | None, directory: str | None = None
+) -> tuple[StateFile | None, Watched | None]:
+    """The daemon's trusted state file, or None (said once) when there is none to use; and with
+    `directory`, the watched target that judges it with that target's answer (None if none
+    does, or if its entry does not read: said once). The file is asked once, for both."""
+    reader = context.readers.get(state_dir) or context.reader(state_dir)
+    state: StateFile | None = None
+    try:
+        state = reader.read()
+        watched = None if state is None or directory is None else state.watching(directory)
+    except (StateFileError, OSError) as error:  # the file, or this target's entry in it
+        _not_using(context, error)
+        return state, None
+    if state is None:
+        context.warn_once(
+            f"absent:{reader.path}",
+            f"no fsprobe state file at {reader.path} (no `fsprobe run` on this node?); "
+            "probing inline instead",
+            logging.INFO,
+        )
+    return state, watched
 
-    def inline(self) -> InlineProbes:
-        """This context's inline probes (built on first use)."""
-        with self._lock:
-            if self._probes is None:
-                from fsprobe.saving.inline import InlineProbes
 
-                self._probes = InlineProbes(self._runner)
-            return self._probes
+def _watched(context: SaveContext, state: StateFile | None, directory: str) -> Watched | None:
+    """The watched target that judges `directory` and its answer, as `_read_state` says."""
+    try:
+        return None if state is None else state.watching(directory)
+    except StateFileError as error:
+        _not_using(context, error)
+        return None
 
-    def runner(self) -> ProbeRunner:
-        """The probe runner inline probes run in (started on first use)."""
-        return self.inline().runner()
 
-    def _candidates(self, requested: str, fallback_dirs: Sequence[str]) -> list[_Candidate]:
-        """Where `requested` would land in each of these fallbacks, in order (none that would
-        land it in its own directory)."""
-        if not fallback_dirs:
-            return []  # the common case, on the path of every save
-        from fsprobe.redirect.areas import redirect_path
+def _not_using(context: SaveContext, error: Exception) -> None:
+    message = f"not using the fsprobe state file: {error}; probing inline instead"
+    context.warn_once(f"state:{error}", message)
 
-        directory = os.path.dirname(requested)
-        candidates = (_Candidate(f, redirect_path(f, requested)) for f in fallback_dirs)
-        return [c for c in candidates if c.directory != directory]
 
-    # -- remembered save sizes ------------------------------------------------------------------
+def _from_state(
+    context: SaveContext,
+    directory: str,
+    watched: Watched | None,
+    need: tuple[int | None, int | None],
+) -> _Judged | None:
+    """The daemon's answer on `directory` (judged by `watched`) fitted to this save's `need`,
+    or None if it has none to give (said once when its state file holds no answer: an older
+    daemon). The fit is made once per answer and need; only its freshness is asked again."""
+    if watched is None:
+        return None
+    target, answer = watched
+    if answer is None:
+        context.warn_once(
+            f"unanswered:{target}",
+            f"the fsprobe state for {target} holds no answer for a save (written by an older "
+            "`fsprobe run`?); probing inline",
+        )
+        return None
+    cached = context.fitted.get(directory)  # replaced whole, never mutated
+    if cached is not None and cached[0] is answer and cached[1] == need:
+        fitted = cached[2]
+    else:
+        fitted = answer.fit(*need)
+        context.remember(context.fitted, directory, (answer, need, fitted))
+    if answer.status is Status.UNKNOWN:
+        return None  # the daemon has seen nothing yet; a probe of our own says more
+    now = time.time()
+    if answer.fresh_until is None or now > answer.fresh_until:
+        since = f" {format_duration(now - answer.fresh_until)} ago" if answer.fresh_until else ""
+        context.warn_once(
+            f"stale:{target}",
+            f"the fsprobe state for {target} went stale{since}: is `fsprobe run` still "
+            "running? probing inline",
+        )
+        return None
+    return _Judged(target, fitted, "state")
 
-    def remember_save(self, path: str, nbytes: int) -> None:
-        """Remember the size of a successful save, as the default need of the next one there."""
-        path = os.path.abspath(path)
-        with self._lock:
-            _remember(self._last_sizes, path, nbytes, self._entries)
-            _remember(self._last_sizes, os.path.dirname(path), nbytes, self._entries)
 
-    def expected_need(self, path: str) -> int | None:
-        """What the next save of `path` needs by default, or None before the first save there.
+# -- the one existence question -----------------------------------------------------------------
 
-        The last save of the same file (``last.pt`` saved every epoch), else the last save into
-        the same directory (``epoch-7.pt`` after ``epoch-6.pt``), times `NEED_MARGIN`.
-        """
-        path = os.path.abspath(path)
-        with self._lock:
-            last = self._last_sizes.get(path, self._last_sizes.get(os.path.dirname(path)))
-        return math.ceil(last * NEED_MARGIN) if last is not None else None
 
-    def saw(self, directory: str) -> None:
-        """`directory` existed in this process: a save landed in it (not redirected), or a
-        check found it."""
-        with self._lock:
-            _remember(self._seen, os.path.abspath(directory), None, self._entries)
+def existence(
+    context: SaveContext,
+    directories: Iterable[str],
+    state: StateFile | None,
+    deadline: float,
+) -> dict[str, Callable[[], ProbeResult[bool]]]:
+    """Whether each directory exists, as a call that answers: remembered when this process saw
+    it (`SaveContext.seen`), else from the daemon's fresh answer where it watches the
+    directory itself, else from a check started in the probe runner now (a hung mount must
+    not hang the caller), which is the only part that may start a process. Found, it is
+    remembered. The one question of the fallback warning, the redirect and the typo check.
 
-    def has_seen(self, directory: str) -> bool:
-        """Whether `directory` was `saw`n (and is still remembered: the most recent
-        `memory_entries` directories are)."""
-        with self._lock:
-            return os.path.abspath(directory) in self._seen
-
-    def was_cleaned(self, directory: str) -> None:
-        """`directory` was just cleaned of crashed saves' leftovers (`fsprobe.saving.stale`)."""
-        with self._lock:
-            _remember(self.cleaned, directory, time.monotonic(), self._entries)
-
-    def warn_missing_fallbacks(self, options: SaveOptions) -> None:
-        """Say once per process, at the first save that names it, which fallback directory of
-        `options` does not exist (checked in the probe runner, bounded by `options.timeout`):
-        a save could never be redirected there."""
-        with self._lock:
-            new = [f for f in options.fallback_dirs if f"fallback:{f}" not in self._warned]
-        if not new:
-            return
-        checks = self._check_existence(new, self._read_state(options.state_dir)[0], options.timeout)
-        for fallback, check in checks.items():
-            exists = check()
-            if exists.ok and exists.value:
-                with self._lock:
-                    self._warned.add(f"fallback:{fallback}")
-                continue
-            why = exists.message or "it does not exist"
-            self.warn_once(
-                f"fallback:{fallback}",
-                f"the fallback directory {fallback} cannot take a redirected save: {why}",
-            )
-
-    # -- the daemon's state file ----------------------------------------------------------------
-
-    def warn_once(self, key: str, message: str, level: int = logging.WARNING) -> None:
-        """Log `message` the first time `key` comes up in this context: a trainer saves often."""
-        with self._lock:
-            if key in self._warned:
-                return
-            self._warned.add(key)
-        log.log(level, "%s", message)
-
-    def _read_state(
-        self, state_dir: str | None, directory: str | None = None
-    ) -> tuple[StateFile | None, Watched | None]:
-        """The daemon's trusted state file, or None (said once) when there is none to use; and
-        with `directory`, the watched target that judges it with that target's state (None if
-        none does, or if its entry does not read: said once). The file is asked once, for both.
-        """
-        state_dir = state_dir or default_state_dir()
-        reader = self._readers.get(state_dir)
-        if reader is None:  # two threads may race here; setdefault keeps one reader for both
-            reader = self._readers.setdefault(state_dir, StateReader(state_dir))
-        state: StateFile | None = None
-        try:
-            state = reader.read()
-            watched = None if state is None or directory is None else state.watching(directory)
-        except (StateFileError, OSError) as error:  # the file, or this target's entry in it
-            self._not_using(error)
-            return state, None
-        if state is None:
-            self.warn_once(
-                f"absent:{reader.path}",
-                f"no fsprobe state file at {reader.path} (no `fsprobe run` on this node?); "
-                "probing inline instead",
-                logging.INFO,
-            )
-        return state, watched
-
-    def _watched(self, state: StateFile | None, directory: str) -> Watched | None:
-        """The watched target that judges `directory` and its state, as `_read_state` says."""
-        try:
-            return None if state is None else state.watching(directory)
-        except StateFileError as error:
-            self._not_using(error)
-            return None
-
-    def _not_using(self, error: Exception) -> None:
-        message = f"not using the fsprobe state file: {error}; probing inline instead"
-        self.warn_once(f"state:{error}", message)
-
-    def _from_state(
-        self,
-        directory: str,
-        watched: Watched | None,
-        need_bytes: int | None,
-        need_inodes: int | None,
-    ) -> _Judged | None:
-        """The daemon's answer on `directory` (judged by `watched`) fitted to this save, or
-        None if it has none to give (said once when its state file holds no answer: an older
-        daemon). The fit is made once per answer and need; only its freshness is asked again."""
-        if watched is None:
-            return None
-        target, answer = watched
-        if answer is None:
-            self.warn_once(
-                f"unanswered:{target}",
-                f"the fsprobe state for {target} holds no answer for a save (written by an "
-                "older `fsprobe run`?); probing inline",
-            )
-            return None
-        need = (need_bytes, need_inodes)
-        cached = self._state_judgements.get(directory)  # replaced whole, never mutated
-        if cached is not None and cached[0] is answer and cached[1] == need:
-            judged = cached[2]
+    A directory that does not exist is a mistake (a typo, scratch not mounted here) that the
+    probes would not notice: they judge the nearest existing ancestor.
+    """
+    checks: dict[str, Callable[[], ProbeResult[bool]]] = {}
+    for directory in directories:
+        known = True if directory in context.seen else _exists_in_state(context, directory, state)
+        if known is not None:
+            if known:
+                context.saw(directory)
+            checks[directory] = functools.partial(ProbeResult, "exists", time.time(), 0.0, known)
         else:
-            judged = _Judged(target, answer.fit(need_bytes, need_inodes), "state")
-            with self._lock:
-                _remember(self._state_judgements, directory, (answer, need, judged), self._entries)
-        if answer.status is Status.UNKNOWN:
-            return None  # the daemon has seen nothing yet; a probe of our own says more
-        now = time.time()
-        if answer.fresh_until is None or now > answer.fresh_until:
-            since = (
-                f" {format_duration(now - answer.fresh_until)} ago" if answer.fresh_until else ""
-            )
-            self.warn_once(
-                f"stale:{target}",
-                f"the fsprobe state for {target} went stale{since}: is `fsprobe run` "
-                "still running? probing inline",
-            )
-            return None
-        return judged
+            run = context.inline().is_directory(directory, deadline)
+            checks[directory] = functools.partial(_remembered, context, directory, run.result)
+    return checks
 
-    def _exists_in_state(self, directory: str, state: StateFile | None) -> bool | None:
-        """Whether the daemon, watching `directory` itself with a fresh answer, found it a
-        directory; None when its state cannot say."""
-        watched = self._watched(state, directory)
-        if watched is None or watched[0] != directory or watched[1] is None:
-            return None
-        answer = watched[1]
-        if answer.fresh_until is None or time.time() > answer.fresh_until:
-            return None
-        return answer.exists
 
-    # -- inline probes --------------------------------------------------------------------------
+def _remembered(
+    context: SaveContext, directory: str, result: Callable[[], ProbeResult[bool]]
+) -> ProbeResult[bool]:
+    """The runner's answer on whether `directory` exists; remembered when it does."""
+    found = result()
+    if found.ok and found.value:
+        context.saw(directory)
+    return found
 
-    def _inline_settings(self, timeout: float) -> ProbeSettings:
-        return self.inline().settings(timeout)
 
-    def _probe_inline(
-        self, directories: list[str], settings: ProbeSettings, fresh: bool
-    ) -> dict[str, Snapshot]:
-        """Snapshots of every directory, probed in parallel (or reused from the cache)."""
-        snapshots: dict[str, Snapshot] = {}
-        probed = []
-        now = time.monotonic()
-        for directory in directories:
-            with self._lock:
-                cached = self._inline_cache.get(directory)
-            if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
-                snapshots[directory] = cached[1]
-                continue
-            probed.append(directory)
-        for directory, snapshot in self.inline().snapshots(probed, settings).items():
-            with self._lock:
-                _remember(
-                    self._inline_cache, directory, (time.monotonic(), snapshot), self._entries
-                )
-            snapshots[directory] = snapshot
-        return snapshots
+def _exists_in_state(context: SaveContext, directory: str, state: StateFile | None) -> bool | None:
+    """Whether the daemon, watching `directory` itself with a fresh answer, found it a
+    directory; None when its state cannot say."""
+    watched = _watched(context, state, directory)
+    if watched is None or watched[0] != directory or watched[1] is None:
+        return None
+    answer = watched[1]
+    if answer.fresh_until is None or time.time() > answer.fresh_until:
+        return None
+    return answer.exists
 
-    def _judge_all(
-        self,
-        directories: Iterable[str],
-        need_bytes: int | None,
-        need_inodes: int | None,
-        state: StateFile | None,
-        probe_settings: Callable[[], ProbeSettings],
-        fresh: bool = False,
-    ) -> dict[str, _Judged]:
-        """Judge each directory from the state file, and probe those it says nothing (fresh)
-        about. `probe_settings` is called only when something has to be probed: the common
-        case, a fresh state file, should not pay for building probe settings it does not use.
-        """
-        judgements: dict[str, _Judged] = {}
-        unanswered = []
-        for directory in dict.fromkeys(directories):
-            judged = self._from_state(
-                directory, self._watched(state, directory), need_bytes, need_inodes
-            )
-            if judged is None:
-                unanswered.append(directory)
-            else:
-                judgements[directory] = judged
-        if not unanswered:
-            return judgements
-        settings = probe_settings()
-        inline = self.inline()
-        for directory, snapshot in self._probe_inline(unanswered, settings, fresh).items():
-            answer = inline.answer(snapshot, settings).fit(need_bytes, need_inodes)
-            judgements[directory] = _Judged(directory, answer, "probe")
+
+def directory_exists(
+    context: SaveContext, directory: str, options: SaveOptions
+) -> ProbeResult[bool]:
+    """Whether `directory` exists (`existence`, with the state file of `options`)."""
+    state = _read_state(context, options.state_dir)[0]
+    return existence(context, [directory], state, options.timeout)[directory]()
+
+
+def warn_missing_fallbacks(context: SaveContext, options: SaveOptions) -> None:
+    """Say once per context, at the first save that names it, which fallback directory of
+    `options` does not exist (`existence`): a save could never be redirected there."""
+    new = [f for f in options.fallback_dirs if f"fallback:{f}" not in context.said]
+    if not new:
+        return
+    checks = existence(context, new, _read_state(context, options.state_dir)[0], options.timeout)
+    for fallback, check in checks.items():
+        exists = check()
+        if exists.ok and exists.value:
+            context.note(f"fallback:{fallback}")
+            continue
+        why = exists.message or "it does not exist"
+        context.warn_once(
+            f"fallback:{fallback}",
+            f"the fallback directory {fallback} cannot take a redirected save: {why}",
+        )
+
+
+# -- inline probes ------------------------------------------------------------------------------
+
+
+def _judge_all(
+    context: SaveContext,
+    directories: Iterable[str],
+    need: tuple[int | None, int | None],
+    state: StateFile | None,
+    timeout: float,
+    fresh: bool = False,
+) -> dict[str, _Judged]:
+    """Judge each directory from the state file, and probe those it says nothing (fresh)
+    about, inline: snapshots reused for `INLINE_CACHE_SECONDS` unless `fresh`."""
+    judgements: dict[str, _Judged] = {}
+    unanswered = []
+    for directory in dict.fromkeys(directories):
+        judged = _from_state(context, directory, _watched(context, state, directory), need)
+        if judged is None:
+            unanswered.append(directory)
+        else:
+            judgements[directory] = judged
+    if not unanswered:
         return judgements
-
-    def _check_existence(
-        self, fallbacks: Iterable[str], state: StateFile | None, deadline: float
-    ) -> dict[str, Callable[[], ProbeResult[bool]]]:
-        """Whether each fallback exists, as a call that answers: from the daemon's fresh state
-        where it watches the fallback itself, else from a check started in the probe runner
-        now (a hung fallback must not hang the caller).
-
-        A fallback that does not exist is a mistake (a typo, scratch not mounted here) that the
-        probes would not notice: they judge the nearest existing ancestor.
-        """
-        checks: dict[str, Callable[[], ProbeResult[bool]]] = {}
-        for fallback in fallbacks:
-            known = self._exists_in_state(fallback, state)
-            if known is not None:
-                checks[fallback] = functools.partial(ProbeResult, "exists", time.time(), 0.0, known)
-            else:
-                checks[fallback] = self.inline().is_directory(fallback, deadline).result
-        return checks
-
-    def room(self, directory: str, timeout: float) -> int | None:
-        """The bytes a new file in `directory` has room for now (None: unknown), from a bounded
-        statvfs in the probe runner (a mount that hangs now costs `timeout`)."""
-        return self.inline().room(os.path.abspath(directory), timeout)
-
-    # -- the decisions --------------------------------------------------------------------------
-
-    def find_fallback(
-        self,
-        path: str | os.PathLike[str],
-        fallback_dirs: Iterable[str | os.PathLike[str]],
-        options: SaveOptions,
-        *,
-        skipped: dict[str, str] | None = None,
-    ) -> str | None:
-        """Where in the first fallback that can take it a save of `path` should go, or None;
-        why each fallback before it could not is put in `skipped` (by fallback directory).
-
-        For a save whose target just failed with a capacity or permanent error: whatever the
-        target looked like a moment ago, it cannot take this write, so only the fallbacks are
-        asked (each judged like a target in `preflight`; a fallback is never redirected
-        further). Exactly these directories are asked, not the `options`' own.
-        """
-        requested = os.path.abspath(os.fspath(path))
-        need = options.need_bytes
-        if need is None:
-            need = self.expected_need(requested)
-        candidates = self._candidates(requested, tuple(os.fspath(d) for d in fallback_dirs))
-        if not candidates:
-            return None
-        state = self._read_state(options.state_dir)[0]
-        existence = self._check_existence([c.fallback for c in candidates], state, options.timeout)
-        judgements = self._judge_all(
-            [c.directory for c in candidates],
-            need,
-            options.need_inodes,
-            state,
-            functools.partial(self._inline_settings, options.timeout),
-            fresh=True,
-        )
-        return _first_acceptable(candidates, existence, judgements, requested, skipped)
-
-    def preflight_save(self, requested: str, options: SaveOptions) -> Decision | None:
-        """The preflight of a save of `requested` (absolute): the fallbacks that do not exist
-        said once (`warn_missing_fallbacks`), then the decision (None without a preflight)."""
-        self.warn_missing_fallbacks(options)
-        return self.preflight(requested, options) if options.preflight else None
-
-    def _judged_directory(self, requested: str, state: StateFile | None, timeout: float) -> str:
-        """`requested` if it is a directory, else its parent; decided without touching the
-        filesystem when the daemon watches `requested` itself or, as usual, judges both the
-        same way (then the parent), and otherwise in the probe runner (a hung mount must not
-        hang the caller): an inline probe comes next anyway."""
-        parent = os.path.dirname(requested)
-        if state is not None:
-            watched = state.target_for(requested)
-            if watched == requested:
-                return requested
-            if watched is not None:
-                return parent  # the same watched target judges both
-        result = self.inline().is_directory(requested, timeout).result()
-        return requested if result.ok and result.value else parent
-
-    def preflight(
-        self,
-        path: str | os.PathLike[str],
-        options: SaveOptions,
-        *,
-        directory_itself: bool = False,
-    ) -> Decision:
-        """The decision on a save of `path` with resolved `options` (`SaveOptions.resolved`:
-        their fallback directories are the candidates for a redirect, as they are), judged by
-        the parent of `path`, where a save's temp file or staging directory goes, whether or
-        not `path` exists yet; with `directory_itself`, by `path` when it is a directory."""
-        timeout, need_inodes = options.timeout, options.need_inodes
-        requested = os.path.abspath(os.fspath(path))
-        # The state file is read once: every answer below is from it. A directory judged
-        # itself is judged by the same watched target as its parent (`_judged_directory`).
-        state, watched = self._read_state(
-            options.state_dir, requested if directory_itself else os.path.dirname(requested)
-        )
-        if directory_itself:
-            directory = self._judged_directory(requested, state, timeout)
+    inline = context.inline()
+    settings = inline.settings(timeout)
+    probed = []
+    now = time.monotonic()
+    for directory in unanswered:
+        cached = context.probed.get(directory)
+        if cached is not None and not fresh and now - cached[0] < INLINE_CACHE_SECONDS:
+            answer = inline.answer(cached[1], settings)
+            judgements[directory] = _Judged(directory, answer.fit(*need), "probe")
         else:
-            directory = os.path.dirname(requested)
-        need = options.need_bytes
-        if need is None:
-            need = self.expected_need(requested)
-        probe_settings = functools.partial(self._inline_settings, timeout)
+            probed.append(directory)
+    for directory, snapshot in inline.snapshots(probed, settings).items():
+        context.remember(context.probed, directory, (time.monotonic(), snapshot))
+        answer = inline.answer(snapshot, settings)
+        judgements[directory] = _Judged(directory, answer.fit(*need), "probe")
+    return judgements
 
-        # Fallbacks are worked out only when needed: the common case, a healthy target in a
-        # fresh state file, pays for none of it.
-        candidates: list[_Candidate] | None = None
-        existence: dict[str, Callable[[], ProbeResult[bool]]] | None = None
-        target = self._from_state(directory, watched, need, need_inodes)
-        if target is None:
-            # The target has to be probed: the fallbacks are judged alongside it, so that a
-            # hung target costs `timeout` once, not once more for the fallbacks. When the
-            # daemon's state answers, nothing is probed and no fallback judged unless a
-            # redirect is needed.
-            candidates = self._candidates(requested, options.fallback_dirs)
-            existence = self._check_existence([c.fallback for c in candidates], state, timeout)
-            judged = self._judge_all(
-                [directory, *(c.directory for c in candidates)],
-                need,
-                need_inodes,
-                state,
-                probe_settings,
-            )
-            target = judged[directory]
-        waited = 0.0
-        if options.max_wait > 0 and target.answer.worth_waiting:
 
-            def judge_again(deadline: float) -> _Judged:
-                again = functools.partial(self._inline_settings, min(timeout, deadline))
-                now = self._read_state(options.state_dir)[0]
-                return self._judge_all([directory], need, need_inodes, now, again, True)[directory]
+def room(context: SaveContext, directory: str, timeout: float) -> int | None:
+    """The bytes a new file in `directory` has room for now (None: unknown), from a bounded
+    statvfs in the probe runner (a mount that hangs now costs `timeout`)."""
+    return context.inline().room(os.path.abspath(directory), timeout)
 
-            target, waited = _wait_for_recovery(target, options.max_wait, judge_again)
 
-        answer = target.answer
-        action, where = ("delay" if waited else "proceed"), requested
-        if not answer.can_take_save and candidates is None:
-            candidates = self._candidates(requested, options.fallback_dirs)
-        if not answer.can_take_save and candidates:
-            existence = existence or self._check_existence(
-                [c.fallback for c in candidates], state, timeout
-            )
-            judgements = self._judge_all(  # from the state, or what was probed above (cached)
-                [c.directory for c in candidates], need, need_inodes, state, probe_settings
-            )
-            found = _first_acceptable(candidates, existence, judgements, requested)
-            if found is not None:
-                action, where = "redirect", found
-        if (
-            action != "redirect"
-            and options.on_unhealthy == "fail"
-            and (not answer.can_take_save or answer.status is Status.UNHEALTHY)
-        ):
-            action = "fail"
-        decision = Decision(
-            action=action,
-            path=where,
-            status=answer.status,
-            reasons=answer.reasons,
-            wait_seconds=waited,
-            source=target.source,
-            requested_path=requested,
-            need_bytes=need,
-            fits=answer.fits,
-            errno=answer.errno,
+# -- the decisions ------------------------------------------------------------------------------
+
+
+def _candidates(
+    context: SaveContext, requested: str, fallback_dirs: Sequence[str]
+) -> list[_Candidate]:
+    """Where `requested` would land in each of these fallbacks, in order (none that would land
+    it in its own directory)."""
+    if not fallback_dirs:
+        return []  # the common case, on the path of every save
+    directory = os.path.dirname(requested)
+    candidates = (_Candidate(f, context.redirect_path(f, requested)) for f in fallback_dirs)
+    return [c for c in candidates if c.directory != directory]
+
+
+def find_fallback(
+    context: SaveContext,
+    path: str | os.PathLike[str],
+    fallback_dirs: Iterable[str | os.PathLike[str]],
+    options: SaveOptions,
+    skipped: dict[str, str] | None = None,
+) -> str | None:
+    """Where in the first fallback that can take it a save of `path` should go, or None; why
+    each fallback before it could not is put in `skipped` (by fallback directory).
+
+    For a save whose target just failed with a capacity or permanent error: whatever the
+    target looked like a moment ago, it cannot take this write, so only the fallbacks are
+    asked (each judged like a target in `preflight`; a fallback is never redirected further).
+    Exactly these directories are asked, not the `options`' own.
+    """
+    requested = os.path.abspath(os.fspath(path))
+    need = options.need_bytes
+    if need is None:
+        need = expected_need(context, requested)
+    candidates = _candidates(context, requested, tuple(os.fspath(d) for d in fallback_dirs))
+    if not candidates:
+        return None
+    state = _read_state(context, options.state_dir)[0]
+    exists = existence(context, [c.fallback for c in candidates], state, options.timeout)
+    judgements = _judge_all(
+        context,
+        [c.directory for c in candidates],
+        (need, options.need_inodes),
+        state,
+        options.timeout,
+        fresh=True,
+    )
+    return _first_acceptable(candidates, exists, judgements, requested, skipped)
+
+
+def preflight_save(context: SaveContext, requested: str, options: SaveOptions) -> Decision | None:
+    """The preflight of a save of `requested` (absolute): the fallbacks that do not exist said
+    once (`warn_missing_fallbacks`), then the decision (None without a preflight)."""
+    warn_missing_fallbacks(context, options)
+    return decide(context, requested, options) if options.preflight else None
+
+
+def _judged_directory(
+    context: SaveContext, requested: str, state: StateFile | None, timeout: float
+) -> str:
+    """`requested` if it is a directory, else its parent; decided without touching the
+    filesystem when the daemon watches `requested` itself or, as usual, judges both the same
+    way (then the parent), and otherwise in the probe runner (a hung mount must not hang the
+    caller): an inline probe comes next anyway."""
+    parent = os.path.dirname(requested)
+    if state is not None:
+        watched = state.target_for(requested)
+        if watched == requested:
+            return requested
+        if watched is not None:
+            return parent  # the same watched target judges both
+    result = context.inline().is_directory(requested, timeout).result()
+    return requested if result.ok and result.value else parent
+
+
+def decide(
+    context: SaveContext,
+    path: str | os.PathLike[str],
+    options: SaveOptions,
+    *,
+    directory_itself: bool = False,
+) -> Decision:
+    """The decision on a save of `path` with resolved `options` (`SaveOptions.resolved`: their
+    fallback directories are the candidates for a redirect, as they are), judged by the parent
+    of `path`, where a save's temp file or staging directory goes, whether or not `path` exists
+    yet; with `directory_itself`, by `path` when it is a directory."""
+    timeout = options.timeout
+    requested = os.path.abspath(os.fspath(path))
+    # The state file is read once: every answer below is from it. A directory judged itself
+    # is judged by the same watched target as its parent (`_judged_directory`).
+    state, watched = _read_state(
+        context, options.state_dir, requested if directory_itself else os.path.dirname(requested)
+    )
+    if directory_itself:
+        directory = _judged_directory(context, requested, state, timeout)
+    else:
+        directory = os.path.dirname(requested)
+    need_bytes = options.need_bytes
+    if need_bytes is None:
+        need_bytes = expected_need(context, requested)
+    need = (need_bytes, options.need_inodes)
+
+    # Fallbacks are worked out only when needed: the common case, a healthy target in a
+    # fresh state file, pays for none of it.
+    candidates: list[_Candidate] | None = None
+    exists: dict[str, Callable[[], ProbeResult[bool]]] | None = None
+    target = _from_state(context, directory, watched, need)
+    if target is None:
+        # The target has to be probed: the fallbacks are judged alongside it, so that a hung
+        # target costs `timeout` once, not once more for the fallbacks. When the daemon's
+        # state answers, nothing is probed and no fallback judged unless a redirect is needed.
+        candidates = _candidates(context, requested, options.fallback_dirs)
+        exists = existence(context, [c.fallback for c in candidates], state, timeout)
+        judged = _judge_all(
+            context, [directory, *(c.directory for c in candidates)], need, state, timeout
         )
-        _log_decision(decision)
-        return decision
+        target = judged[directory]
+    waited = 0.0
+    if options.max_wait > 0 and target.answer.worth_waiting:
+
+        def judge_again(deadline: float) -> _Judged:
+            now = _read_state(context, options.state_dir)[0]
+            again = min(timeout, deadline)
+            return _judge_all(context, [directory], need, now, again, fresh=True)[directory]
+
+        target, waited = _wait_for_recovery(target, options.max_wait, judge_again)
+
+    answer = target.answer
+    action, where = ("delay" if waited else "proceed"), requested
+    if not answer.can_take_save and candidates is None:
+        candidates = _candidates(context, requested, options.fallback_dirs)
+    if not answer.can_take_save and candidates:
+        exists = exists or existence(context, [c.fallback for c in candidates], state, timeout)
+        judgements = _judge_all(  # from the state, or what was probed above (cached)
+            context, [c.directory for c in candidates], need, state, timeout
+        )
+        found = _first_acceptable(candidates, exists, judgements, requested)
+        if found is not None:
+            action, where = "redirect", found
+    if (
+        action != "redirect"
+        and options.on_unhealthy == "fail"
+        and (not answer.can_take_save or answer.status is Status.UNHEALTHY)
+    ):
+        action = "fail"
+    decision = Decision(
+        action=action,
+        path=where,
+        status=answer.status,
+        reasons=answer.reasons,
+        wait_seconds=waited,
+        source=target.source,
+        requested_path=requested,
+        need_bytes=need_bytes,
+        fits=answer.fits,
+        errno=answer.errno,
+    )
+    _log_decision(decision)
+    return decision
 
 
 class _Candidate(NamedTuple):
@@ -675,15 +569,6 @@ def _log_decision(decision: Decision) -> None:
     )
 
 
-_DEFAULT = SaveContext()
-
-
-def default_context() -> SaveContext:
-    """The process's `SaveContext`, which every public function uses unless handed one
-    (``context=``), as client_python's ``REGISTRY``."""
-    return _DEFAULT
-
-
 def preflight(
     path: str | os.PathLike[str],
     options: SaveOptions | None = None,
@@ -702,12 +587,11 @@ def preflight(
     directory times 1.1 (no fit check before the first one); `fallback_dirs` (and
     ``FSPROBE_FALLBACK_DIRS``, colon-separated) are tried in order for a redirect, unless
     `redirect` is False; `on_unhealthy="fail"` turns "attempt it anyway" into ``fail``.
-    An inline probe asks no quota (`lfs quota` costs a metadata-server RPC per save).
-    `context` is `default_context()` unless given.
+    The inline probe, when the state file cannot answer, asks no quota (`lfs quota` costs a
+    metadata-server RPC per save). `context` is `default_context()` unless given.
     """
-    return (context or _DEFAULT).preflight(
-        path, save_options(options, overrides), directory_itself=True
-    )
+    chosen = save_options(options, overrides)
+    return decide(context or default_context(), path, chosen, directory_itself=True)
 
 
 def preflight_readiness(

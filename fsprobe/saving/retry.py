@@ -24,8 +24,15 @@ from fsprobe.events.event import Failure, SaveEvent
 from fsprobe.posix.atomic import CLAIMS
 from fsprobe.redirect.areas import prepare_directory, redirect_path, remove_mirrored_dirs
 from fsprobe.redirect.manifest import UNLOCKED, new_entry, record
+from fsprobe.saving.context import SaveContext, default_context
 from fsprobe.saving.options import SaveOptions
-from fsprobe.saving.preflight import Decision, SaveContext, default_context
+from fsprobe.saving.preflight import (
+    Decision,
+    directory_exists,
+    find_fallback,
+    preflight_save,
+    room,
+)
 from fsprobe.saving.stale import FOREIGN_STALE_SECONDS, clean_abandoned, clean_directory
 from fsprobe.units import format_bytes, format_seconds
 
@@ -215,8 +222,8 @@ def failure_of(
 def _is_full(directory: str, context: SaveContext) -> bool:
     """Whether a new file in `directory` has less than `FULL_BELOW_BYTES` of room: a statvfs
     in the probe worker, bounded like every probe (a mount that hangs now costs the timeout)."""
-    room = context.room(directory, FULL_TIMEOUT)
-    return room is not None and room < FULL_BELOW_BYTES
+    left = room(context, directory, FULL_TIMEOUT)
+    return left is not None and left < FULL_BELOW_BYTES
 
 
 def deciding(failures: Iterable[FailedAttempt]) -> FailedAttempt | None:
@@ -281,8 +288,9 @@ class RetryState:
         self._start = time.monotonic() if started is None else started  # before its preflight
 
     def preflight(self) -> None:
-        """`begin` with the context's `preflight_save`, for a caller that made the state first."""
-        self.begin(self.context.preflight_save(self.requested, self.options))
+        """`begin` with the save's preflight (`preflight_save`), for a caller that made the
+        state first."""
+        self.begin(preflight_save(self.context, self.requested, self.options))
 
     def begin(self, decision: Decision | None) -> None:
         """Take the preflight's `decision` (None: none): the first attempt goes where it says;
@@ -362,7 +370,8 @@ class RetryState:
         if kind is not ErrorClass.TRANSIENT:
             if fallback is not None:
                 self._given_up.add(fallback)
-            alternative = self.context.find_fallback(
+            alternative = find_fallback(
+                self.context,
                 self.requested,
                 [f for f in self.options.fallback_dirs if f not in self._given_up],
                 self.options,
@@ -394,12 +403,18 @@ class RetryState:
     def _never_seen_missing(self, known: bool) -> bool:
         """Whether the directory to save into does not exist (`known`: an attempt just failed
         with ENOENT making its temp file there) and this process never saw it exist (no save
-        landed in it, no check found it): a typo, refused at once. `_missing` then says why,
-        naming the nearest existing directory and the names there it was likely meant to be;
-        `_never_existed` is set."""
+        landed in it, no check and no answer of the daemon found it): a typo, refused at once.
+        `_missing` then says why, naming the nearest existing directory and the names there it
+        was likely meant to be; `_never_existed` is set. Before an attempt it is the one
+        existence question (`directory_exists`: remembered, else the daemon's answer, else the
+        probe runner); only a directory found missing is looked at for what was meant."""
         directory = os.path.dirname(self.requested)
-        if self.context.has_seen(directory):
+        if directory in self.context.seen:
             return False
+        if not known:
+            exists = directory_exists(self.context, directory, self.options)
+            if not exists.ok or exists.value:
+                return False  # there, or nobody can tell now
         found = (
             self.context.runner()
             .submit(
@@ -577,7 +592,7 @@ def start(
     started = time.monotonic()
     requested = os.path.abspath(os.fspath(path))
     context = context or default_context()
-    decision = context.preflight_save(requested, options)
+    decision = preflight_save(context, requested, options)
     state = RetryState(requested, options, ranks, context, started=started)
     state.begin(decision)
     return state

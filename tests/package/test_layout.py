@@ -61,9 +61,9 @@ GRAPH, INSIDE_FUNCTIONS = _imports()
 #: probe plan and the worker's parent side; the background saves' writers; and the fallbacks'
 #: areas, for a preflight that has to find where a redirect would land.
 LAZY = {
-    ("fsprobe.saving.preflight", "fsprobe.saving.inline"),
-    ("fsprobe.saving.preflight", "fsprobe.saving.writers"),
-    ("fsprobe.saving.preflight", "fsprobe.redirect.areas"),
+    ("fsprobe.saving.context", "fsprobe.saving.inline"),
+    ("fsprobe.saving.context", "fsprobe.saving.writers"),
+    ("fsprobe.saving.context", "fsprobe.redirect.areas"),
 }
 
 #: The bottom layer: plain values and the operating-system primitives every other part shares.
@@ -296,6 +296,56 @@ def test_a_preflight_the_state_file_answers_loads_no_probe_and_starts_nothing(
     assert [m for m in loaded if m.startswith(NOT_ON_THE_STATE_PATH)] == []
     # Where a redirect lands is worked out only for a redirect.
     assert ("fsprobe.redirect.areas" in loaded) == redirected
+
+
+#: How a Python process starts another: the audit events of each way (PEP 578).
+_STARTS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
+           "os.system")  # fmt: skip
+
+
+def test_a_first_save_and_a_first_redirected_save_the_daemon_answers_start_no_process(
+    tmp_path: Path,
+):
+    """docs/design.md §7: the one existence question is asked of the daemon's answer first.
+    In a fresh process, a first `fsprobe.save` naming a fallback, and a first save that the
+    preflight redirects (the target read-only), whose target directories and fallback the
+    daemon watches, start no process: an audit hook (PEP 578) fails the run at the first
+    fork, exec or spawn, the probe worker's included."""
+    target, full, fallback = tmp_path / "ckpt", tmp_path / "full", tmp_path / "fallback"
+    state = tmp_path / "state"
+    for directory in (target, full, fallback):
+        directory.mkdir()
+    publish(
+        str(state),
+        {
+            str(target): daemon_view(str(target)),
+            str(full): daemon_view(str(full), readonly=True),
+            str(fallback): daemon_view(str(fallback)),
+        },
+    )
+    code = (
+        "import sys\n"
+        f"STARTS = {_STARTS!r}\n"
+        "def refuse(event, args):\n"
+        "    if event.startswith(STARTS):\n"
+        "        raise RuntimeError(f'a process was started: {event}')\n"
+        "sys.addaudithook(refuse)\n"
+        "import fsprobe\n"
+        "target, full, fallback, state = sys.argv[1:]\n"
+        "first = fsprobe.save({'w': 1}, target + '/model.pt', state_dir=state, "
+        "fallback_dirs=[fallback])\n"
+        "moved = fsprobe.save({'w': 2}, full + '/model.pt', state_dir=state, "
+        "fallback_dirs=[fallback])\n"
+        "print(first.redirected, moved.redirected, moved.path.startswith(fallback))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(target), str(full), str(fallback), str(state)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "FSPROBE_FALLBACK_DIRS"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "True", "True"]
 
 
 TESTS = PACKAGE.parent / "tests"

@@ -17,7 +17,8 @@ import pytest
 import fsprobe
 from fsprobe.model import QuotaState, Status
 from fsprobe.policy import Policy
-from fsprobe.saving.preflight import SaveContext
+from fsprobe.saving.context import SaveContext
+from fsprobe.saving.preflight import expected_need
 from fsprobe.state import ANSWER_KEY, Writer, write_state
 from tests.support.state import INTERVALS, daemon_view, publish, quota_entry
 
@@ -213,10 +214,10 @@ def test_remembered_sizes_stay_bounded_for_runs_that_save_into_new_directories()
     for epoch in range(10):
         context.remember_save(f"/ckpt/epoch-{epoch}/model.pt", 1000 + epoch)
     # 4 entries: the last two saves, each by file and by directory
-    assert context.expected_need("/ckpt/epoch-9/model.pt") == math.ceil(1009 * 1.1)
-    assert context.expected_need("/ckpt/epoch-8/other.pt") == math.ceil(1008 * 1.1)
-    assert context.expected_need("/ckpt/epoch-7/model.pt") is None  # forgotten
-    assert context.expected_need("/ckpt/epoch-0/model.pt") is None
+    assert expected_need(context, "/ckpt/epoch-9/model.pt") == math.ceil(1009 * 1.1)
+    assert expected_need(context, "/ckpt/epoch-8/other.pt") == math.ceil(1008 * 1.1)
+    assert expected_need(context, "/ckpt/epoch-7/model.pt") is None  # forgotten
+    assert expected_need(context, "/ckpt/epoch-0/model.pt") is None
 
 
 def test_reads_the_state_file_that_fsprobe_run_writes(dirs):

@@ -24,8 +24,8 @@ from fsprobe.posix.swap import exchange, parse_retired_name
 from fsprobe.posix.tree import digest_tree, open_directory, opened
 from fsprobe.redirect.areas import own_area
 from fsprobe.redirect.manifest import read_manifest
+from fsprobe.saving.context import SaveContext
 from fsprobe.saving.options import Backoff
-from fsprobe.saving.preflight import SaveContext
 from tests.support.capability import need_module
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_directory_saved

@@ -14,8 +14,8 @@ import torch
 
 import fsprobe
 from fsprobe.posix.atomic import parse_temp_name
+from fsprobe.saving.context import SaveContext
 from fsprobe.saving.options import Backoff
-from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.retry import (
     FailedAttempt,
     deciding,

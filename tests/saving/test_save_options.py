@@ -14,8 +14,9 @@ import fsprobe
 import fsprobe.distributed
 from fsprobe.integrations import dcp
 from fsprobe.saving import options as options_module
+from fsprobe.saving.context import SaveContext
 from fsprobe.saving.options import Backoff, SaveOptions
-from fsprobe.saving.preflight import SaveContext
+from fsprobe.saving.preflight import expected_need
 
 #: Every public entry that takes save options: (name, call(path, **options)).
 ENTRIES: dict[str, Callable[..., object]] = {
@@ -182,16 +183,16 @@ def test_a_save_takes_a_context_of_its_own(tmp_path):
     fsprobe.atomic_write(
         tmp_path / "a.bin", lambda f: f.write(b"x" * 1000), preflight=False, context=mine
     )
-    assert mine.expected_need(str(tmp_path / "a.bin")) == 1100
-    assert fsprobe.default_context().expected_need(str(tmp_path / "a.bin")) is None
+    assert expected_need(mine, str(tmp_path / "a.bin")) == 1100
+    assert expected_need(fsprobe.default_context(), str(tmp_path / "a.bin")) is None
     future = fsprobe.save_async({"w": 1}, tmp_path / "b.pt", preflight=False, context=mine)
     fsprobe.wait_saves(timeout=60, context=mine)
-    assert future.done() and mine.expected_need(str(tmp_path / "b.pt")) is not None
+    assert future.done() and expected_need(mine, str(tmp_path / "b.pt")) is not None
     assert fsprobe.default_context().background().pending() == []
 
 
 def test_a_save_context_of_its_own_starts_empty_and_keeps_its_sizes_to_itself(tmp_path):
     mine, other = SaveContext(), SaveContext()
     mine.remember_save(str(tmp_path / "a.pt"), 1000)
-    assert mine.expected_need(str(tmp_path / "a.pt")) == 1100
-    assert other.expected_need(str(tmp_path / "a.pt")) is None
+    assert expected_need(mine, str(tmp_path / "a.pt")) == 1100
+    assert expected_need(other, str(tmp_path / "a.pt")) is None

@@ -22,8 +22,8 @@ import pytest
 import fsprobe
 from fsprobe.posix.atomic import TempFile, hostname, is_live_here, parse_temp_name, temp_name
 from fsprobe.probing.write import probe_write
+from fsprobe.saving.context import SaveContext
 from fsprobe.saving.options import Backoff
-from fsprobe.saving.preflight import SaveContext
 from fsprobe.saving.stale import (
     FOREIGN_STALE_SECONDS,
     MIN_AGE_SECONDS,
