@@ -1,11 +1,14 @@
 """What reaches a person: the shipped rules in a real Prometheus, the shipped inhibitions and
 route in a real Alertmanager, a webhook in the person's place, and a real `fsprobe run`.
 
-Every `for:` is compressed 60 times (a minute becomes a second), which keeps the order in which
-a path's alerts fire; Alertmanager's group timers become a second. Each scenario waits until the
-notifications are the expected ones and every other alert Prometheus fires for the path is held
-back by an inhibition: from then on nothing more would reach the person. Each notification
-names the path, the cause and the first thing to do.
+Every `for:` and `keep_firing_for:` is compressed 60 times (a minute becomes a second), which
+keeps the order in which a path's alerts fire; Alertmanager's group timers become a second. Each
+scenario waits until the notifications are the expected ones and every other alert Prometheus
+fires for the path is held back by an inhibition: from then on nothing more would reach the
+person. Each notification names the path, the cause and the first thing to do. The bad days
+with consequences (a trainer saving into a full or failing filesystem, fsprobe restarted or
+killed in the middle) then wait as long again as the consequences need to fire, and require
+that nothing more was sent, nor anything resolved.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import calendar
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +29,15 @@ import pytest
 
 from tests.events.test_save_events import run_trainer
 from tests.support.alertmanager import Alertmanager, Webhook, compressed_config
-from tests.support.daemon_process import PATIENCE, REPO_ROOT, DaemonProcess, clean_environment
+from tests.support.daemon_process import (
+    PATIENCE,
+    REPO_ROOT,
+    DaemonProcess,
+    clean_environment,
+    free_port,
+)
 from tests.support.fakes.fake_lfs import fake_lfs_for
+from tests.support.node_exporter import NodeExporter
 from tests.support.prometheus import Prometheus
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -80,6 +93,31 @@ class Pipeline:
             if alert["status"] == "firing" and alert["labels"].get("path") == path
         ]
 
+    def sent(self, status: str = "firing") -> list[tuple[str, str, str | None]]:
+        """Every alert with `status` that reached a person, any path or none, as (alertname,
+        severity, path), in order."""
+        return [
+            (a["labels"]["alertname"], a["labels"]["severity"], a["labels"].get("path"))
+            for receiver, notification in self.webhook.notifications()
+            if receiver in PERSON
+            for a in notification["alerts"]
+            if a["status"] == status
+        ]
+
+    def nothing_more(self, path: str, expected: list[Alert], seconds: float = 15.0) -> None:
+        """Wait `seconds` (longer than any compressed `for:` of a consequence and than
+        `keep_firing_for`), then require the same notifications of `path` and nothing
+        resolved."""
+        time.sleep(seconds)
+        self.settle(path, expected)
+        assert self.sent("resolved") == [], self.sent("resolved")
+
+    def restart(self, number: int) -> None:
+        """Stop the daemon with signal `number` and start it again (on the same port)."""
+        self.daemon.send(number)
+        self.daemon.wait(PATIENCE)
+        self.daemon.start()
+
     def firing(self, path: str) -> set[Alert]:
         return {
             (a["labels"]["alertname"], a["labels"]["severity"])
@@ -130,19 +168,41 @@ def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
     started: list[object] = []
 
     def start(
-        *targets: Path, env: dict[str, str] | None = None, settings: str = "", nodes: int = 1
+        *targets: Path,
+        env: dict[str, str] | None = None,
+        settings: str = "",
+        nodes: int = 1,
+        textfile: bool = False,
     ) -> Pipeline:
+        """`textfile`: Prometheus scrapes a node_exporter serving the (one) daemon's
+        fsprobe.prom instead of the daemon. Each daemon listens on a port of its own, the same
+        after a restart."""
+        assert nodes == 1 or not textfile
         config = tmp_path / "fsprobe.toml"
         config.write_text(
             DAEMON + "".join(f'[[targets]]\npath = "{t}"\n{settings}' for t in targets)
         )
+        if textfile:
+            (tmp_path / "textfile").mkdir()
         daemons = []
         for node in range(nodes):
             home = tmp_path / ("daemon" if node == 0 else f"daemon{node}")
             home.mkdir()
-            daemon = DaemonProcess(home, "--config", str(config), env=env or clean_environment())
+            where = ["--listen", f"127.0.0.1:{free_port()}"]
+            if textfile:
+                where += ["--textfile-dir", str(tmp_path / "textfile")]
+            daemon = DaemonProcess(
+                home, "--config", str(config), *where, env=env or clean_environment()
+            )
             started.append(daemon.start())
             daemons.append(daemon)
+        scraped = [daemon.url.split("//")[1].split("/")[0] for daemon in daemons]
+        if textfile:
+            (tmp_path / "node_exporter").mkdir()
+            exporter = NodeExporter(tmp_path / "node_exporter", tmp_path / "textfile")
+            started.append(exporter)
+            exporter.wait_ready()
+            scraped = [exporter.address]
         webhook = Webhook()
         started.append(webhook)
         (tmp_path / "alertmanager").mkdir()
@@ -153,14 +213,13 @@ def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
         alertmanager.wait_ready()
         (tmp_path / "prometheus").mkdir()
         prometheus = Prometheus(
-            tmp_path / "prometheus",
-            [daemon.url.split("//")[1].split("/")[0] for daemon in daemons],
-            [compressed_rules(tmp_path)],
-            alertmanager.address,
+            tmp_path / "prometheus", scraped, [compressed_rules(tmp_path)], alertmanager.address
         )
         started.append(prometheus)
         prometheus.wait_ready()
-        prometheus.wait_for('count(up{job="fsprobe"} == 1)', float(nodes))
+        prometheus.wait_for('count(up{job="fsprobe"} == 1)', float(len(scraped)))
+        if textfile:
+            prometheus.wait_for('count(node_textfile_mtime_seconds{file=~".*/fsprobe.prom"})', 1.0)
         return Pipeline(daemons[0], prometheus, alertmanager, webhook)
 
     yield start
@@ -460,3 +519,131 @@ def test_a_failover_seen_by_three_nodes_reaches_a_person_once_per_state(
         for alert in run.prometheus.alerts()
         if alert["labels"].get("target") == "lustre-OST0000"
     ]
+
+
+TRAINING = """
+import sys, time
+import fsprobe
+from fsprobe.saving.options import Backoff
+target, step = sys.argv[1], 0
+while True:
+    try:
+        fsprobe.atomic_write(
+            f"{target}/step-{step % 2}.pt", lambda f: f.write(b"x" * 65536), attempts=2,
+            backoff=Backoff(sleep=lambda seconds: None),
+        )
+    except OSError:
+        pass
+    step += 1
+    time.sleep(1.0)
+"""
+
+
+@contextmanager
+def training(target: Path, state_dir: Path, prometheus: Prometheus) -> Iterator[None]:
+    """A trainer saving into `target` every second (failed saves and all) until the block ends;
+    the block starts once the daemon knows its save interval."""
+    env = clean_environment(FSPROBE_STATE_DIR=str(state_dir))
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINING, str(target)], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        prometheus.wait_for(f'count(fsprobe_save_interval_seconds{{path="{target}"}})', 1.0)
+        yield
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def _failed_saves(run: Pipeline, path: str) -> None:
+    """Wait until Prometheus has seen a save into `path` fail and the checkpoint go overdue:
+    the consequences the cause's page holds back."""
+    run.prometheus.wait_for(f'fsprobe_saves_total{{path="{path}",outcome="failed"}} > bool 0', 1.0)
+    overdue = (
+        f"timestamp(fsprobe_last_successful_save_timestamp_seconds{{path={path!r}}})"
+        f" - fsprobe_last_successful_save_timestamp_seconds > bool"
+        f" 3 * fsprobe_save_interval_seconds"
+    ).replace("'", '"')
+    run.prometheus.wait_for(overdue, 1.0)
+
+
+def test_a_full_filesystem_with_a_trainer_saving_into_it_is_one_page(tmpfs, pipeline):
+    """The trainer's failed saves and its overdue checkpoint are the full filesystem's: one
+    page, before, during and after the consequences would have fired."""
+    target = tmpfs(size="8M").path
+    run, path = pipeline(target, env=clean_environment(TMPDIR=str(target))), str(target)
+    with training(target, run.daemon.state_dir, run.prometheus):
+        fill_to(target, 0.0)
+        _failed_saves(run, path)
+        (alert,) = run.settle(path, [("FsprobeSpaceHeadroomLow", "critical")])
+        run.nothing_more(path, [("FsprobeSpaceHeadroomLow", "critical")])
+    says_what_to_do(alert, path, "the filesystem", "ENOSPC")
+
+
+def test_a_failing_filesystem_with_a_trainer_saving_into_it_is_one_page(faultfs, pipeline):
+    """EIO for every write there: the test writes' alert is the page, not the trainer's
+    failed saves nor its overdue checkpoint."""
+    target = faultfs.mountpoint / "ckpt"
+    run, path = _watched(target, pipeline, TMPDIR=str(faultfs.mountpoint)), str(target)
+    with training(target, run.daemon.state_dir, run.prometheus):
+        faultfs.ctl.fail("write", "EIO", path="/ckpt/*", times=None)
+        _failed_saves(run, path)
+        (alert,) = run.settle(path, [("FsprobeWriteProbeFailing", "critical")])
+        run.nothing_more(path, [("FsprobeWriteProbeFailing", "critical")])
+    says_what_to_do(alert, path, "EIO")
+
+
+def test_a_daemon_restart_resolves_nothing(tmpfs, pipeline):
+    """A planned restart (SIGTERM, about a second down) while a full filesystem pages: no
+    RESOLVED, no second page."""
+    target = tmpfs(size="8M").path
+    run, path = pipeline(target, env=clean_environment(TMPDIR=str(target))), str(target)
+    fill_to(target, 0.0)
+    run.settle(path, [("FsprobeSpaceHeadroomLow", "critical")])
+    run.restart(signal.SIGTERM)
+    run.prometheus.wait_for('up{job="fsprobe"}', 1.0)
+    run.nothing_more(path, [("FsprobeSpaceHeadroomLow", "critical")])
+    assert [name for name, _, _ in run.sent()].count("FsprobeDown") == 0
+
+
+def test_a_killed_daemon_is_fsprobe_down_alone(tmpfs, pipeline):
+    """kill -9 while a full filesystem pages: FsprobeDown (critical) is the one new page, and
+    the open page is neither resolved nor sent again while fsprobe is down."""
+    target = tmpfs(size="8M").path
+    run, path = pipeline(target, env=clean_environment(TMPDIR=str(target))), str(target)
+    fill_to(target, 0.0)
+    run.settle(path, [("FsprobeSpaceHeadroomLow", "critical")])
+    run.daemon.send(signal.SIGKILL)
+    run.daemon.wait(PATIENCE)
+    deadline = time.monotonic() + PATIENCE
+    while ("FsprobeDown", "critical", None) not in run.sent():
+        assert time.monotonic() < deadline, run.sent()
+        time.sleep(0.25)
+    run.nothing_more(path, [("FsprobeSpaceHeadroomLow", "critical")])
+    assert run.sent() == [
+        ("FsprobeSpaceHeadroomLow", "critical", path),
+        ("FsprobeDown", "critical", None),
+    ]
+
+
+def test_a_killed_daemon_in_textfile_mode_is_one_message(tmp_path, pipeline):
+    """node_exporter serves the dead daemon's last fsprobe.prom: FsprobeDown from the file's
+    age, and no FsprobeProbeStale for any of its probes."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    run = pipeline(target, textfile=True)
+    run.prometheus.wait_for(f'fsprobe_probe_success{{path="{target}",probe="write"}}', 1.0)
+    run.daemon.send(signal.SIGKILL)
+    run.daemon.wait(PATIENCE)
+    deadline = time.monotonic() + PATIENCE
+    while ("FsprobeDown", "critical", None) not in run.sent():
+        assert time.monotonic() < deadline, run.sent()
+        time.sleep(0.25)
+    time.sleep(15)  # as long again as a stale probe would need to reach a person
+    assert run.sent() == [("FsprobeDown", "critical", None)]
+    assert not any(a["labels"]["alertname"] == "FsprobeProbeStale" for a in run.prometheus.alerts())
+    (down,) = [
+        alert for _, notification in run.webhook.notifications() for alert in notification["alerts"]
+    ]
+    assert down["labels"]["reason"] == "textfile_stale"
+    assert "systemctl status fsprobe" in down["annotations"]["action"]
