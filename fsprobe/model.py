@@ -294,7 +294,8 @@ class LustreImport:
     `active` is False for an OSC the admin deactivated (``osc.*.active=0``): no new file gets
     an object there. `idle_cycle` marks a CONNECTING that is the brief step of an idle
     disconnect or reconnect (straight from FULL or IDLE, no DISCONN, younger than
-    `IDLE_CONNECT_SECONDS` when read).
+    `IDLE_CONNECT_SECONDS` when read). `in_layout` is False for an MDT that a new file in the
+    target directory never meets (neither MDT0000 nor one of the directory's).
     """
 
     name: str  # FSNAME-OST0007
@@ -306,6 +307,7 @@ class LustreImport:
     active: bool = True
     idle_cycle: bool = False
     lost_before: float | None = None
+    in_layout: bool = True
 
     @property
     def connected(self) -> bool:

@@ -421,11 +421,12 @@ def _quota_usage_reasons(
 def _lustre_reasons(targets: Iterable[LustreTarget], policy: Policy) -> list[Reason]:
     """One reason for the targets a new file can meet that are nearly full.
 
-    Every MDT counts (each file's metadata goes to one); an OST counts only when the target
-    directory's layout can place data on it (`in_layout`): a full OST outside the layout's
-    pools takes no byte of the checkpoint.
+    An MDT counts when a new file's inode can go there (`in_layout`: the directory's MDTs, and
+    MDT0000; every MDT where they are not known); an OST when the target directory's layout
+    can place data on it (`in_layout`): a full OST outside the layout's pools takes no byte of
+    the checkpoint.
     """
-    meets = [t for t in targets if t.kind != "OST" or t.in_layout]
+    meets = [t for t in targets if t.in_layout]
     full = sorted(
         (
             (_Limit(t.name, t.avail_bytes, t.size_bytes).ratio, t)
@@ -467,17 +468,19 @@ def _short(name: str) -> str:
 def reached_imports(
     imports: Iterable[LustreImport], targets: Iterable[LustreTarget]
 ) -> list[LustreImport]:
-    """The imports of the targets a new file can meet: every MDT, and every OST but those that
-    `lfs df` marks as out of the layout's reach (all of them where it did not run) and those
-    deactivated (``osc.*.active=0``, or ``inactive device`` in `lfs df -v`): no new file gets
-    an object there."""
+    """The imports of the targets a new file can meet: MDT0000 and the target directory's MDTs,
+    the OSTs its layout reaches (as the imports probe and `lfs df` mark them: all where the
+    marks are unknown), and of those OSTs none deactivated (``osc.*.active=0``, or ``inactive
+    device`` in `lfs df -v`): no new file gets an object there."""
     targets = tuple(targets)
-    outside = {t.name for t in targets if t.kind == "OST" and not t.in_layout}
+    outside = {t.name for t in targets if not t.in_layout}
     inactive = {t.name for t in targets if t.kind == "OST" and not t.active}
     return [
         t
         for t in imports
-        if t.kind != "OST" or (t.active and t.name not in outside and t.name not in inactive)
+        if t.in_layout
+        and t.name not in outside
+        and (t.kind != "OST" or (t.active and t.name not in inactive))
     ]
 
 

@@ -60,7 +60,7 @@ LUSTRE_TARGET = Form(
 LUSTRE_IMPORT = Form(  # connected and recovering are derived from the state
     LustreImport,
     "name kind index state connected! recovering! lost_at lost_before? last_eviction active? "
-    "idle_cycle?",
+    "idle_cycle? in_layout?",
 )
 WRITE_PROBE = Form(WriteProbeResult, "ok bytes latency_seconds step errno message")
 TMPDIR = Form(TmpdirInfo, "path same_device free_bytes?")

@@ -1,4 +1,5 @@
-"""Where a new checkpoint in a directory can land: its layout's pools and their OSTs, cached.
+"""Where a new checkpoint in a directory can land: its layout's pools and their OSTs, and the
+MDTs its inode can be created on (where there are several), cached.
 
 Asked by the quota and `lfs df` probes, never by a save; its costs: docs/reference.md.
 """
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from fsprobe.errors import ProbeFailure
+from fsprobe.lustre.dirstripe import parse_dirstripe
 from fsprobe.lustre.layout import Layout, parse_layout
 from fsprobe.lustre.pools import (
     OLDEST_VERSION,
@@ -54,6 +56,13 @@ class Placement:
         )
 
 
+def meets_mdt(index: int, mdts: frozenset[int] | None) -> bool:
+    """Whether a new file in a directory on `mdts` meets MDT `index`: its inode goes to one of
+    them, and every path lookup starts at the root, on MDT0000 (all count where `mdts` is not
+    known)."""
+    return mdts is None or index == 0 or index in mdts
+
+
 def _filesystem_key(directory: str, mount: Mount | None) -> object:
     return (mount.device, mount.mountpoint) if mount is not None else directory
 
@@ -66,9 +75,10 @@ class Placements:
         self._names: SingleFlight[tuple[str, str] | ProbeFailure] = SingleFlight()
         self._members: SingleFlight[frozenset[str] | ProbeFailure] = SingleFlight()
         self._versions: SingleFlight[tuple[tuple[int, int], str] | ProbeFailure] = SingleFlight()
+        self._mdts: SingleFlight[frozenset[int] | ProbeFailure] = SingleFlight()
 
     def clear(self) -> None:
-        for cache in (self._layouts, self._names, self._members, self._versions):
+        for cache in (self._layouts, self._names, self._members, self._versions, self._mdts):
             cache.clear()
 
     def _get(self, cache: SingleFlight, key: object, compute, ttl: float, deadline: Deadline):
@@ -126,6 +136,24 @@ class Placements:
             for pool in layout.pools
         }
         return Placement(layout, members)
+
+    def known_mdts(
+        self, directory: str, binary: str, ttl: float, deadline: Deadline
+    ) -> frozenset[int] | None:
+        """The MDTs a new file's inode in `directory` can go to (``lfs getdirstripe``); None
+        when they cannot be read (a hung filesystem's TIMEOUT is raised)."""
+        try:
+            return self._get(
+                self._mdts,
+                (directory, binary),
+                lambda: self._run(("getdirstripe", directory), binary, deadline, parse_dirstripe),
+                ttl,
+                deadline,
+            )
+        except ProbeFailure as failure:
+            if failure.error == TIMEOUT:
+                raise
+            return None
 
     def instance(
         self, directory: str, mount: Mount | None, binary: str, ttl: float, deadline: Deadline

@@ -1,10 +1,14 @@
-"""The `lfs df` probe: the MDTs and OSTs a new checkpoint can meet, marked by layout (§4)."""
+"""The `lfs df` probe: the MDTs and OSTs a new checkpoint can meet, marked by layout and, with
+several MDTs, by the directory's (§4)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from fsprobe.errors import ProbeFailure
 from fsprobe.lustre.caches import LustreCaches
 from fsprobe.lustre.df import lfs_df_applies, read_targets
+from fsprobe.lustre.placement import meets_mdt
 from fsprobe.lustre.runner import lfs_binary
 from fsprobe.model import LustreTarget
 from fsprobe.probing.quota import locate
@@ -29,6 +33,13 @@ def probe_lfs_df(
     binary = lfs_binary(settings.lfs)
     caches.placements.check_supported(binary, deadline)
     targets = read_targets(directory, mount, binary, settings, deadline, caches.df)
+    if any(t.kind == "MDT" and t.index > 0 for t in targets):  # DNE: the directory's MDTs
+        ttl = max(settings.cache_seconds, settings.timeout)
+        mdts = caches.placements.known_mdts(directory, binary, ttl, deadline)
+        targets = tuple(
+            replace(t, in_layout=meets_mdt(t.index, mdts)) if t.kind == "MDT" else t
+            for t in targets
+        )
     try:
         placement = caches.placements.read(directory, mount, binary, settings, deadline)
     except ProbeFailure:

@@ -45,7 +45,7 @@ def clocks(text: str, now: int) -> str:
 
 
 def test_every_case_cites_the_lustre_source_it_was_built_from():
-    assert len(CASES) >= 6
+    assert len(CASES) >= 9
     for name, case in CASES.items():
         assert case["source"], name
         for source in case["source"]:
@@ -62,6 +62,8 @@ def test_an_import_state_is_judged_as_lustre_means_it(faultfs, fake_lfs, name):
         control=faultfs.ctl.socket_path,
         imports=at_now(case["imports"], now),
         fail=case.get("lfs_fail"),
+        mdts=case.get("mdts"),
+        state=case.get("lfs_state"),
     )
     code, document = check_json(
         faultfs.mountpoint, "--quota-provider", "lfs", "--no-write-probe", *AS_USER

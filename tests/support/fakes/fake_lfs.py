@@ -81,6 +81,7 @@ class FakeLfs:
         limited_types: str | None = None,
         project: int | None = None,
         osts: int | None = None,
+        mdts: int | None = None,
         imports: dict[str, Any] | None = None,
         lctl_fail: str | None = None,
     ) -> FakeLfs:
@@ -98,6 +99,7 @@ class FakeLfs:
             "LIMITED_TYPES": limited_types,
             "PROJECT": project,
             "OSTS": osts,
+            "MDTS": mdts,
         }
         if state is not None:
             state_file = self.workdir / "fake-lfs-state.json"
