@@ -30,7 +30,7 @@ from fsprobe.saving.stale import (
     clean_directory,
     is_stale,
 )
-from tests.support.capability import require
+from tests.support.capability import need_module, require
 from tests.support.crash import leftovers
 from tests.support.users import REPO, share
 
@@ -343,7 +343,7 @@ def test_no_failed_attempt_leaves_an_inode_where_removes_are_hidden(faultfs_fact
     handled, and its staging directory cannot go then. It goes before the next attempt: the
     error is not kept alive by a reference cycle in the save. A save that takes three attempts
     leaves nothing but its checkpoint, and counts the two it removed."""
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch")
     faultfs = faultfs_factory(hidden_removes=True)
     run = faultfs.mountpoint / "run"
     run.mkdir()
