@@ -1,13 +1,60 @@
-"""Sizes and durations as people write and read them: ``50G``, ``1.5TiB``, ``3 days 4 hours``."""
+"""Sizes and durations as people write and read them: ``50G``, ``1.5TiB``, ``3 days 4 hours``;
+and the one check of a number someone gives (`check_number`: options, configuration, events).
+"""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtpe]?)(i?b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def check_number(
+    value: object,
+    low: float,
+    high: float = math.inf,
+    *,
+    above: bool = False,
+    whole: bool = False,
+    kind: str | None = None,
+) -> None:
+    """A finite number from `low` (above it when `above`) to `high`, or a TypeError when `value`
+    is no real number (a bool is not; nor a float when `whole`), a ValueError when it is out of
+    that range (NaN is). Either message is what was expected (``a number of seconds above 0``:
+    `kind` names the number), for the caller to frame with the name of what was given."""
+    expected = kind or ("a whole number" if whole else "a number")
+    if above:
+        expected += f" above {_plain(low)}"
+        expected += "" if high == math.inf else f" and at most {_plain(high)}"
+    elif high == math.inf:
+        expected += f" at least {_plain(low)}"
+    else:
+        expected += f" from {_plain(low)} to {_plain(high)}"
+    if not _is_real(value, whole):
+        raise TypeError(expected)
+    number: float = value  # type: ignore[assignment]  # a real number: ordered, convertible
+    if not (low < number <= high if above else low <= number <= high) or not math.isfinite(number):
+        raise ValueError(expected)
+
+
+def _plain(bound: float) -> str:
+    """A bound as written: ``4294967294``, ``0.1``, never ``4.29497e+09``."""
+    return str(int(bound)) if bound == int(bound) else f"{bound:g}"
+
+
+def _is_real(value: object, whole: bool) -> bool:
+    """Whether `value` is a real number (not a bool), an int when `whole`."""
+    if type(value) is int or (type(value) is float and not whole):  # the usual case, fast
+        return True
+    if whole or isinstance(value, bool):
+        return isinstance(value, int) and not isinstance(value, bool)
+    import numbers  # here: only a number that is neither float nor int needs it
+
+    return isinstance(value, numbers.Real)
 
 
 def parse_size(text: str) -> int:

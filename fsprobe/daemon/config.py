@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import math
 import os
 import re
 import stat
@@ -26,7 +25,7 @@ from fsprobe.quota.ids import id_of
 from fsprobe.quota.settings import cache_seconds_for
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.state import default_state_dir
-from fsprobe.units import format_bytes, parse_size
+from fsprobe.units import check_number, format_bytes, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -130,54 +129,37 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid(f"expected a number, got {_describe(value)}")
-    if not math.isfinite(value):
-        raise _Invalid(f"expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _between(low: float, high: float, what: str = "a number") -> Callable[[Any], float]:
-    """A number in [low, high]; `what` says what it counts, for the error."""
+def _number_in(
+    low: float,
+    high: float,
+    above: bool = False,
+    whole: bool = False,
+    kind: str | None = None,
+    hint: str = "",
+) -> Callable[[Any], float]:
+    """A finite number from `low` (above it when `above`) to `high` (`check_number`)."""
 
     def check(value: Any) -> float:
-        number = _number(value)
-        if not low <= number <= high:
-            raise _Invalid(f"expected {what} between {low:g} and {high:g}, got {value!r}")
-        return number
+        try:
+            check_number(value, low, high, above=above, whole=whole, kind=kind)
+        except TypeError as error:
+            raise _Invalid(f"expected {error}{hint}, got {_describe(value)}") from None
+        except ValueError as error:
+            raise _Invalid(f"expected {error}{hint}, got {value!r}") from None
+        return value if whole else float(value)
 
     return check
 
 
-def _seconds(high: float) -> Callable[[Any], float]:
-    return _between(MIN_INTERVAL, high, "a number of seconds")
+def _seconds(low: float, high: float) -> Callable[[Any], float]:
+    return _number_in(low, high, kind="a number of seconds")
 
 
-def _above_zero(high: float) -> Callable[[Any], float]:
-    def check(value: Any) -> float:
-        number = _number(value)
-        if not 0 < number <= high:
-            raise _Invalid(f"expected a number above 0 and at most {high:g}, got {value!r}")
-        return number
-
-    return check
+_ratio = _number_in(0, 1, kind="a ratio", hint=" (0.1 is 10 %)")
 
 
-def _ratio(value: Any) -> float:
-    ratio = _number(value)
-    if not 0 <= ratio <= 1:
-        raise _Invalid(f"expected a ratio between 0 and 1 (0.1 is 10 %), got {value!r}")
-    return ratio
-
-
-def _whole(low: int, high: int, what: str = "a whole number") -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise _Invalid(f"expected {what} from {low} to {high}, got {_describe(value)}")
-        return value
-
-    return check
+def _whole(low: int, high: int, kind: str = "a whole number") -> Callable[[Any], int]:
+    return _number_in(low, high, whole=True, kind=kind)  # type: ignore[return-value]
 
 
 def _account(kind: str) -> Callable[[Any], int]:
@@ -263,10 +245,10 @@ def _listen(value: Any) -> str:
 
 
 _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
-    **{f"{kind}_interval": _seconds(MAX_INTERVAL) for kind in DEFAULT_INTERVALS},
-    "redirect_interval": _seconds(MAX_INTERVAL),
-    "deadline": _seconds(MAX_DEADLINE),
-    "quota_timeout": _seconds(MAX_DEADLINE),
+    **{f"{kind}_interval": _seconds(MIN_INTERVAL, MAX_INTERVAL) for kind in DEFAULT_INTERVALS},
+    "redirect_interval": _seconds(MIN_INTERVAL, MAX_INTERVAL),
+    "deadline": _seconds(MIN_INTERVAL, MAX_DEADLINE),
+    "quota_timeout": _seconds(MIN_INTERVAL, MAX_DEADLINE),
     "write_bytes": _size(MAX_WRITE_BYTES, "64M"),
     "write_probe": _bool,
     "probe_as": _probe_as,
@@ -279,12 +261,12 @@ _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
 _THRESHOLD_KEYS: dict[str, Callable[[Any], Any]] = {
     "headroom_degraded_ratio": _ratio,
     "headroom_unhealthy_ratio": _ratio,
-    "grace_expiring_seconds": _between(0, MAX_GRACE_WARNING, "a number of seconds"),
+    "grace_expiring_seconds": _seconds(0, MAX_GRACE_WARNING),
     "lustre_target_min_free_ratio": _ratio,
-    "write_slow_seconds": _between(0, MAX_SLOW_SECONDS, "a number of seconds"),
-    "write_very_slow_seconds": _between(0, MAX_SLOW_SECONDS, "a number of seconds"),
+    "write_slow_seconds": _seconds(0, MAX_SLOW_SECONDS),
+    "write_very_slow_seconds": _seconds(0, MAX_SLOW_SECONDS),
     "transient_write_window": _whole(1, MAX_WINDOW),
-    "stale_after_intervals": _above_zero(MAX_STALE_INTERVALS),
+    "stale_after_intervals": _number_in(0, MAX_STALE_INTERVALS, above=True),
     "check_tmpdir": _bool,
 }
 _TARGET_KEYS: dict[str, Callable[[Any], Any]] = {

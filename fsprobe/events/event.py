@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fsprobe.units import check_number
+
 #: The largest datagram a sender sends and a receiver reads; longer ones are dropped whole.
 MAX_EVENT_BYTES = 8192
 #: The failed attempts an event lists (a save has 5 by default); more are only counted.
@@ -176,23 +178,22 @@ def _field(document: dict[str, Any], key: str, kind: type) -> Any:
 
 
 def _count(document: dict[str, Any], key: str) -> int:
-    value: int = _field(document, key, int)
-    _bounded(key, value)
+    value: int = _bounded(key, document.get(key), whole=True)
     return value
 
 
 def _number(document: dict[str, Any], key: str) -> float:
-    value = document.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise MalformedEvent(f"{key} must be a number")
-    _bounded(key, value)
-    return float(value)
+    return float(_bounded(key, document.get(key), whole=False))
 
 
-def _bounded(key: str, value: float) -> None:
+def _bounded(key: str, value: Any, whole: bool) -> Any:
+    """`value` if it is a number (a whole one if `whole`) within `BOUNDS[key]`."""
     low, high = BOUNDS[key]
-    if not low <= value <= high:  # (NaN is not)
-        raise MalformedEvent(f"{key} must be from {low} to {high}")
+    try:
+        check_number(value, low, high, whole=whole)
+    except (TypeError, ValueError) as error:
+        raise MalformedEvent(f"{key} must be {error}") from None
+    return value
 
 
 def _host(value: str) -> str:

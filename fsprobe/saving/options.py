@@ -8,7 +8,6 @@ its fields (`SaveOverrides`), applied once by `save_options`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsprobe.model import NEED_INODES
 from fsprobe.redirect.fallback import FALLBACK_ENV, all_fallback_dirs
+from fsprobe.units import check_number
 
 if TYPE_CHECKING:  # typing_extensions is not a dependency: these exist for type checkers only
     from collections.abc import Iterable
@@ -55,43 +55,22 @@ ON_UNHEALTHY = ("proceed", "fail")
 
 
 def _number(name: str, value: object, minimum: float, inclusive: bool) -> None:
-    """TypeError unless `value` is a real number (not a bool), ValueError unless it is finite
-    and at least (or above) `minimum`; both name the option."""
-    number = _real(value)
-    if number is None:
-        raise TypeError(f"{name} takes {_seconds(minimum, inclusive)}, not {value!r}")
-    if not (number >= minimum if inclusive else number > minimum) or not math.isfinite(number):
-        raise ValueError(f"{name} takes {_seconds(minimum, inclusive)}, not {value!r}")
-
-
-def _real(value: object) -> float | None:
-    """`value` as a float if it is a real number (not a bool), else None."""
-    if type(value) is float or type(value) is int:  # the usual case, fast
-        return float(value)
-    import numbers  # here: only a number that is neither float nor int needs it
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    return float(value)
-
-
-def _seconds(minimum: float, inclusive: bool) -> str:
-    return f"a number of seconds {'at least' if inclusive else 'above'} {minimum:g}"
+    """A number of seconds at least (or, not `inclusive`, above) `minimum`, named in the error."""
+    try:
+        check_number(value, minimum, above=not inclusive, kind="a number of seconds")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{name} takes {error}, not {value!r}") from None
 
 
 def _count(name: str, value: object, minimum: int, optional: bool) -> None:
-    """TypeError unless `value` is an int (not a bool; None if `optional`), ValueError below
-    `minimum`."""
+    """A whole number at least `minimum` (or None when `optional`), named in the error."""
     if value is None and optional:
         return
-    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TypeError(f"{name} takes {_whole(minimum, optional)}, not {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} takes {_whole(minimum, optional)}, not {value!r}")
-
-
-def _whole(minimum: int, optional: bool) -> str:
-    return f"a whole number at least {minimum}" + (" or None" if optional else "")
+    try:
+        check_number(value, minimum, whole=True)
+    except (TypeError, ValueError) as error:
+        alternative = " or None" if optional else ""
+        raise type(error)(f"{name} takes {error}{alternative}, not {value!r}") from None
 
 
 def _flag(name: str, value: object) -> None:

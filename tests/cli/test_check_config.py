@@ -61,4 +61,7 @@ def test_a_bad_config_is_a_usage_error_with_file_and_line(tmp_path):
     config.write_text("[defaults]\ndeadline = inf\n")
     status, _report, stderr = check(str(tmp_path), "--config", str(config), tmpdir=tmp_path)
     assert status == 64
-    assert f"{config}:2: defaults.deadline: expected a finite number" in stderr
+    assert (
+        f"{config}:2: defaults.deadline: expected a number of seconds from 0.1 to 3600, got inf"
+        in stderr
+    )

@@ -234,7 +234,7 @@ def test_unknown_key_names_file_line_and_key(tmp_path):
             '[[targets]]\npath = "/a"\nwrite_interval = 0\n',
             3,
             "targets[0].write_interval",
-            "seconds between 0.1 and 604800",
+            "seconds from 0.1 to 604800, got 0",
         ),
         (
             '[defaults]\nwrite_bytes = "lots"\n[[targets]]\npath = "/a"\n',
@@ -259,7 +259,7 @@ def test_unknown_key_names_file_line_and_key(tmp_path):
             '[defaults.thresholds]\nheadroom_degraded_ratio = 10\n[[targets]]\npath = "/a"\n',
             2,
             "defaults.thresholds.headroom_degraded_ratio",
-            "ratio between 0 and 1",
+            "ratio from 0 to 1 (0.1 is 10 %), got 10",
         ),
         (
             '[defaults.thresholds]\nheadroom_unhealthy_ratio = 0.5\n[[targets]]\npath = "/a"\n',
@@ -412,17 +412,21 @@ def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path):
 @pytest.mark.parametrize(
     ("line", "key", "reason"),
     [
-        ("deadline = inf", "defaults.deadline", "finite number, got inf"),
-        ("deadline = -inf", "defaults.deadline", "finite number"),
-        ("statvfs_interval = nan", "defaults.statvfs_interval", "finite number, got nan"),
-        ("quota_timeout = 1e9", "defaults.quota_timeout", "between 0.1 and 3600"),
-        ("write_interval = 9223372036854775807", "defaults.write_interval", "and 604800"),
+        ("deadline = inf", "defaults.deadline", "seconds from 0.1 to 3600, got inf"),
+        ("deadline = -inf", "defaults.deadline", "seconds from 0.1 to 3600, got -inf"),
+        ("statvfs_interval = nan", "defaults.statvfs_interval", "to 604800, got nan"),
+        ("quota_timeout = 1e9", "defaults.quota_timeout", "from 0.1 to 3600, got 1000000000.0"),
+        (
+            "write_interval = 9223372036854775807",
+            "defaults.write_interval",
+            "to 604800, got 9223372036854775807",
+        ),
         ('write_bytes = "8G"', "defaults.write_bytes", "at most 64M"),
         ("write_bytes = 9223372036854775807", "defaults.write_bytes", "at most 64M"),
         (
             "thresholds.stale_after_intervals = nan",
             "defaults.thresholds.stale_after_intervals",
-            "finite",
+            "a number above 0 and at most 1000, got nan",
         ),
         (
             "thresholds.stale_after_intervals = 1e300",
@@ -432,13 +436,17 @@ def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path):
         (
             "thresholds.grace_expiring_seconds = inf",
             "defaults.thresholds.grace_expiring_seconds",
-            "finite",
+            "seconds from 0 to 31622400, got inf",
         ),
-        ("thresholds.write_slow_seconds = nan", "defaults.thresholds.write_slow_seconds", "finite"),
+        (
+            "thresholds.write_slow_seconds = nan",
+            "defaults.thresholds.write_slow_seconds",
+            "seconds from 0 to 86400, got nan",
+        ),
         (
             "thresholds.headroom_degraded_ratio = nan",
             "defaults.thresholds.headroom_degraded_ratio",
-            "finite",
+            "a ratio from 0 to 1 (0.1 is 10 %), got nan",
         ),
         (
             "thresholds.transient_write_window = 1000000000",
@@ -513,7 +521,10 @@ def test_run_once_with_an_infinite_deadline_is_a_usage_error_not_a_crash(tmp_pat
         timeout=60,
     )
     assert result.returncode == 64, result.stderr
-    assert f"{config}:2: defaults.deadline: expected a finite number, got inf" in result.stderr
+    assert (
+        f"{config}:2: defaults.deadline: expected a number of seconds from 0.1 to 3600, got inf"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 

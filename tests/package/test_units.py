@@ -1,4 +1,4 @@
-"""Sizes and durations as people write and read them."""
+"""Sizes and durations as people write and read them, and the one check of a number given."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsprobe.units import format_bytes, format_duration, format_seconds, parse_size
+from fsprobe.units import check_number, format_bytes, format_duration, format_seconds, parse_size
 
 
 @pytest.mark.parametrize(
@@ -68,3 +68,43 @@ def test_format_seconds():
     assert format_seconds(0.0000042) == "4 µs"
     assert format_seconds(0.0042) == "4.2 ms"
     assert format_seconds(12.5) == "12.5 s"
+
+
+@pytest.mark.parametrize(
+    ("value", "bounds", "error", "expected"),
+    [
+        ("1", {"low": 0}, TypeError, "a number at least 0"),
+        (True, {"low": 0}, TypeError, "a number at least 0"),  # a bool is no number
+        (1.5, {"low": 0, "whole": True}, TypeError, "a whole number at least 0"),
+        (-1, {"low": 0}, ValueError, "a number at least 0"),
+        (float("inf"), {"low": 0}, ValueError, "a number at least 0"),
+        (float("nan"), {"low": 0, "high": 1}, ValueError, "a number from 0 to 1"),
+        (0, {"low": 0, "above": True}, ValueError, "a number above 0"),
+        (11, {"low": 0, "high": 10, "above": True}, ValueError, "a number above 0 and at most 10"),
+        (
+            2**32,
+            {"low": 0, "high": 2**32 - 2, "whole": True, "kind": "a numeric ID"},
+            ValueError,
+            "a numeric ID from 0 to 4294967294",  # a bound as written, never 4.29497e+09
+        ),
+        (
+            0.05,
+            {"low": 0.1, "high": 3600, "kind": "a number of seconds"},
+            ValueError,
+            "a number of seconds from 0.1 to 3600",
+        ),
+    ],
+)
+def test_a_number_given_is_finite_and_in_its_range_or_says_what_was_expected(
+    value, bounds, error, expected
+):
+    """`check_number`, the one check of options, configuration and events: the message is
+    what was expected, which each caller frames with the name of what was given."""
+    with pytest.raises(error) as raised:
+        check_number(value, **bounds)
+    assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize("value", [0, 1, 0.5, 10**3, 2.0])
+def test_a_number_in_its_range_passes(value):
+    check_number(value, 0, 1000)
