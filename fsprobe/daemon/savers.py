@@ -1,7 +1,7 @@
 """The processes that save into a target, as their save events name them, and which still live.
 
-Gone when ``/proc/<pid>`` is, or holds another process; a sender outside our pid namespace is
-expected until its goodbye (docs/design.md §13).
+Gone when ``/proc/<pid>`` is, or holds another process; a sender outside our pid namespace
+(pid 0) until its goodbye or a long silence (docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ from typing import TypeVar
 MAX_SAVERS = 256
 #: How often (seconds) the daemon looks whether the saving processes still live.
 CHECK_EVERY = 1.0
+#: A saver the daemon cannot look up (outside its pid namespace: the kernel gave pid 0) is
+#: forgotten once silent for this many of its target's save intervals ...
+SILENT_INTERVALS = 10.0
+#: ... or, while no interval is known (no overdue alert to keep), for this long (seconds).
+SILENT_UNTIMED = 86400.0
 
 #: `started(pid)`: the start time of process `pid` (None: no such process).
 StartTime = Callable[[int], "int | None"]
@@ -87,12 +92,18 @@ class Savers:
             del self._savers[key]
         return bool(gone)
 
-    def forget_gone(self, started: StartTime) -> bool:
-        """Forget the processes that are gone; whether any was."""
+    def forget_gone(self, started: StartTime, now: float, silent: float) -> bool:
+        """Forget the processes that are gone, and those that cannot be looked up and were
+        silent for longer than `silent` seconds (killed or not, their end cannot be seen);
+        whether any was."""
         gone = [
             key
             for key, saver in self._savers.items()
-            if saver.started is not None and started(saver.pid) != saver.started
+            if (
+                now - saver.heard_at > silent
+                if saver.started is None
+                else started(saver.pid) != saver.started
+            )
         ]
         for key in gone:
             del self._savers[key]

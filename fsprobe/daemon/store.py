@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 
 from fsprobe.daemon.logs import event, log_bug
 from fsprobe.daemon.memory import Remembered
-from fsprobe.daemon.savers import Saver, Savers, StartTime, crowding, process_start
+from fsprobe.daemon.savers import (
+    SILENT_INTERVALS,
+    SILENT_UNTIMED,
+    Saver,
+    Savers,
+    StartTime,
+    crowding,
+    process_start,
+)
 from fsprobe.errors import NOT_AS_ROOT
 from fsprobe.events.admission import Sender
 from fsprobe.events.event import Goodbye, SaveEvent
@@ -406,7 +414,7 @@ class Store:
             if target is None:
                 return "unwatched", None
             now = self._clock()
-            if sender.pid == 0:  # outside our pid namespace: expected until its goodbye
+            if sender.pid == 0:  # outside our pid namespace: until its goodbye or a silence
                 target.savers.heard(Saver(sender.uid, save.host, save.pid, None, now))
             elif (started := self._started(save.pid)) is not None:  # else gone already
                 target.savers.heard(Saver(sender.uid, save.host, save.pid, started, now))
@@ -442,11 +450,15 @@ class Store:
             return changed
 
     def forget_gone_savers(self) -> list[TargetView]:
-        """Stop expecting saves from the saving processes that are gone; the changed views."""
+        """Stop expecting saves from the saving processes that are gone (or, outside our pid
+        namespace, silent for `SILENT_INTERVALS` save intervals); the changed views."""
         with self._lock:
             changed = []
+            now = self._clock()
             for target in self._targets.values():
-                if target.savers.forget_gone(self._started):
+                interval = target.saves.interval
+                silent = SILENT_INTERVALS * interval if interval is not None else SILENT_UNTIMED
+                if target.savers.forget_gone(self._started, now, silent):
                     target.savers_changed()
                     self._memory_version += 1
                     changed.append(self._publish(target))

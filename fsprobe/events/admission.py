@@ -10,6 +10,7 @@ import ctypes
 import errno
 import logging
 import os
+import pwd
 import threading
 import time
 from collections import OrderedDict
@@ -66,8 +67,11 @@ class Sender:
 
 def groups_of(pid: int, uid: int, gid: int, proc: str = "/proc") -> frozenset[int]:
     """The groups of process `pid`, if it still runs as `uid` (else only `gid`: a pid
-    reused by someone else must not lend its groups)."""
+    reused by someone else must not lend its groups; pid 0, a sender outside our pid
+    namespace, has none to read: `account_groups` then)."""
     found = {gid}
+    if pid <= 0:
+        return frozenset(found)
     try:
         with open(f"{proc}/{pid}/status", "rb") as status:
             lines = status.read(16384).decode("ascii", "replace").splitlines()
@@ -81,6 +85,24 @@ def groups_of(pid: int, uid: int, gid: int, proc: str = "/proc") -> frozenset[in
     except (IndexError, ValueError):
         pass
     return frozenset(found)
+
+
+def account_groups(uid: int, gid: int) -> frozenset[int]:
+    """The groups the account database gives `uid` (with `gid`): a sender whose process the
+    kernel does not show us (pid 0) is taken to have its account's groups. Only `gid` when
+    the uid has no account here. May wait on the name service: called in a check's thread."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        return frozenset(os.getgrouplist(name, gid)) | {gid}
+    except (KeyError, OSError):
+        return frozenset({gid})
+
+
+def sender_identity(sender: Sender) -> Identity:
+    """Whom to check as: the sender with its process's groups, or (pid 0) its account's."""
+    if sender.pid == 0:
+        sender = Sender(sender.uid, sender.gid, 0, account_groups(sender.uid, sender.gid))
+    return sender.identity()
 
 
 def may_write(identity: Identity, directory: str) -> bool:
@@ -158,7 +180,7 @@ class Admission(Generic[Item]):
                 return UNVERIFIED
             self._running.add(key)
         thread = threading.Thread(
-            target=self._run, args=(key, sender.identity()), name="fsprobe-admission", daemon=True
+            target=self._run, args=(key, sender), name="fsprobe-admission", daemon=True
         )
         try:
             thread.start()
@@ -187,10 +209,10 @@ class Admission(Generic[Item]):
             out += [(item, UNVERIFIED) for item in self._checks.pop(key).parked]
         return out
 
-    def _run(self, key: Key, identity: Identity) -> None:
+    def _run(self, key: Key, sender: Sender) -> None:
         allowed: str | None
         try:
-            allowed = None if self._check(identity, key[3]) else NOT_PERMITTED
+            allowed = None if self._check(sender_identity(sender), key[3]) else NOT_PERMITTED
         except Exception as error:  # cannot act as the user here: nothing is admitted
             allowed, kind = UNVERIFIED, f"{type(error).__name__} {getattr(error, 'errno', '')}"
             with self._lock:

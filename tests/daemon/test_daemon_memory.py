@@ -149,7 +149,9 @@ HOSTILE = {
 
 
 def _valid(target: Path) -> dict:
-    saver = {"uid": 0, "host": "h", "pid": os.getpid(), "started": None, "heard_at": 1.0}
+    # Outside the daemon's pid namespace (no start time), heard of a moment ago: kept until
+    # its goodbye or a day of silence (no interval is known from 2 saves).
+    saver = {"uid": 0, "host": "h", "pid": os.getpid(), "started": None, "heard_at": time.time()}
     problem = {
         "at": 2.0,
         "file": f"{target}/a.pt",
@@ -225,7 +227,6 @@ def test_a_valid_memory_file_is_taken_and_one_others_may_write_is_not(tmp_path):
     os.chmod(memory, 0o600)
     with _daemon(home, target).start() as daemon:
         daemon.wait_for_log("event=memory_recalled")
-        # A saver outside our pid namespace (no start time) is kept; no interval from 2 saves.
         assert _first_scrape(daemon, str(target)) == (1.0, None, 2.0)
         assert daemon.value("fsprobe_last_save_problem_timestamp_seconds", path=str(target)) == 2
     memory.write_text(json.dumps(_valid(target)))

@@ -8,7 +8,7 @@ from fsprobe.daemon.memory import Remembered
 from fsprobe.daemon.savers import Saver
 from fsprobe.daemon.store import Store, TargetSpec
 from fsprobe.events.admission import Sender
-from fsprobe.events.event import SaveEvent
+from fsprobe.events.event import Goodbye, SaveEvent
 from fsprobe.exporters.view import LATENCY_BUCKETS, Histogram
 from fsprobe.model import (
     FilesystemInfo,
@@ -249,3 +249,27 @@ def test_a_recalled_saver_is_kept_only_while_its_pid_holds_the_same_process_in_t
         assert saves.interval == (300.0 if expected else None)
         version, memory = store.memory()
         assert version > 0 and set(memory) == ({"/ckpt"} if expected else set())
+
+
+def test_a_saver_outside_our_pid_namespace_is_its_uids_alone_and_forgotten_when_long_silent():
+    """The kernel gives pid 0 for a sender in another pid namespace (the DaemonSet without
+    hostPID): its claim of a host and pid is keyed by its uid too, so a neighbour's save and
+    goodbye under the same claim never replace or end it; and since its end cannot be seen,
+    it is forgotten after 10 save intervals of silence (a SIGKILLed trainer), not kept."""
+    now = [NOW]
+    store = Store(clock=lambda: now[0], started=lambda pid: None)
+    store.configure([TargetSpec("/ckpt")])
+    alice, mallory = Sender(1000, 1000, 0), Sender(1001, 1001, 0)
+    for _ in range(4):
+        save = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 0.1, 1, (), now[0], "node1", 77)
+        store.record_save(alice, save)
+        now[0] += 60.0
+    store.record_save(mallory, SaveEvent("/ckpt/m.pt", None, 0, 0.1, 1, (), NOW, "node1", 77))
+    assert store.view("/ckpt").saves.savers == 2
+    (view,) = store.goodbye(mallory, Goodbye("node1", 77))
+    assert view.saves.savers == 1 and view.saves.interval == 60.0  # Alice's stays
+    now[0] += 9 * 60.0
+    assert store.forget_gone_savers() == []  # 10 intervals after her last save: not yet
+    now[0] += 60.0 + 1
+    (view,) = store.forget_gone_savers()
+    assert (view.saves.savers, view.saves.interval) == (0, None)

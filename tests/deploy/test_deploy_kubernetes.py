@@ -144,6 +144,16 @@ def test_the_node_daemon_is_a_node_agent_without_api_access() -> None:
     assert spec["automountServiceAccountToken"] is False
 
 
+def test_the_daemons_see_the_pids_of_the_trainers_that_send_them_saves(job_pod: dict) -> None:
+    """Issue 35.9: in a pid namespace of its own, the kernel names every sender pid 0, and
+    the daemon can neither tell a hung trainer from a killed one nor read its groups (held
+    by tests/events/test_senders_outside_the_pid_namespace.py). The node daemon runs in the
+    host's, the sidecar in its pod's shared one."""
+    daemonset = _one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
+    assert daemonset["hostPID"] is True
+    assert job_pod["spec"]["shareProcessNamespace"] is True
+
+
 def test_daemonset_config_is_accepted_by_the_config_loader(tmp_path: Path) -> None:
     config_map = _one("daemonset.yaml", "ConfigMap")
     daemon = _one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]

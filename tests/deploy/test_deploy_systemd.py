@@ -133,6 +133,18 @@ def test_restart_and_reload_on_sighup(service: dict[str, list[str]]) -> None:
     assert service["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
 
 
+def test_the_state_dir_and_the_daemons_memory_outlive_a_restart(
+    service: dict[str, list[str]],
+) -> None:
+    """Issue 35.1: systemd removes a RuntimeDirectory when the unit stops, memory.json with
+    it, and a restarted daemon forgot every saver (a hung trainer's overdue page resolved for
+    good). Held beside tests/daemon/test_daemon_memory.py (the daemon restarted for real)."""
+    assert service["RuntimeDirectory"] == ["fsprobe"]
+    assert service["RuntimeDirectoryPreserve"] == ["yes"]
+    (command,) = service["ExecStart"]
+    assert "--state-dir /run/fsprobe" in command
+
+
 def test_runs_the_daemon_with_the_config_and_a_runtime_state_dir(
     service: dict[str, list[str]],
 ) -> None:
