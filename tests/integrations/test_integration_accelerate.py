@@ -130,6 +130,23 @@ def test_a_target_full_from_the_first_save_redirects_whole_and_load_state_resume
     )
 
 
+def test_total_limit_counts_the_target_and_the_fallback_as_one_place(faultfs, tmp_path):
+    """Checkpoints 0-1 at the target, 2-3 redirected while it was full, 4 at the target again:
+    the newest two are kept, one in each place, the rest deleted from both."""
+    project, fallback = faultfs.mountpoint / "run", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    train(project, epochs=2, fallbacks=[fallback])
+    full = faultfs.ctl.fail("write", "ENOSPC", times=None)
+    accelerator, _, _ = train(project, epochs=4, fallbacks=[fallback], resume=True)
+    assert [r.redirected for r in protected_results(accelerator)] == [True, True]
+    faultfs.ctl.remove(full)
+    train(project, epochs=5, fallbacks=[fallback], resume=True)
+    assert everywhere(project / "checkpoints", fallback) == ["checkpoint_3", "checkpoint_4"]
+    assert [n for n in os.listdir(project / "checkpoints") if n[0] != "."] == ["checkpoint_4"]
+    [copy] = manifest.pending([str(fallback)], mine=True)
+    assert copy.requested == str(project / "checkpoints" / "checkpoint_3")
+
+
 def test_a_transient_error_is_retried_and_the_checkpoint_loads_as_saved(faultfs, tmp_path, caplog):
     """An EIO writing the safetensors weights (its errno only in safetensors' message): the
     whole checkpoint is written again, at its place, and loads as an unfaulted one."""
