@@ -71,6 +71,8 @@ def main(project: str, epochs: int, resume: bool, fallback: str | None) -> None:
         "landed": [r.path for r in protected_results(accelerator)] if fallback else [],
     }
     print(RESULT + json.dumps(report), flush=True)
+    # DDP holds the process group: let it go before the group, or gloo may abort at exit.
+    model, optimizer, data = accelerator.free_memory(model, optimizer, data)
     accelerator.end_training()
 
 
