@@ -85,15 +85,16 @@ class Daemon:
             internal_errors=self.store.internal_errors,
         )
         self.exposition.reload_status = ReloadStatus(True, time.time())
+        #: What the daemon saw of each Lustre target beyond the imports' state history.
+        self.lustre = LustreMemory()
         self.publisher = Publisher(
             self.store.views,
             self.exposition,
             config.state_dir,
             config.textfile_dir,
             memory=self.store.memory,
+            lustre=self.lustre,
         )
-        #: What the daemon saw of each Lustre target beyond the imports' state history.
-        self.lustre = LustreMemory()
         self.scheduler = Scheduler(self.store, self.publisher.publish, shared_runner(), self.lustre)
         self.server: MetricsServer | None = None
         self.receiver: Receiver | None = None
@@ -112,8 +113,9 @@ class Daemon:
             raise StartupError(str(error)) from None
         self._lock = _lock_state_dir(self.config.state_dir)
         self.publisher.state_dir = _directory(self._lock)
-        boot, remembered = read_memory(_directory(self._lock))
+        boot, remembered, lustre = read_memory(_directory(self._lock))
         self.store.recall(remembered, same_boot=bool(boot) and boot == boot_id())
+        self.lustre.restore(lustre)  # a loss or an eviction is the filesystem's, any boot
         try:
             self.server = MetricsServer(
                 self.config.listen_address, self.exposition.render, web, self.scheduler.health

@@ -5,8 +5,8 @@ attempt adds two entries), idle cycles push an eviction out within about 20 minu
 reads the imports every 15 s and keeps, per target, when it first knew the target lost (a
 moment the history showed, or only that it was before the oldest entry) until the target is
 connected again, and every eviction it saw for 24 hours. What it cannot know stays said as
-"before": a moment is never made up. The memory is a plain document (`to_dict`, `from_dict`)
-that the daemon may keep across restarts.
+"before": a moment is never made up. The daemon keeps it across restarts in its memory file
+(`daemon.memory`, key ``lustre``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import dataclasses
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from fsprobe.model import LustreImport, ProbeResult
 
@@ -52,9 +51,10 @@ def _loss(known: Remembered | None, seen: LustreImport) -> tuple[float | None, f
 class LustreMemory:
     """Per target name (``lustre-OST0007``), what the daemon saw of it; safe across threads."""
 
-    def __init__(self, targets: Mapping[str, Remembered] | None = None) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._targets: dict[str, Remembered] = dict(targets or {})
+        self._targets: dict[str, Remembered] = {}
+        self._version = 0  # grows with every change of what `remembered` returns
 
     def recall(self, imports: tuple[LustreImport, ...], now: float) -> tuple[LustreImport, ...]:
         """Take what `imports` show, and return them with what was remembered added: the
@@ -72,6 +72,8 @@ class LustreMemory:
                 if seen.lost_at is not None or seen.lost_before is not None:
                     lost_at, lost_before = _loss(known, seen)
                 memory = Remembered(lost_at, lost_before, kept)
+                if memory != self._targets.get(seen.name, Remembered()):
+                    self._version += 1
                 if memory == Remembered():
                     self._targets.pop(seen.name, None)
                 else:
@@ -93,31 +95,13 @@ class LustreMemory:
             return result
         return dataclasses.replace(result, value=self.recall(result.value, result.finished_at))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The memory as a JSON document."""
+    def remembered(self) -> tuple[int, dict[str, Remembered]]:
+        """What to keep across a restart, and its version (it grows with every change)."""
         with self._lock:
-            return {
-                name: {
-                    "lost_at": known.lost_at,
-                    "lost_before": known.lost_before,
-                    "evictions": list(known.evictions),
-                }
-                for name, known in sorted(self._targets.items())
-            }
+            return self._version, dict(self._targets)
 
-    @classmethod
-    def from_dict(cls, document: Mapping[str, Any]) -> LustreMemory:
-        """The memory `to_dict` wrote; ValueError for anything else."""
-        targets = {}
-        for name, known in document.items():
-            if not isinstance(name, str) or not isinstance(known, Mapping):
-                raise ValueError(f"not a remembered Lustre target: {name!r}")
-            times = [known.get("lost_at"), known.get("lost_before"), *known.get("evictions", ())]
-            if not all(t is None or isinstance(t, (int, float)) for t in times):
-                raise ValueError(f"not a time in what is remembered of {name}")
-            targets[name] = Remembered(
-                known.get("lost_at"),
-                known.get("lost_before"),
-                tuple(float(t) for t in known.get("evictions", ())),
-            )
-        return cls(targets)
+    def restore(self, targets: Mapping[str, Remembered]) -> None:
+        """Start from what an earlier daemon of this state dir remembered; the next reading of
+        each target keeps what still holds (a target back is forgotten then)."""
+        with self._lock:
+            self._targets = dict(targets)

@@ -1,7 +1,8 @@
 """What the daemon knows of the saves across its restart: ``<state dir>/memory.json``.
 
 Per target: the processes expected to save (`daemon.savers`), the times of the last successful
-saves (the save interval), the last save and the latest problem of each outcome. Written
+saves (the save interval), the last save and the latest problem of each outcome; per Lustre
+target, what the imports' history forgets (`daemon.lustre_memory`). Written
 atomically beside the state file by the state dir's one writer; read once at start, bounded
 and checked field by field: a file that does not read is logged and forgotten, never trusted
 (docs/design.md §8, "The daemon's memory").
@@ -13,12 +14,15 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fsprobe.codec import Form, FormatError
 from fsprobe.daemon.logs import event
+from fsprobe.daemon.lustre_memory import MAX_EVICTIONS
+from fsprobe.daemon.lustre_memory import Remembered as LustreRemembered
 from fsprobe.daemon.savers import MAX_SAVERS, Saver
 from fsprobe.events.event import (
     BOUNDS,
@@ -43,6 +47,8 @@ MAX_SAVE_TIMES = 9
 #: Where this boot's id is: a saver remembered from another boot died with it.
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _FALLBACKS = ("none", "tried", "landed")
+#: A Lustre target's name (`lustre.imports`): the filesystem's, then MDT or OST and its index.
+LUSTRE_NAME = re.compile(r"[A-Za-z0-9_-]{1,8}-(?:MDT|OST)[0-9a-f]{4}")
 
 
 @dataclass(frozen=True)
@@ -59,16 +65,19 @@ class Remembered:
 
 @dataclass(frozen=True)
 class _Document:
-    """The file: the boot it was written in, and each target's memory by path."""
+    """The file: the boot it was written in, each target's memory by path, and each Lustre
+    target's by name."""
 
     boot_id: str
     targets: Mapping[str, Remembered]
+    lustre: Mapping[str, LustreRemembered] = field(default_factory=dict)
 
 
 SAVER = Form(Saver, "uid host pid started heard_at")
 SAVE_PROBLEM = Form(SaveProblem, "at file uid errno step fallback landed")
 REMEMBERED = Form(Remembered, "savers save_times last last_success_at problems")
-DOCUMENT = Form(_Document, "boot_id targets", name="memory file")
+LUSTRE_TARGET = Form(LustreRemembered, "lost_at lost_before evictions")
+DOCUMENT = Form(_Document, "boot_id targets lustre?", name="memory file")
 
 
 def boot_id(path: str = BOOT_ID) -> str:
@@ -81,11 +90,14 @@ def boot_id(path: str = BOOT_ID) -> str:
 
 
 def write_memory(
-    state_dir: str | OutputDirectory, targets: Mapping[str, Remembered], boot: str
+    state_dir: str | OutputDirectory,
+    targets: Mapping[str, Remembered],
+    boot: str,
+    lustre: Mapping[str, LustreRemembered] | None = None,
 ) -> str:
     """Replace the memory file atomically (the writer lock's open state dir, or a path to
     open for this one write); readable by its writer only: it names other users' files."""
-    document = {"schema": SCHEMA, **DOCUMENT.encode(_Document(boot, targets))}
+    document = {"schema": SCHEMA, **DOCUMENT.encode(_Document(boot, targets, lustre or {}))}
     data = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
     if isinstance(state_dir, OutputDirectory):
         return state_dir.publish(MEMORY_FILE, data, mode=0o600)
@@ -93,13 +105,17 @@ def write_memory(
         return directory.publish(MEMORY_FILE, data, mode=0o600)
 
 
-def read_memory(directory: OutputDirectory) -> tuple[str, dict[str, Remembered]]:
-    """The boot id and the targets' memory in the state dir; ``("", {})`` when there is none,
-    and, logged as ``event=memory_unreadable``, when it does not read or is not to be trusted."""
+Memory = tuple[str, dict[str, Remembered], dict[str, LustreRemembered]]
+
+
+def read_memory(directory: OutputDirectory) -> Memory:
+    """The boot id, the targets' memory and the Lustre targets' in the state dir; ``("", {},
+    {})`` when there is none, and, logged as ``event=memory_unreadable``, when it does not read
+    or is not to be trusted."""
     try:
         fd = directory.open(MEMORY_FILE, os.O_RDONLY, "memory file")
     except FileNotFoundError:
-        return "", {}
+        return "", {}, {}
     except (OSError, UntrustedOutput, StateFileError) as error:
         return _forget(error)
     try:
@@ -113,19 +129,21 @@ def read_memory(directory: OutputDirectory) -> tuple[str, dict[str, Remembered]]
         read = DOCUMENT.decode(document)
         for path, remembered in read.targets.items():
             _check(path, remembered)
+        for name, target in read.lustre.items():
+            _check_lustre(name, target)
     except (OSError, ValueError, RecursionError) as error:  # FormatError is a ValueError
         return _forget(error)
-    return read.boot_id, dict(read.targets)
+    return read.boot_id, dict(read.targets), dict(read.lustre)
 
 
-def _forget(error: BaseException) -> tuple[str, dict[str, Remembered]]:
+def _forget(error: BaseException) -> Memory:
     event(
         logging.ERROR,
         "memory_unreadable",
         file=MEMORY_FILE,
         message=f"{error}; starting with no memory of savers and saves",
     )
-    return "", {}
+    return "", {}, {}
 
 
 def _no_constant(name: str) -> Any:
@@ -182,6 +200,19 @@ def _check(path: str, remembered: Remembered) -> None:
             where,
             f"the {outcome} problem out of bounds",
         )
+
+
+def _check_lustre(name: str, target: LustreRemembered) -> None:
+    """A Lustre target's name as lctl prints it (``FSNAME-OST0007``), times that can be."""
+    where = f"lustre.{json.dumps(name)}"
+    times = [t for t in (target.lost_at, target.lost_before) if t is not None]
+    _require(
+        LUSTRE_NAME.fullmatch(name) is not None
+        and len(target.evictions) <= MAX_EVICTIONS
+        and all(map(_time, [*times, *target.evictions])),
+        where,
+        "a Lustre target out of bounds",
+    )
 
 
 def _require(holds: bool, where: str, what: str) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from fsprobe import __version__
 from fsprobe.daemon.logs import event
+from fsprobe.daemon.lustre_memory import LustreMemory
 from fsprobe.daemon.memory import Remembered, boot_id, write_memory
 from fsprobe.errors import name_of
 from fsprobe.exporters.contained import summary
@@ -56,9 +57,10 @@ class Publisher:
         clock: Callable[[], float] = time.time,
         once: bool = False,
         memory: Callable[[], tuple[int, Mapping[str, Remembered]]] | None = None,
+        lustre: LustreMemory | None = None,
     ) -> None:
         """`state_dir` is the writer lock's open state dir once the lock is taken; `memory`
-        (the store's) says what to keep in the memory file, and its version."""
+        (the store's) and `lustre` say what to keep in the memory file, and its version."""
         self._views = views
         self.exposition = exposition
         self.state_dir = state_dir
@@ -69,8 +71,9 @@ class Publisher:
         self._texts: dict[str, tuple[int, str]] = {}
         self._failing: dict[str, str] = {}  # output -> errno name, while it fails
         self._memory = memory
+        self._lustre = lustre
         self._boot = boot_id()
-        self._remembered = 0  # the version of the memory last written (0: nothing to keep)
+        self._remembered = (0, 0)  # the versions of the memory last written (0: nothing kept)
         # The scheduler thread publishes; the supervisor (main thread) also writes the state
         # when the scheduler stops turning, and must not wait for one stalled in an output.
         self._lock = threading.Lock()
@@ -93,11 +96,12 @@ class Publisher:
         if self._memory is None:
             return
         version, targets = self._memory()
-        if version == self._remembered:
+        lustre_version, lustre = self._lustre.remembered() if self._lustre else (0, {})
+        if (version, lustre_version) == self._remembered:
             return
-        self._write("memory", lambda: write_memory(self.state_dir, targets, self._boot))
+        self._write("memory", lambda: write_memory(self.state_dir, targets, self._boot, lustre))
         if "memory" not in self._failing:
-            self._remembered = version
+            self._remembered = (version, lustre_version)
 
     @property
     def textfile_dir(self) -> str | None:

@@ -18,9 +18,11 @@ import time
 import pytest
 
 from fsprobe.daemon.lustre_memory import LustreMemory
+from fsprobe.daemon.memory import MEMORY_FILE, read_memory, write_memory
 from fsprobe.lustre.imports import parse_states
 from fsprobe.model import LustreImport, ProbeResult, Snapshot
 from fsprobe.policy import Policy, evaluate
+from fsprobe.state import open_state_dir
 from fsprobe.units import format_clock
 from tests.support.daemon_process import DaemonProcess, clean_environment
 from tests.support.fakes.fake_lfs import FAKE_LCTL, fake_lfs_for
@@ -79,7 +81,7 @@ def test_the_moment_of_a_loss_outlives_the_ring(tmp_path):
     # Back: forgotten; lost again, the new moment.
     back = read(tmp_path, {"OST0001": {"state": "FULL", "history": [*history, [NOW, "FULL"]]}}, NOW)
     assert memory.recall(back, NOW + 1)[2].lost_at is None
-    assert memory.to_dict() == {}
+    assert memory.remembered()[1] == {}
 
 
 def test_a_bound_the_daemon_knew_first_stays_the_bound(tmp_path):
@@ -116,19 +118,32 @@ def test_an_eviction_is_kept_a_day_after_the_ring_forgot_it(tmp_path):
     assert message(recalled, now, "lustre_target_evicted").startswith(
         f"OST0000 evicted this node at {format_clock(NOW - 3600, now)}"
     )
-    kept = LustreMemory.from_dict(json.loads(json.dumps(memory.to_dict())))
+    version, remembered = memory.remembered()
+    kept = LustreMemory()
+    kept.restore(remembered)  # as a restarted daemon does, from its memory file
     assert kept.recall(forgotten, NOW + 20 * 3600)[1].last_eviction == NOW - 3600
     assert kept.recall(forgotten, NOW - 3600 + 24 * 3600 + 1)[1].last_eviction is None
-    assert kept.to_dict() == {}
+    assert kept.remembered() == (1, {})  # changed once: the eviction dropped
+    assert memory.remembered()[0] == version  # a reading that changes nothing: same version
 
 
 @pytest.mark.parametrize(
-    "document",
-    [{"lustre-OST0000": "x"}, {"lustre-OST0000": {"evictions": ["noon"]}}, {7: {}}],
+    "lustre",
+    [
+        {"lustre-OST0000": {"lost_at": "noon", "lost_before": None, "evictions": []}},
+        {"<!channel>": {"lost_at": None, "lost_before": None, "evictions": [1.0]}},
+        {"lustre-OST0000": {"lost_at": None, "lost_before": None, "evictions": [1.0] * 65}},
+        {"lustre-OST0000": {"lost_at": -5.0, "lost_before": None, "evictions": []}},
+    ],
 )
-def test_what_is_not_a_memory_is_refused(document):
-    with pytest.raises(ValueError):
-        LustreMemory.from_dict(document)
+def test_a_memory_file_with_a_lustre_target_out_of_bounds_is_forgotten(tmp_path, lustre):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    write_memory(str(state), {}, "boot")
+    document = json.loads((state / MEMORY_FILE).read_text())
+    (state / MEMORY_FILE).write_text(json.dumps({**document, "lustre": lustre}))
+    with open_state_dir(str(state)) as directory:
+        assert read_memory(directory) == ("", {}, {})
 
 
 @pytest.fixture
@@ -167,16 +182,37 @@ def test_the_running_daemon_remembers_the_moment_and_the_eviction(faultfs, fake_
             control=faultfs.ctl.socket_path,
             imports={"targets": {"OST0001": {"state": "DISCONN", "history": forgotten}}},
         )
-        switched = time.time()
-        deadline = time.monotonic() + 60
-        while sum(call["time"] > switched + 0.5 for call in fake_lfs.lctl_calls()) < 2:
-            assert time.monotonic() < deadline, "the daemon read the imports no more"
-            time.sleep(0.25)  # two readings of the forgotten ring: the second one is published
-        status = subprocess.run(
-            [sys.executable, "-m", "fsprobe", "status", "--state-dir", str(daemon.state_dir)],
-            capture_output=True, text=True, env=env, timeout=60,
-        ).stdout  # fmt: skip
+        status = _status(daemon, env)
         clock = time.time()
         assert f"lost its connection to OST0001 at {format_clock(now - 60, clock)}" in status
         assert f"OST0001 evicted this node at {format_clock(now - 100, clock)}" in status
         assert daemon.value(eviction, target="lustre-OST0001") == float(now - 100)
+    # A restarted daemon remembers it from its memory file, where the ring alone cannot say.
+    with DaemonProcess(home, "--config", str(config), env=env) as daemon:
+        daemon.wait_for_value(eviction, float(now - 100), target="lustre-OST0001")
+        status = _status(daemon, env)
+        clock = time.time()
+        assert f"lost its connection to OST0001 at {format_clock(now - 60, clock)}" in status
+        assert f"OST0001 evicted this node at {format_clock(now - 100, clock)}" in status
+
+
+def _status(daemon: DaemonProcess, env: dict[str, str]) -> str:
+    """`fsprobe status` of the daemon, once it published an imports reading made after now."""
+    asked = time.time()
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            [sys.executable, "-m", "fsprobe", "status", "--json", "--state-dir",
+             str(daemon.state_dir)],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        targets = json.loads(done.stdout)["targets"].values() if done.stdout else []
+        probed = [t["probes"]["imports"]["started_at"] for t in targets if "imports" in t["probes"]]
+        if probed and min(probed) > asked:
+            break
+        assert time.monotonic() < deadline, done.stdout + done.stderr
+        time.sleep(0.25)
+    return subprocess.run(
+        [sys.executable, "-m", "fsprobe", "status", "--state-dir", str(daemon.state_dir)],
+        capture_output=True, text=True, env=env, timeout=60,
+    ).stdout  # fmt: skip
