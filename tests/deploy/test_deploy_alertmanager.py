@@ -173,14 +173,22 @@ def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
         settings: str = "",
         nodes: int = 1,
         textfile: bool = False,
+        quota: bool = False,
     ) -> Pipeline:
         """`textfile`: Prometheus scrapes a node_exporter serving the (one) daemon's
-        fsprobe.prom instead of the daemon. Each daemon listens on a port of its own, the same
-        after a restart."""
+        fsprobe.prom instead of the daemon. `quota`: the daemon asks `lfs quota` (the fake's)
+        every half second. Each daemon listens on a port of its own, the same after a
+        restart."""
         assert nodes == 1 or not textfile
         config = tmp_path / "fsprobe.toml"
+        defaults = DAEMON
+        if quota:
+            defaults = DAEMON.replace(
+                'quota_probe = "never"\n',
+                'quota_probe = "always"\nquota_provider = "lfs"\nquota_interval = 0.5\n',
+            )
         config.write_text(
-            DAEMON + "".join(f'[[targets]]\npath = "{t}"\n{settings}' for t in targets)
+            defaults + "".join(f'[[targets]]\npath = "{t}"\n{settings}' for t in targets)
         )
         if textfile:
             (tmp_path / "textfile").mkdir()
@@ -647,3 +655,25 @@ def test_a_killed_daemon_in_textfile_mode_is_one_message(tmp_path, pipeline):
     ]
     assert down["labels"]["reason"] == "textfile_stale"
     assert "systemctl status fsprobe" in down["annotations"]["action"]
+
+
+def test_a_quota_grace_that_runs_out_under_a_trainer_is_one_page(faultfs, fake_lfs, pipeline):
+    """A quota goes over its soft limit, with 20 s of grace, while a trainer saves: the
+    grace alert pages before it runs out and stays the one page after (saves and test writes
+    failing with EDQUOT, no headroom left, the soft limit exceeded are all its own)."""
+    target = faultfs.mountpoint / "ckpt"
+    target.mkdir()
+    fake_lfs.configure(control=faultfs.ctl.socket_path, project=4242, limited_types="project")
+    faultfs.ctl.set_quota("bytes", soft=1 << 20, hard=1 << 30, grace=20)
+    env = clean_environment(TMPDIR=str(faultfs.mountpoint), **_lustre_environment())
+    run, path = pipeline(target, env=env, quota=True), str(target)
+    with training(target, run.daemon.state_dir, run.prometheus):
+        (faultfs.mountpoint / "dataset").write_bytes(bytes(2 << 20))  # over: the grace runs
+        run.settle(path, [("FsprobeQuotaGraceExpiring", "critical")])
+        run.prometheus.wait_for(
+            f'min(fsprobe:quota_grace_remaining:held{{path="{path}"}}) < bool 0', 1.0
+        )
+        _failed_saves(run, path)
+        run.nothing_more(path, [("FsprobeQuotaGraceExpiring", "critical")])
+    (alert,) = [alert for _, alert in run.notified(path)]
+    says_what_to_do(alert, path, "grace period", "EDQUOT")
