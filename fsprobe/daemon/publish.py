@@ -56,7 +56,7 @@ class Publisher:
         textfile_dir: str | None = None,
         clock: Callable[[], float] = time.time,
         once: bool = False,
-        memory: Callable[[], tuple[int, Mapping[str, Remembered]]] | None = None,
+        memory: Callable[[int], tuple[int, Mapping[str, Remembered] | None]] | None = None,
         lustre: LustreMemory | None = None,
     ) -> None:
         """`state_dir` is the writer lock's open state dir once the lock is taken; `memory`
@@ -74,6 +74,7 @@ class Publisher:
         self._lustre = lustre
         self._boot = boot_id()
         self._remembered = (0, 0)  # the versions of the memory last written (0: nothing kept)
+        self._remembered_targets: Mapping[str, Remembered] = {}  # the saves' part of it
         # The scheduler thread publishes; the supervisor (main thread) also writes the state
         # when the scheduler stops turning, and must not wait for one stalled in an output.
         self._lock = threading.Lock()
@@ -95,13 +96,14 @@ class Publisher:
         with the state file, so that a daemon killed at any moment left what it published."""
         if self._memory is None:
             return
-        version, targets = self._memory()
+        version, changed = self._memory(self._remembered[0])
+        targets = self._remembered_targets if changed is None else changed
         lustre_version, lustre = self._lustre.remembered() if self._lustre else (0, {})
         if (version, lustre_version) == self._remembered:
             return
         self._write("memory", lambda: write_memory(self.state_dir, targets, self._boot, lustre))
         if "memory" not in self._failing:
-            self._remembered = (version, lustre_version)
+            self._remembered, self._remembered_targets = (version, lustre_version), targets
 
     @property
     def textfile_dir(self) -> str | None:

@@ -341,9 +341,12 @@ class Store:
             last_save_at=remembered.last.at if remembered.last is not None else None,
         )
 
-    def memory(self) -> tuple[int, dict[str, Remembered]]:
-        """What to remember across a restart, and its version (it changes with it)."""
+    def memory(self, known: int = -1) -> tuple[int, dict[str, Remembered] | None]:
+        """What to remember across a restart, and its version (it changes with it); None
+        for what while the version is still `known` (nothing to build at every publish)."""
         with self._lock:
+            if self._memory_version == known:
+                return known, None
             return self._memory_version, {
                 path: target.remembered()
                 for path, target in self._targets.items()

@@ -248,7 +248,8 @@ def test_a_recalled_saver_is_kept_only_while_its_pid_holds_the_same_process_in_t
         assert saves.savers == expected
         assert saves.interval == (300.0 if expected else None)
         version, memory = store.memory()
-        assert version > 0 and set(memory) == ({"/ckpt"} if expected else set())
+        assert version > 0 and set(memory or ()) == ({"/ckpt"} if expected else set())
+        assert store.memory(version) == (version, None)  # unchanged: nothing built
 
 
 def test_a_saver_outside_our_pid_namespace_is_its_uids_alone_and_forgotten_when_long_silent():

@@ -141,6 +141,17 @@ def test_the_state_dir_and_the_daemons_memory_outlive_a_restart(
     good). Held beside tests/daemon/test_daemon_memory.py (the daemon restarted for real)."""
     assert service["RuntimeDirectory"] == ["fsprobe"]
     assert service["RuntimeDirectoryPreserve"] == ["yes"]
+
+
+def test_the_unit_sees_the_processes_that_send_it_saves(service: dict[str, list[str]]) -> None:
+    """Issue 35.9: the saver and admission promises need the sender's /proc/<pid>: its start
+    time (a killed trainer is no longer expected at once) and its groups (a team member's
+    events are admitted). ProtectProc=invisible or noaccess hides other users' processes, a
+    private pid namespace every sender (the kernel then names them pid 0: held by
+    tests/events/test_senders_outside_the_pid_namespace.py)."""
+    assert service.get("ProtectProc", ["default"]) == ["default"]
+    assert service.get("ProcSubset", ["all"]) == ["all"]
+    assert service.get("PrivatePIDs", ["no"]) == ["no"]
     (command,) = service["ExecStart"]
     assert "--state-dir /run/fsprobe" in command
 
