@@ -124,8 +124,15 @@ class SaveResult:
     leftovers_removed: int = 0
 
 
-#: What torch's C++ writer says when a write failed underneath it, with or without an OSError.
-_TORCH_WRITE_FAILURES = ("file write failed", "unexpected pos", "PytorchStreamWriter failed")
+#: What torch's C++ writer says when a write failed underneath it, with or without an OSError;
+#: a small file's only write, at its end, fails in its C++ stream: "basic_ios::clear: iostream
+#: error" (what Accelerate's `save_state` raised saving a small optimizer state on a full target).
+_TORCH_WRITE_FAILURES = (
+    "file write failed",
+    "unexpected pos",
+    "PytorchStreamWriter failed",
+    "basic_ios::clear: iostream error",
+)
 #: How Rust's `std::io::Error` ends its message, the only trace of the errno that writers in
 #: Rust leave: safetensors raises ``SafetensorError("Error while serializing: I/O error:
 #: Input/output error (os error 5)")``, and Hugging Face writes every model with it.

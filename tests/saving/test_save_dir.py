@@ -29,6 +29,7 @@ from fsprobe.saving.options import Backoff
 from tests.support.capability import need_module
 from tests.support.crash import a_while_ago, killed_mid_save, leftovers
 from tests.support.durability import assert_directory_saved
+from tests.support.tmpfs import fill_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -412,6 +413,24 @@ def test_torch_writing_to_a_path_on_a_full_target_is_redirected_as_enospc(tmpfs,
     result = fsprobe.save_dir(target, write, fallback_dirs=[fallback], backoff=quick())
     assert result.redirected and result.errors == ("ENOSPC",)
     assert os.listdir(target.parent) == []
+
+
+def test_a_small_torch_file_written_to_a_path_on_a_full_target_is_redirected_as_enospc(
+    tmpfs, tmp_path
+):
+    """A file smaller than torch's buffer is written once, at its end, where the C++ stream
+    fails with "basic_ios::clear: iostream error" and nothing else: ENOSPC there too."""
+    mounted = tmpfs(size="128k").path
+    fallback = tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    fill_bytes(mounted)
+
+    def write(staging: str) -> None:
+        torch.save(model_state(1, width=4), os.path.join(staging, "optimizer.bin"))
+
+    result = fsprobe.save_dir(mounted / "ckpt", write, fallback_dirs=[fallback], backoff=quick())
+    assert result.redirected and result.errors == ("ENOSPC",)
+    assert os.listdir(mounted) == [".fill-bytes"]
 
 
 def test_torch_writing_to_a_path_failing_with_room_left_is_retried_as_unknown(faultfs):
