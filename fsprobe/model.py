@@ -67,6 +67,39 @@ _SEVERITY_STATUS = {
 }
 
 
+#: Every code a `Reason` of the policy may carry: what a save event may name as the reason the
+#: preflight redirected it (a label of a metric: a sender must not make up new ones).
+REASON_CODES = frozenset(
+    {
+        "capacity_unknown",
+        "inode_headroom_low",
+        "internal_error",
+        "lustre_target_disconnected",
+        "lustre_target_evicted",
+        "lustre_target_full",
+        "lustre_target_inactive",
+        "lustre_target_recovering",
+        "mount_stuck",
+        "probe_failed",
+        "probe_stale",
+        "quota_grace_expired",
+        "quota_grace_expiring",
+        "quota_hard_reached",
+        "quota_note",
+        "quota_soft_exceeded",
+        "quota_unavailable",
+        "readonly",
+        "space_headroom_low",
+        "target_untrusted",
+        "tmpdir_cross_device",
+        "tmpdir_too_small",
+        "write_failed",
+        "write_probe_refused",
+        "write_slow",
+    }
+)
+
+
 @dataclass(frozen=True)
 class Reason:
     """Why a target is not plainly ok: a stable code for machines, a sentence for people, and

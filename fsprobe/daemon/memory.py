@@ -31,6 +31,7 @@ from fsprobe.events.event import (
     MAX_HOST,
     MAX_PATH,
     OUTCOMES,
+    REASONS,
     STEP_NAME,
 )
 from fsprobe.exporters.view import SaveProblem
@@ -74,7 +75,7 @@ class _Document:
 
 
 SAVER = Form(Saver, "uid host pid started heard_at")
-SAVE_PROBLEM = Form(SaveProblem, "at file uid errno step fallback landed")
+SAVE_PROBLEM = Form(SaveProblem, "at file uid errno step fallback landed reason?")
 REMEMBERED = Form(Remembered, "savers save_times last last_success_at problems")
 LUSTRE_TARGET = Form(LustreRemembered, "lost_at lost_before evictions")
 DOCUMENT = Form(_Document, "boot_id targets lustre?", name="memory file")
@@ -196,7 +197,8 @@ def _check(path: str, remembered: Remembered) -> None:
             and 0 <= problem.uid < 2**32
             and _errno(problem.errno)
             and _step(problem.step)
-            and problem.fallback in _FALLBACKS,
+            and problem.fallback in _FALLBACKS
+            and (problem.reason == "none" or problem.reason in REASONS),
             where,
             f"the {outcome} problem out of bounds",
         )

@@ -173,6 +173,7 @@ class Scheduler:
             bytes=save.bytes,
             attempts=save.attempts,
             errno=",".join(f"{f.errno}@{f.step}" for f in save.failures) or None,
+            reason=save.cause.reason if save.cause is not None else None,
             uid=sender.uid,
             pid=save.pid,
             host=save.host,

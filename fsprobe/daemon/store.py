@@ -243,14 +243,18 @@ def _problem(sender: Sender, save: SaveEvent, now: float) -> SaveProblem:
         fallback = "landed"
     else:
         fallback = "tried" if any(f.in_fallback for f in save.failures) else "none"
+    errno, step = (cause[0].errno, cause[0].step) if cause else ("EUNKNOWN", "unknown")
+    if save.cause is not None and not in_target:  # the preflight kept it from the target
+        errno, step = save.cause.errno or "EUNKNOWN", "preflight"
     return SaveProblem(
         at=now,
         file=save.requested,
         uid=sender.uid,
-        errno=cause[0].errno if cause else "EUNKNOWN",
-        step=cause[0].step if cause else "unknown",
+        errno=errno,
+        step=step,
         fallback=fallback,
         landed=_landed_in(sender, save) if save.outcome == "redirected" else None,
+        reason=save.cause.reason if save.cause is not None else "none",
     )
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fsprobe.model import REASON_CODES
 from fsprobe.units import check_number
 
 #: The largest datagram a sender sends and a receiver reads; longer ones are dropped whole.
@@ -38,6 +39,8 @@ SCHEMA = 1
 #: The errno names a failed attempt may carry (they label a metric: a sender must not make up
 #: new ones); any other is counted as ``EUNKNOWN``.
 ERRNO_NAMES = frozenset(errno_module.errorcode.values()) | {"EUNKNOWN", "TIMEOUT"}
+#: The reasons a preflight's cause may carry: the policy's codes, and ``unknown`` for any other.
+REASONS = REASON_CODES | {"unknown"}
 #: What a step is (``fsync_dir``): a name, not words to whoever reads an alert; any other is
 #: counted as ``unknown``.
 STEP_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -76,9 +79,19 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Cause:
+    """Why the preflight kept a save from its target (redirected it, or refused it): the code
+    of the verdict's reason (``space_headroom_low``) and the errno a write would have met."""
+
+    reason: str
+    errno: str | None = None
+
+
+@dataclass(frozen=True)
 class SaveEvent:
     """One finished save: `requested` is the path asked for, `landed` where it is now (None
-    for a failed save), `attempts` how many were made, `failures` the failed ones."""
+    for a failed save), `attempts` how many were made, `failures` the failed ones, `cause`
+    why the preflight kept it from the target (None: it did not)."""
 
     requested: str
     landed: str | None
@@ -90,6 +103,7 @@ class SaveEvent:
     host: str
     pid: int
     ranks: int = 1
+    cause: Cause | None = None
 
     @property
     def outcome(self) -> str:
@@ -123,6 +137,8 @@ class SaveEvent:
             "pid": self.pid,
             "ranks": self.ranks,
         }
+        if self.cause is not None:
+            document["cause"] = [self.cause.reason, self.cause.errno]
         return json.dumps(document, separators=(",", ":")).encode("utf-8", "surrogateescape")
 
 
@@ -166,8 +182,29 @@ def decode(data: bytes) -> SaveEvent | Goodbye:
         host=_host(_field(document, "host", str)),
         pid=_count(document, "pid"),
         ranks=_count(document, "ranks"),
+        cause=_cause(document.get("cause")),
     )
     return event
+
+
+def _cause(value: object) -> Cause | None:
+    """The preflight's cause as sent (absent from earlier senders): a reason code fsprobe's
+    policy has (any other is ``unknown``) and an errno name as a failure's (else
+    ``EUNKNOWN``), or null."""
+    if value is None:
+        return None
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and _is_name(value[0])
+        and (value[1] is None or _is_name(value[1]))
+    ):
+        raise MalformedEvent("cause must be [reason, errno or null]")
+    reason, errno = value
+    return Cause(
+        reason if reason in REASONS else "unknown",
+        None if errno is None else errno if errno in ERRNO_NAMES else "EUNKNOWN",
+    )
 
 
 def _field(document: dict[str, Any], key: str, kind: type) -> Any:

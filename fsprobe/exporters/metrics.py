@@ -365,8 +365,10 @@ FAMILIES: tuple[Family, ...] = (
         "Unix time the daemon heard of the latest save of each outcome other than ok (one "
         "series per outcome): the file asked for (below the target, in plain characters), the "
         "uid, the errno and step that kept it from the target, fallback none, tried (it failed "
-        "there too) or landed (label landed: the fallback directory, in plain characters).",
-        ("path", "outcome", "file", "uid", "errno", "step", "fallback"),
+        "there too) or landed (label landed: the fallback directory, in plain characters), and "
+        "reason: the code of the policy's reason when the preflight kept it from the target "
+        "(step preflight), else none.",
+        ("path", "outcome", "file", "uid", "errno", "step", "fallback", "reason"),
     ),
 )
 
@@ -567,6 +569,7 @@ def _add_saves(samples: _Samples, saves: SaveStats, path: str) -> None:
             "errno": problem.errno,
             "step": problem.step,
             "fallback": problem.fallback,
+            "reason": problem.reason,
         }
         if problem.landed is not None:
             labels["landed"] = plain_label(problem.landed)

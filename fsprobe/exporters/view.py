@@ -78,8 +78,10 @@ class SaveProblem:
     """The latest save of one outcome other than ok, for an alert to name: when the daemon
     heard of it, the file asked for, the user, the errno (and step) that kept it from the
     target, the fallback directory it landed in instead (where it landed, when that names
-    none), and whether a fallback was tried (``none``, ``tried``: it failed there too,
-    ``landed``). The sender's words: the exporter shows them only as `plain_label`s."""
+    none), whether a fallback was tried (``none``, ``tried``: it failed there too,
+    ``landed``), and the reason the preflight kept it from the target (a code of the policy's,
+    ``none`` when no preflight did: the errno and step are then an attempt's). The sender's
+    words: the exporter shows them only as `plain_label`s."""
 
     at: float
     file: str
@@ -88,6 +90,7 @@ class SaveProblem:
     step: str
     fallback: str
     landed: str | None = None
+    reason: str = "none"
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,13 @@ class Decision(NamedTuple):
             return ()
         return tuple(r for r in self.reasons if r.severity is not Severity.NOTICE)
 
+    @property
+    def cause(self) -> Reason | None:
+        """The reason that keeps the save from the requested target: the first (worst) that
+        refuses it or stands in its way, else the first concern; None when there is none."""
+        kept = [r for r in self.reasons if r.transient or r.errno is not None]
+        return next(iter(kept or self.concerns), None)
+
     def summary(self) -> str:
         """One line for a log: the action, the target's status and the reasons that matter."""
         text = f"{self.action} (target {self.status.label}"

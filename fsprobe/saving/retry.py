@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from fsprobe.errors import ErrorClass, classify, errno_code, errno_name, name_of
 from fsprobe.events.emit import send
-from fsprobe.events.event import Failure, SaveEvent
+from fsprobe.events.event import Cause, Failure, SaveEvent
 from fsprobe.posix.atomic import CLAIMS
 from fsprobe.redirect.areas import prepare_directory, redirect_path, remove_mirrored_dirs
 from fsprobe.redirect.manifest import UNLOCKED, new_entry, record
@@ -292,6 +292,7 @@ class RetryState:
         self._skipped: dict[str, str] = {}  # why each fallback could not take the save
         self._missing: str | None = None  # the directory to save into is gone: why, in words
         self._never_existed = False  # ... and it never existed in this process: a typo
+        self._cause: Cause | None = None  # why the preflight kept it from the target
         self._start = time.monotonic() if started is None else started  # before its preflight
 
     def preflight(self) -> None:
@@ -304,6 +305,9 @@ class RetryState:
         `SaveError` if it says ``fail``, or redirects into a directory that never existed."""
         if decision is None:
             return
+        cause = decision.cause if decision.action in ("redirect", "fail") else None
+        if cause is not None:
+            self._cause = Cause(cause.code, decision.errno)
         if decision.action == "fail":
             attempt = FailedAttempt(decision.errno or "EIO", "preflight", decision.summary())
             self.failures.append(attempt)
@@ -527,6 +531,7 @@ class RetryState:
             host=socket.gethostname(),
             pid=os.getpid(),
             ranks=self.ranks,
+            cause=self._cause,
         )
         send(event.encode(), self.options.state_dir)
 

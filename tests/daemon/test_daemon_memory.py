@@ -144,6 +144,7 @@ HOSTILE = {
     "a string for a pid": None,  # made below from a valid document
     "too many savers": None,
     "a made-up step label": None,
+    "a made-up reason label": None,
     "nested 100,000 deep": b"[" * 100_000 + b"]" * 100_000,
 }
 
@@ -204,6 +205,8 @@ def test_a_memory_file_that_does_not_read_is_logged_and_forgotten(tmp_path, kind
             remembered["savers"][0]["pid"] = "1"
         elif kind == "too many savers":
             remembered["savers"] *= 257
+        elif kind == "a made-up reason label":
+            remembered["problems"]["failed"]["reason"] = "<!here> disk_full"
         else:
             remembered["problems"]["failed"]["step"] = "<!channel> call me"
         data = json.dumps(document).encode()

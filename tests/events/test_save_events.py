@@ -4,6 +4,7 @@ way of a save or of another user's numbers."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -28,13 +29,24 @@ from fsprobe.events.admission import (
     may_write,
 )
 from fsprobe.events.emit import SOCKET_NAME, own_socket_name, send
-from fsprobe.events.event import OUTCOMES, Failure, Goodbye, MalformedEvent, SaveEvent, decode
-from fsprobe.model import ProbeResult, WriteProbeResult
+from fsprobe.events.event import (
+    MAX_EVENT_BYTES,
+    OUTCOMES,
+    Cause,
+    Failure,
+    Goodbye,
+    MalformedEvent,
+    SaveEvent,
+    decode,
+)
+from fsprobe.exporters.metrics import target_samples
+from fsprobe.model import PROBE_KINDS, QUOTA_TYPES, REASON_CODES, ProbeResult, WriteProbeResult
 from fsprobe.policy import Policy
 from fsprobe.saving.options import Backoff
 from tests.support.capability import need_command
 from tests.support.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
 from tests.support.ranks import run_ranks
+from tests.support.state import daemon_view, publish
 from tests.support.users import share
 
 pytestmark = pytest.mark.slow  # trainers and a daemon: the full run only
@@ -832,3 +844,75 @@ def test_admission_decisions_are_kept_for_their_ttl_and_at_most_so_many():
     for uid in (1001, 1002, 1003):
         ask(uid, "/ckpt")
     assert ask(1000, "/ckpt") is None and asked[-1] == (1000, "/ckpt")  # forgotten: asked again
+
+
+def test_a_save_the_preflight_redirects_carries_the_verdicts_reason_to_the_daemon(tmp_path):
+    """issue 35.7: the event of a save the preflight redirected (the daemon said read-only)
+    names the reason and its errno, not "EUNKNOWN at unknown"; the daemon's problem, its
+    metric labels and its log line carry them."""
+    target, fallback, state_dir = tmp_path / "ckpt", tmp_path / "fallback", tmp_path / "state"
+    for directory in (target, fallback):
+        directory.mkdir()
+    publish(
+        str(state_dir),
+        {
+            str(target): daemon_view(str(target), readonly=True),
+            str(fallback): daemon_view(str(fallback)),
+        },
+    )
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(str(state_dir / SOCKET_NAME))
+    with reader:
+        reader.settimeout(10)
+        result = fsprobe.atomic_write(
+            target / "m.pt", lambda f: f.write(b"x"), fallback_dirs=[str(fallback)],
+            state_dir=str(state_dir), context=fsprobe.SaveContext(),
+        )  # fmt: skip
+        save = decode(reader.recv(MAX_EVENT_BYTES))
+    assert result.redirected and result.errors == ()
+    assert isinstance(save, SaveEvent) and save.cause == Cause("readonly", "EROFS")
+    store = Store()
+    store.configure([TargetSpec(str(target))])
+    refused, view = store.record_save(Sender(os.getuid(), os.getgid(), os.getpid()), save)
+    assert refused is None and view is not None
+    problem = view.saves.problems["redirected"]
+    assert (problem.reason, problem.errno, problem.step) == ("readonly", "EROFS", "preflight")
+    (sample,) = target_samples(view)["fsprobe_last_save_problem_timestamp_seconds"]
+    assert (sample.labels["reason"], sample.labels["errno"], sample.labels["step"]) == (
+        "readonly", "EROFS", "preflight",
+    )  # fmt: skip
+
+
+def test_a_sender_cannot_make_up_reasons():
+    """The reason labels a metric like the errno: a code the policy does not have counts as
+    unknown, an errno as EUNKNOWN, and anything but [short name, short name or null] is
+    refused."""
+    made_up = SaveEvent(
+        "/c/a.pt", "/f/a.pt", 1, 1.0, 1, (), 0.0, "h", 1, cause=Cause("<!here>", "EBOGUS")
+    )
+    assert decode(made_up.encode()).cause == Cause("unknown", "EUNKNOWN")
+    real = dataclasses.replace(made_up, cause=Cause("space_headroom_low", None))
+    assert decode(real.encode()).cause == Cause("space_headroom_low", None)
+    assert decode(dataclasses.replace(made_up, cause=None).encode()).cause is None
+    for bad in (["x" * 33, None], ["readonly"], "readonly", [1, None], ["readonly", "EROFS", "x"]):
+        document = {**json.loads(made_up.encode()), "cause": bad}
+        with pytest.raises(MalformedEvent):
+            decode(json.dumps(document).encode())
+
+
+def test_every_reason_the_policy_writes_is_one_an_event_may_carry():
+    """REASON_CODES is the policy's vocabulary: each code it writes (the first argument of a
+    `Reason`, or the first item of a table row of them) is in it, and nothing else is."""
+    written = set()
+    for module in ("policy.py", "model.py"):
+        tree = ast.parse((Path(fsprobe.__file__).parent / module).read_text())
+        for node in ast.walk(tree):
+            first = None
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Reason":
+                first = node.args[0] if node.args else None
+            elif isinstance(node, ast.Tuple) and len(node.elts) >= 3:
+                first = node.elts[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                written.add(first.value)
+    others = set(PROBE_KINDS) | set(QUOTA_TYPES)  # table rows of probes and quota types
+    assert written - others == REASON_CODES

@@ -112,6 +112,7 @@ CONTRACT = {
         "errno",
         "step",
         "fallback",
+        "reason",
     },
     "fsprobe_internal_errors": {"path", "stage"},
 }
