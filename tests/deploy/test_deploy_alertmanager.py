@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,9 +58,10 @@ quota_probe = "never"
 """
 
 
-def compressed_rules(directory: Path) -> Path:
+def compressed_rules(directory: Path, trends: bool = False) -> Path:
     """The shipped rules with every `for:` and `keep_firing_for:` 60 times shorter (5m -> 5s,
-    1h -> 60s)."""
+    1h -> 60s); with `trends`, the filling-up predictions too (a 6 h window becomes 6 minutes,
+    24 h ahead 24 minutes)."""
 
     def shorter(match: re.Match) -> str:
         amount, unit = int(match[3]), match[4]
@@ -68,6 +70,12 @@ def compressed_rules(directory: Path) -> Path:
     text = re.sub(
         r"^(\s+)(for|keep_firing_for): (\d+)([mh])$", shorter, RULES.read_text(), flags=re.MULTILINE
     )
+    if trends:
+        text = re.sub(
+            r"predict_linear\((\w+)\[6h\], (\d+) \* 3600\)",
+            r"predict_linear(\1[6m], \2 * 60)",
+            text,
+        )
     path = directory / "fsprobe.rules.yml"
     path.write_text(text)
     return path
@@ -133,11 +141,17 @@ class Pipeline:
             if a["labels"].get("path") == path
         }
 
-    def settle(self, path: str, expected: list[Alert], inhibited: set[Alert] = frozenset()):
-        """Wait until the notifications of `path` are `expected` (in this order), `inhibited`
-        fires in Prometheus, and Alertmanager holds back every alert it fires beyond
-        `expected`; returns the notified alerts."""
-        deadline = time.monotonic() + PATIENCE
+    def settle(
+        self,
+        path: str,
+        expected: list[Alert],
+        inhibited: set[Alert] = frozenset(),
+        patience: float = PATIENCE,
+    ):
+        """Wait (up to `patience` seconds) until the notifications of `path` are `expected` (in
+        this order), `inhibited` fires in Prometheus, and Alertmanager holds back every alert
+        it fires beyond `expected`; returns the notified alerts."""
+        deadline = time.monotonic() + patience
         while True:
             notified = self.notified(path)
             names = [(a["labels"]["alertname"], a["labels"]["severity"]) for _, a in notified]
@@ -174,11 +188,12 @@ def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
         nodes: int = 1,
         textfile: bool = False,
         quota: bool = False,
+        trends: bool = False,
     ) -> Pipeline:
         """`textfile`: Prometheus scrapes a node_exporter serving the (one) daemon's
         fsprobe.prom instead of the daemon. `quota`: the daemon asks `lfs quota` (the fake's)
-        every half second. Each daemon listens on a port of its own, the same after a
-        restart."""
+        every half second. `trends`: the filling-up predictions compressed too. Each daemon
+        listens on a port of its own, the same after a restart."""
         assert nodes == 1 or not textfile
         config = tmp_path / "fsprobe.toml"
         defaults = DAEMON
@@ -221,7 +236,10 @@ def pipeline(tmp_path) -> Iterator[Callable[..., Pipeline]]:
         alertmanager.wait_ready()
         (tmp_path / "prometheus").mkdir()
         prometheus = Prometheus(
-            tmp_path / "prometheus", scraped, [compressed_rules(tmp_path)], alertmanager.address
+            tmp_path / "prometheus",
+            scraped,
+            [compressed_rules(tmp_path, trends)],
+            alertmanager.address,
         )
         started.append(prometheus)
         prometheus.wait_ready()
@@ -677,3 +695,40 @@ def test_a_quota_grace_that_runs_out_under_a_trainer_is_one_page(faultfs, fake_l
         run.nothing_more(path, [("FsprobeQuotaGraceExpiring", "critical")])
     (alert,) = [alert for _, alert in run.notified(path)]
     says_what_to_do(alert, path, "grace period", "EDQUOT")
+
+
+def test_inodes_filling_up_never_send_a_ticket_after_their_page(tmpfs, pipeline):
+    """Inodes used at a steady 1.25 a second from 78 %: the trend warns (a ticket), then pages
+    at under 20 % left, and the headroom alert pages at under 3 %; its warning at under 10 %,
+    which comes after the trend's page, reaches nobody."""
+    fs = tmpfs(size="8M", nr_inodes=1000)
+    target = fs.path
+    for index in range(780):
+        (target / f"shard-{index}").touch()
+    run, path = (
+        pipeline(target, env=clean_environment(TMPDIR=str(target)), trends=True),
+        str(target),
+    )
+    stop = threading.Event()
+
+    def shard() -> None:
+        index = 780
+        while not stop.wait(0.8):
+            try:
+                (target / f"shard-{index}").touch()
+            except OSError:  # ENOSPC: out of inodes
+                return
+            index += 1
+
+    feeder = threading.Thread(target=shard, daemon=True)
+    feeder.start()
+    try:
+        filling = [("FsprobeInodesFillingUp", "warning"), ("FsprobeInodesFillingUp", "critical")]
+        run.settle(path, filling, patience=240)
+        alerts = run.settle(path, [*filling, ("FsprobeInodeHeadroomLow", "critical")], patience=240)
+    finally:
+        stop.set()
+        feeder.join()
+    says_what_to_do(alerts[-1], path, "inodes")
+    receivers = [receiver for receiver, _ in run.notified(path)]
+    assert receivers == ["fsprobe-tickets", "fsprobe-pager", "fsprobe-pager"]
