@@ -52,17 +52,23 @@ class Webhook:
         self._server.server_close()
 
 
-def compressed_config(shipped: Path, webhook: Webhook) -> str:
-    """The shipped configuration with every receiver posting to `webhook` (path: the
-    receiver's name) and its timers compressed from minutes to a second (a sub-route's own
-    timers 60 times shorter, as the rules' `for:`); the inhibit rules and the route tree as
-    shipped."""
+def pointed_at(shipped: Path, webhook: Webhook) -> dict:
+    """The configuration `shipped` with every receiver posting to `webhook` (path: the
+    receiver's name); the rest as shipped."""
     config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
     for receiver in config["receivers"]:
         if "webhook_configs" in receiver:
             receiver["webhook_configs"] = [
                 {"url": f"{webhook.url}/{receiver['name']}", "send_resolved": True}
             ]
+    return config
+
+
+def compressed_config(shipped: Path, webhook: Webhook) -> str:
+    """The shipped configuration `pointed_at` the webhook, its timers compressed from minutes
+    to a second (a sub-route's own timers 60 times shorter, as the rules' `for:`); the inhibit
+    rules and the route tree as shipped."""
+    config = pointed_at(shipped, webhook)
     config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
     for route in config["route"].get("routes", ()):
         for timer in ("group_wait", "group_interval"):

@@ -10,7 +10,7 @@ import shutil
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.support.capability import require
@@ -34,15 +34,21 @@ class Prometheus(LocalServer):
         scrape_target: str | Sequence[str],
         rule_files: Sequence[Path] = (),
         alertmanager: str | None = None,
+        *,
+        jobs: Mapping[str, Sequence[str]] | None = None,
+        flags: Sequence[str] = (),
     ) -> None:
         """`scrape_target` ("127.0.0.1:PORT", or several: one instance each); `alertmanager`
         ("127.0.0.1:PORT"): where to send the alerts, at once (no resend delay beyond a
-        second)."""
+        second). `jobs` ({job: [address, ...]}) replaces the one job "fsprobe" scraping
+        `scrape_target`; `flags` go on the command line."""
         require(prometheus_problem())
         super().__init__(home)
         self.alertmanager = alertmanager
-        config = home / "prometheus.yml"
+        self.flags = list(flags)
         targets = [scrape_target] if isinstance(scrape_target, str) else list(scrape_target)
+        scraped = jobs if jobs is not None else {"fsprobe": targets}
+        config = home / "prometheus.yml"
         rules = "".join(f"  - {path}\n" for path in rule_files)
         alerting = (
             "alerting:\n  alertmanagers:\n    - static_configs:\n"
@@ -58,9 +64,10 @@ class Prometheus(LocalServer):
             + (f"rule_files:\n{rules}" if rule_files else "")
             + alerting
             + "scrape_configs:\n"
-            "  - job_name: fsprobe\n"
-            "    static_configs:\n"
-            f"      - targets: {targets!r}\n"
+            + "".join(
+                f"  - job_name: {job}\n    static_configs:\n      - targets: {list(addresses)}\n"
+                for job, addresses in scraped.items()
+            )
         )
         self.config = config
         self._start()
@@ -74,6 +81,7 @@ class Prometheus(LocalServer):
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
             *(["--rules.alert.resend-delay=1s"] if self.alertmanager else []),
+            *self.flags,
         ]
 
     def api(self, path: str) -> dict:

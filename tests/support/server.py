@@ -1,5 +1,6 @@
-"""A server of the Prometheus family (Prometheus, Alertmanager) run for a test: on a free port,
-ready when ``/-/ready`` answers, started again on another port if that one was taken meanwhile."""
+"""A server of the Prometheus family (Prometheus, Alertmanager, node_exporter) run for a test: on
+a free port, ready when ``/-/ready`` (or its `ready_path`) answers, started again on another port
+if that one was taken meanwhile; `restart` keeps its port and its data."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class LocalServer:
     """`command(port)` is the server's command line; its output goes to ``<home>/<name>.log``."""
 
     name = "server"
+    ready_path = "/-/ready"
 
     def __init__(self, home: Path) -> None:
         self.home = home
@@ -30,7 +32,10 @@ class LocalServer:
 
     def _start(self) -> None:
         self.port = free_port()
-        with open(self.log, "wb") as log:
+        self._run()
+
+    def _run(self) -> None:
+        with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(self.port),
                 stdin=subprocess.DEVNULL,
@@ -51,7 +56,7 @@ class LocalServer:
         attempts = 1
         while True:
             try:
-                url = f"http://{self.address}/-/ready"
+                url = f"http://{self.address}{self.ready_path}"
                 with urllib.request.urlopen(url, timeout=1) as response:
                     if response.status == 200:
                         return
@@ -66,6 +71,12 @@ class LocalServer:
             if exited or time.monotonic() > deadline:
                 raise AssertionError(f"{self.name} did not start:\n{self.log.read_text()}")
             time.sleep(0.1)
+
+    def restart(self) -> None:
+        """Stop the server and start it again on the same port, with the same data."""
+        self.stop()
+        self._run()
+        self.wait_ready()
 
     def stop(self) -> None:
         self.proc.terminate()
