@@ -1,4 +1,4 @@
-"""A real Prometheus server (Debian's `prometheus`) for end-to-end tests.
+"""A real Prometheus server (Debian's `prometheus`) for end-to-end tests, and its agent mode.
 
 It scrapes one target (or several) every second, optionally loads rule files (evaluated every
 second), and is queried through its HTTP API, exactly as Grafana or Alertmanager would see it.
@@ -111,3 +111,28 @@ class Prometheus(LocalServer):
         reply = self.api("/api/v1/alerts")
         assert reply["status"] == "success", reply
         return reply["data"]["alerts"]
+
+
+class PrometheusAgent(LocalServer):
+    """Prometheus in agent mode (``--enable-feature=agent``): scrapes and remote-writes,
+    as `config` (a prometheus.yml) says; it answers no queries."""
+
+    name = "prometheus-agent"
+
+    def __init__(self, home: Path, config: str) -> None:
+        require(prometheus_problem())
+        super().__init__(home)
+        self.config = home / "agent.yml"
+        self.config.write_text(config)
+        self._start()
+
+    def command(self, port: int) -> list[str]:
+        assert PROMETHEUS is not None
+        return [
+            PROMETHEUS,
+            "--enable-feature=agent",
+            f"--config.file={self.config}",
+            f"--storage.agent.path={self.home / 'wal'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ]

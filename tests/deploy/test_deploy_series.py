@@ -1,0 +1,102 @@
+"""How many series one node exports: a real `fsprobe run` watching 1, 10 and 100 targets, each
+saved into once after every probe has run, scraped once the save stood in for the next write
+probe. Each target adds the same number of series,
+the daemon a fixed number of its own, and docs/reference.md ("Series per node") says both."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon_process import PATIENCE, REPO_ROOT, DaemonProcess, clean_environment
+
+pytestmark = pytest.mark.slow  # a daemon of its own
+
+#: Series of one plain target (no quota, no Lustre), its saves', its probes' and their errors'
+#: included once it has been saved into and every probe has run, without an error.
+PER_TARGET = 79
+#: Series of the daemon itself (no `path`): build, reload, process and Python information.
+PER_NODE = 10
+RAN = "fsprobe_probe_last_run_timestamp_seconds"
+#: The probes each plain target runs.
+PROBES = ("statvfs", "write", "tmpdir")
+
+SAVER = """
+import sys
+import fsprobe
+for target in sys.argv[1:]:
+    fsprobe.atomic_write(target + "/step-1.pt", lambda f: f.write(b"x" * 4096))
+"""
+
+
+def _count(daemon: DaemonProcess) -> tuple[dict[str, int], int]:
+    """Series by path, and those without one."""
+    per_path: dict[str, int] = {}
+    pathless = 0
+    for samples in daemon.metrics().values():
+        for labels in samples:
+            path = dict(labels).get("path")
+            if path is None:
+                pathless += 1
+            else:
+                per_path[path] = per_path.get(path, 0) + 1
+    return per_path, pathless
+
+
+def _paths(daemon: DaemonProcess, name: str, **labels: str) -> set[str]:
+    """The paths that have a series `name` with these labels."""
+    return {
+        dict(key)["path"]
+        for key in daemon.metrics().get(name, {})
+        if all((k, v) in key for k, v in labels.items())
+    }
+
+
+def _wait_for_every(daemon: DaemonProcess, targets: list[Path], name: str, **labels: str):
+    deadline = time.monotonic() + PATIENCE
+    while _paths(daemon, name, **labels) != set(map(str, targets)):
+        assert time.monotonic() < deadline, f"not every target has {name}{labels}"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("count", [1, 10, 100])
+def test_each_target_adds_the_same_series_and_the_docs_say_how_many(tmp_path, count):
+    targets = [tmp_path / f"target-{n}" for n in range(count)]
+    for target in targets:
+        target.mkdir()
+    config = tmp_path / "fsprobe.toml"
+    config.write_text(
+        "[defaults]\nstatvfs_interval = 1\nwrite_interval = 5\ntmpdir_interval = 1\n"
+        'write_bytes = "4K"\nquota_probe = "never"\n'
+        + "".join(f'[[targets]]\npath = "{target}"\n' for target in targets)
+    )
+    home = tmp_path / "daemon"
+    home.mkdir()
+    env = clean_environment(TMPDIR=str(tmp_path))
+    with DaemonProcess(home, "--config", str(config), env=env) as daemon:
+        for probe in PROBES:
+            _wait_for_every(daemon, targets, RAN, probe=probe)
+        _wait_for_every(daemon, targets, "fsprobe_write_step_seconds", op="unlink")
+        subprocess.run(
+            [sys.executable, "-c", SAVER, *map(str, targets)],
+            cwd=REPO_ROOT,
+            env=clean_environment(FSPROBE_STATE_DIR=str(daemon.state_dir)),
+            check=True,
+            timeout=PATIENCE,
+        )
+        # The next write probe of each target is skipped: the save stood in for it.
+        _wait_for_every(daemon, targets, "fsprobe_probe_skipped_total", probe="write")
+        per_path, pathless = _count(daemon)
+    print(f"\n{count} targets: {sum(per_path.values()) + pathless} series")
+    assert per_path == {str(target): PER_TARGET for target in targets}
+    assert pathless == PER_NODE
+    documented = (REPO_ROOT / "docs" / "reference.md").read_text()
+    row = f"| {count} | {PER_TARGET * count + PER_NODE:,} |"
+    assert row in documented, f"docs/reference.md has no row {row!r}"
+    words = " ".join(documented.split())
+    assert f" {PER_TARGET} series per plain target" in words
+    assert f" {PER_NODE} of the daemon's own" in words
