@@ -102,10 +102,11 @@ def _paths(name: str, value: object) -> tuple[str, ...]:
 
 
 def _uniform() -> float:
-    """`random.random()`."""
+    """A uniform draw from the operating system, never from the `random` module's own state:
+    trainers save and restore that with their checkpoints, and a retry must not change a run."""
     import random  # here: a save that is never retried does not load it
 
-    return random.random()
+    return random.SystemRandom().random()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import errno
 import io
 import os
 import pickle
+import random
 import stat
 import subprocess
 import sys
@@ -104,6 +105,19 @@ def test_transient_failures_are_retried_after_a_backoff(tmp_path, code):
     assert len(sleeps) == 2 and 0 <= sleeps[0] <= 2.0 and 0 <= sleeps[1] <= 4.0
     assert len(set(write.calls)) == 3  # a fresh temp file each attempt
     assert only_files(tmp_path) == ["ckpt"]
+
+
+def test_a_retried_save_leaves_the_random_state_of_the_training_alone(tmp_path):
+    """Trainers save and restore the `random` module's state with each checkpoint (Accelerate,
+    the Hugging Face Trainer): the jitter of a retry draws elsewhere, or a retried save would
+    change the run (found as a resumed Accelerate run that drew other numbers)."""
+    random.seed(7)
+    before = random.getstate()
+    sleeps: list[float] = []
+    write = failing_writer([errno.EIO, errno.EIO])
+    result = fsprobe.atomic_write(tmp_path / "ckpt", write, backoff=quick(sleeps))
+    assert result.attempts == 3 and len(sleeps) == 2 and len(set(sleeps)) == 2
+    assert random.getstate() == before
 
 
 def test_every_attempt_failing_raises_save_error_and_keeps_the_previous_file(tmp_path):
