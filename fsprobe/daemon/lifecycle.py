@@ -113,7 +113,7 @@ class Daemon:
             raise StartupError(str(error)) from None
         self._lock = _lock_state_dir(self.config.state_dir)
         self.publisher.state_dir = _directory(self._lock)
-        boot, remembered, lustre = read_memory(_directory(self._lock))
+        boot, remembered, lustre = read_memory(_directory(self._lock), len(self.config.targets))
         self.store.recall(remembered, same_boot=bool(boot) and boot == boot_id())
         self.lustre.restore(lustre)  # a loss or an eviction is the filesystem's, any boot
         try:

@@ -41,7 +41,11 @@ from fsprobe.state import StateFileError, open_state_dir
 
 SCHEMA = 1
 MEMORY_FILE = "memory.json"
-#: 100 targets with 256 savers each are about 3 MiB; a larger file is not one we wrote.
+#: The most one target's part can take as written: JSON escapes a character beyond the BMP
+#: in 12 bytes, its savers' hosts and its 8 paths (the last save's two, each problem's two) are
+#: the senders' to choose within their bounds, and the rest of each record is numbers and names.
+MAX_TARGET_BYTES = 12 * (MAX_SAVERS * MAX_HOST + MAX_HOST + 8 * MAX_PATH) + 256 * (MAX_SAVERS + 8)
+#: The rest (the boot id, what the Lustre targets left): a larger file is not one we wrote.
 MAX_MEMORY_BYTES = 8 << 20
 #: The successful saves whose times are kept per target (`daemon.store.INTERVAL_SAVES`).
 MAX_SAVE_TIMES = 9
@@ -109,10 +113,11 @@ def write_memory(
 Memory = tuple[str, dict[str, Remembered], dict[str, LustreRemembered]]
 
 
-def read_memory(directory: OutputDirectory) -> Memory:
-    """The boot id, the targets' memory and the Lustre targets' in the state dir; ``("", {},
-    {})`` when there is none, and, logged as ``event=memory_unreadable``, when it does not read
-    or is not to be trusted."""
+def read_memory(directory: OutputDirectory, targets: int) -> Memory:
+    """The boot id, the targets' memory and the Lustre targets' in the state dir, read up to
+    what a daemon of `targets` targets writes; ``("", {}, {})`` when there is none, and, logged
+    as ``event=memory_unreadable``, when it does not read or is not to be trusted."""
+    limit = MAX_MEMORY_BYTES + targets * MAX_TARGET_BYTES
     try:
         fd = directory.open(MEMORY_FILE, os.O_RDONLY, "memory file")
     except FileNotFoundError:
@@ -121,9 +126,9 @@ def read_memory(directory: OutputDirectory) -> Memory:
         return _forget(error)
     try:
         with open(fd, "rb") as stream:
-            data = stream.read(MAX_MEMORY_BYTES + 1)
-        if len(data) > MAX_MEMORY_BYTES:
-            raise FormatError(f"more than {MAX_MEMORY_BYTES} bytes")
+            data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise FormatError(f"more than {limit} bytes")
         document = json.loads(data, parse_constant=_no_constant)
         if not isinstance(document, dict) or document.get("schema") != SCHEMA:
             raise FormatError(f"not a memory file of schema {SCHEMA}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 from fsprobe.daemon.memory import Remembered
@@ -274,3 +276,27 @@ def test_a_saver_outside_our_pid_namespace_is_its_uids_alone_and_forgotten_when_
     now[0] += 60.0 + 1
     (view,) = store.forget_gone_savers()
     assert (view.saves.savers, view.saves.interval) == (0, None)
+
+
+#: In a fresh interpreter that loads nothing else: a memory with a last save, written, read.
+ROUND_TRIP = """
+import sys
+from fsprobe.daemon.memory import Remembered, read_memory, write_memory
+from fsprobe.model import LastSave
+from fsprobe.state import open_state_dir
+last = LastSave(2.0, "ok", 0.5, 1, "/ckpt/a.pt", "/ckpt/a.pt", 0, 7, "h", 1, ())
+with open_state_dir(sys.argv[1]) as directory:
+    write_memory(directory, {"/ckpt": Remembered(last=last)}, "boot")
+    print(read_memory(directory)[1]["/ckpt"].last == last)
+"""
+
+
+def test_the_memory_file_holds_a_last_save_whatever_else_was_loaded(tmp_path):
+    """The form of a last save is `fsprobe.report`'s: the memory module loads it itself (it
+    raised KeyError on its first write in a process where nothing else had loaded it)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", ROUND_TRIP, str(state)], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr

@@ -143,7 +143,7 @@ def test_a_memory_file_with_a_lustre_target_out_of_bounds_is_forgotten(tmp_path,
     document = json.loads((state / MEMORY_FILE).read_text())
     (state / MEMORY_FILE).write_text(json.dumps({**document, "lustre": lustre}))
     with open_state_dir(str(state)) as directory:
-        assert read_memory(directory) == ("", {}, {})
+        assert read_memory(directory, 1) == ("", {}, {})
 
 
 @pytest.fixture
