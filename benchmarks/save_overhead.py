@@ -7,7 +7,9 @@ on a temp file in the same directory, flush, fsync, `os.replace`, fsync the dire
 an honest view of what durability itself costs. The three are run interleaved, in a rotating
 order, so that all see the same page cache and disk, and every save starts with nothing dirty
 (an untimed `sync` after each); each overwrites its own file, as a trainer saving `last.pt`
-does.
+does. `fsprobe.save` runs twice: without a daemon (its preflight probes inline, reused for
+15 s) and with a daemon's fresh state file answering (republished, untimed, before each run:
+the usual case on a node that runs `fsprobe run`). Medians and minimums are both shown.
 
     python benchmarks/save_overhead.py [--dir DIR] [--sizes 64M,512M] [--runs 7] [--json]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -26,6 +29,8 @@ from collections.abc import Callable
 import torch
 
 import fsprobe
+from fsprobe.report import TargetState
+from fsprobe.state import Writer, write_state
 from fsprobe.units import format_bytes, parse_size
 
 
@@ -52,11 +57,33 @@ def with_fsprobe(obj: object, path: str) -> None:
     fsprobe.save(obj, path)
 
 
+#: The state dir a daemon would publish for the benchmark's directory (set by `measure`).
+STATE_DIR: list[str] = []
+
+
+def with_fsprobe_and_daemon(obj: object, path: str) -> None:
+    fsprobe.save(obj, path, state_dir=STATE_DIR[0])
+
+
 METHODS: dict[str, Callable[[object, str], None]] = {
     "fsprobe.save": with_fsprobe,
+    "fsprobe.save+state": with_fsprobe_and_daemon,
     "hand-written durable": hand_written,
     "plain torch.save": plain,
 }
+
+
+def publish(state_dir: str, target: str) -> None:
+    """A fresh state file for `target`, as the daemon writes it (`fsprobe run`)."""
+    report = fsprobe.check(
+        target,
+        fsprobe.ProbeSettings(
+            write_probe=False, server_probes=fsprobe.ServerProbeSettings(provider="none")
+        ),
+    )
+    entry = TargetState(report, {"statvfs": 15.0, "tmpdir": 60.0}, time.time())
+    writer = Writer(socket.gethostname(), os.getpid(), fsprobe.__version__)
+    write_state(state_dir, time.time(), writer, {target: json.dumps(entry.to_dict())})
 
 
 def state_of_size(size: int, tensors: int = 16) -> dict[str, torch.Tensor]:
@@ -70,8 +97,10 @@ def measure(size: int, runs: int, directory: str) -> dict[str, object]:
     obj = state_of_size(size)
     names = list(METHODS)
     times: dict[str, list[float]] = {name: [] for name in names}
+    STATE_DIR[:] = [os.path.join(directory, "state")]
     for run in range(runs + 1):  # run 0 warms up the page cache and the files, not counted
         order = names[run % len(names) :] + names[: run % len(names)]
+        publish(STATE_DIR[0], os.path.abspath(directory))
         for name in order:
             path = os.path.join(directory, f"{name.split()[0].replace('.', '_')}.pt")
             start = time.perf_counter()
@@ -82,16 +111,22 @@ def measure(size: int, runs: int, directory: str) -> dict[str, object]:
             # would pay for it (and which method comes next depends on the rotation).
             os.sync()
     medians = {name: statistics.median(samples) for name, samples in times.items()}
+    minimums = {name: min(samples) for name, samples in times.items()}
     paired = [
         ours / hand for ours, hand in zip(times["fsprobe.save"], times["hand-written durable"])
     ]
+    hand, state = "hand-written durable", "fsprobe.save+state"
     return {
         "size_bytes": size,
         "runs": runs,
         "median_seconds": medians,
-        "ratio_vs_hand_written": medians["fsprobe.save"] / medians["hand-written durable"],
+        "min_seconds": minimums,
+        "ratio_vs_hand_written": medians["fsprobe.save"] / medians[hand],
         "paired_ratio_median": statistics.median(paired),
         "ratio_vs_plain_torch_save": medians["fsprobe.save"] / medians["plain torch.save"],
+        "min_ratio_vs_hand_written": minimums["fsprobe.save"] / minimums[hand],
+        "state_ratio_vs_hand_written": medians[state] / medians[hand],
+        "state_min_ratio_vs_hand_written": minimums[state] / minimums[hand],
     }
 
 
@@ -112,10 +147,16 @@ def main() -> int:
     for result in results:
         print(f"{format_bytes(result['size_bytes'])}, median of {result['runs']} interleaved runs")
         for name, seconds in result["median_seconds"].items():
-            print(f"  {name:<22} {seconds * 1e3:9.1f} ms")
+            least = result["min_seconds"][name]
+            print(f"  {name:<22} {seconds * 1e3:9.1f} ms  (min {least * 1e3:.1f} ms)")
         print(
             f"  fsprobe / hand-written  {result['ratio_vs_hand_written']:.3f}x"
-            f"  (paired median {result['paired_ratio_median']:.3f}x; goal <= 1.03x)"
+            f"  (paired median {result['paired_ratio_median']:.3f}x, minimums"
+            f" {result['min_ratio_vs_hand_written']:.3f}x; goal <= 1.03x)"
+        )
+        print(
+            f"  with the state file     {result['state_ratio_vs_hand_written']:.3f}x"
+            f"  (minimums {result['state_min_ratio_vs_hand_written']:.3f}x)"
         )
         print(f"  fsprobe / plain torch.save  {result['ratio_vs_plain_torch_save']:.2f}x")
     return 0

@@ -26,19 +26,23 @@ def check_number(
     is no real number (a bool is not; nor a float when `whole`), a ValueError when it is out of
     that range (NaN is). Either message is what was expected (``a number of seconds above 0``:
     `kind` names the number), for the caller to frame with the name of what was given."""
+    if not _is_real(value, whole):
+        raise TypeError(_expected(low, high, above, whole, kind))
+    number: float = value  # type: ignore[assignment]  # a real number: ordered, convertible
+    if not (low < number <= high if above else low <= number <= high) or not math.isfinite(number):
+        raise ValueError(_expected(low, high, above, whole, kind))
+
+
+def _expected(low: float, high: float, above: bool, whole: bool, kind: str | None) -> str:
+    """What `check_number` expected, in words (made only for the error: a save checks its
+    options every time, and nearly always they are fine)."""
     expected = kind or ("a whole number" if whole else "a number")
     if above:
         expected += f" above {_plain(low)}"
-        expected += "" if high == math.inf else f" and at most {_plain(high)}"
-    elif high == math.inf:
-        expected += f" at least {_plain(low)}"
-    else:
-        expected += f" from {_plain(low)} to {_plain(high)}"
-    if not _is_real(value, whole):
-        raise TypeError(expected)
-    number: float = value  # type: ignore[assignment]  # a real number: ordered, convertible
-    if not (low < number <= high if above else low <= number <= high) or not math.isfinite(number):
-        raise ValueError(expected)
+        return expected + ("" if high == math.inf else f" and at most {_plain(high)}")
+    if high == math.inf:
+        return expected + f" at least {_plain(low)}"
+    return expected + f" from {_plain(low)} to {_plain(high)}"
 
 
 def _plain(bound: float) -> str:

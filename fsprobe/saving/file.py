@@ -9,6 +9,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -290,8 +291,8 @@ def save(
     ignored; `SaveResult.bytes` is what the stream's position moved by. Without PyTorch it
     raises `fsprobe.extras.MissingExtra` naming ``fsprobe[torch]``.
     """
-    # Imported on use: `import fsprobe` must not import torch.
-    torch = import_extra("torch", "torch", "fsprobe.save")
+    # Imported on use: `import fsprobe` must not import torch; once it is, it is looked up.
+    torch = sys.modules.get("torch") or import_extra("torch", "torch", "fsprobe.save")
     overrides, torch_save_kwargs = split_keywords(kwargs)
     chosen = save_options(options, overrides)
     if not isinstance(path, (str, os.PathLike)):  # what torch.save itself takes for a path
