@@ -92,7 +92,7 @@ class Page:
     """What a scenario must send to the pager, once: the alert, labels it has (the path, or
     the node: the first label is what the cause reaches), words of its description (the
     cause) and of its action (the first thing to do); before it, tickets of this alert or of
-    those it `escalates` from."""
+    those it `escalates` from. Where two alerts could each be the one page, `alternatives`."""
 
     alertname: str
     where: dict[str, str]
@@ -101,6 +101,22 @@ class Page:
     #: Alerts of the same cause that may make a ticket before the page (its warning, a
     #: forecast): escalation, never after the page.
     escalates: tuple[str, ...] = ()
+    #: Other alerts that would be as good a page for this cause (with their own words).
+    alternatives: tuple[Page, ...] = ()
+
+    def variants(self) -> tuple[Page, ...]:
+        return (self, *self.alternatives)
+
+    def variant(self, alert: dict) -> Page:
+        """The variant of this page that `alert` is."""
+        (page,) = [p for p in self.variants() if p.matches(alert)]
+        return page
+
+    def matches(self, alert: dict) -> bool:
+        labels = alert["labels"]
+        return labels["alertname"] == self.alertname and all(
+            labels.get(k) == v for k, v in self.where.items()
+        )
 
     @property
     def scope(self) -> tuple[str, str]:
@@ -148,8 +164,7 @@ class Week:
             for receiver, status, alert in self.sent()
             if receiver == PAGER
             and status == "firing"
-            and alert["labels"]["alertname"] == page.alertname
-            and all(alert["labels"].get(k) == v for k, v in page.where.items())
+            and any(variant.matches(alert) for variant in page.variants())
         ]
 
     def wait_for_page(self, page: Page, within: float) -> dict:
@@ -354,8 +369,9 @@ def full_filesystem(run: Week) -> Page:
 
 
 def inodes_filling(run: Week) -> Page:
-    """70 % of the inodes at once, then the rest over 75 compressed minutes: filling up, then
-    low, then none left (the trainer saving there fails)."""
+    """70 % of the inodes at once, then the rest over 115 compressed minutes (0.26 % a minute):
+    filling up, then running low (the trend's `for:` of an hour ends first), then none left
+    (the trainer saving there fails). One page, by the trend or by the headroom."""
     target = run.targets["inodes"]
     st = os.statvfs(target)
     created = 0
@@ -372,17 +388,20 @@ def inodes_filling(run: Week) -> Page:
     create(st.f_files * 7 // 10 - (st.f_files - st.f_ffree))
 
     def fill() -> None:
-        for _ in range(75):
-            create(st.f_files * 3 // 750 + 1)
+        for minute in range(115):
+            create(st.f_files * 3 * (minute + 1) // 1150 - st.f_files * 3 * minute // 1150)
             run.pass_time(1)
 
     threading.Thread(target=fill, daemon=True).start()
+    where = {"path": str(target), "severity": "critical"}
+    trend = Page("FsprobeInodesFillingUp", where, ("inode headroom left",), "Find what creates")
     return Page(
         "FsprobeInodeHeadroomLow",
-        {"path": str(target), "severity": "critical"},
+        where,
         ("inodes are left",),
         "Remove small files",
         escalates=("FsprobeInodesFillingUp",),
+        alternatives=(trend,),
     )
 
 
@@ -469,7 +488,16 @@ def _unblock(run: Week) -> None:
 
 BAD_DAYS = [
     pytest.param(BadDay(full_filesystem, 20), id="full-with-a-trainer-saving"),
-    pytest.param(BadDay(inodes_filling, 80), id="inodes-filling"),
+    pytest.param(
+        BadDay(inodes_filling, 120),
+        id="inodes-filling",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="issue 35 item 3: inodes running out page twice, FsprobeInodesFillingUp "
+            "(critical: the trend) then FsprobeInodeHeadroomLow (critical): the inhibitions "
+            "hold the trend back under the headroom, not the headroom under the trend",
+        ),
+    ),
     pytest.param(BadDay(eio, 15), id="eio"),
     pytest.param(
         BadDay(grace_expires, 15),
@@ -518,13 +546,13 @@ def test_a_bad_day_pages_once_per_cause(week, day: BadDay):
     assert [line for line in lines if " resolved " in line] == [], lines
     assert [receiver for receiver, _, _ in sent].count(PAGER) == 1, lines
     before = sent.index((PAGER, "firing", alert))
-    escalation = (page.alertname, *page.escalates)
+    escalation = {name for p in page.variants() for name in (p.alertname, *p.escalates)}
     assert all(
         receiver == TICKETS and a["labels"]["alertname"] in escalation
         for receiver, _, a in sent[:before]
     ), lines
     assert sent[before + 1 :] == [], lines
-    says_what_to_do(alert, scope[1], page)
+    says_what_to_do(alert, scope[1], page.variant(alert))
     if day.recovers is not None:  # what the cause held back must not page once it ends
         day.recovers(run)
         run.pass_time(HOLD)
