@@ -916,3 +916,29 @@ def test_every_reason_the_policy_writes_is_one_an_event_may_carry():
                 written.add(first.value)
     others = set(PROBE_KINDS) | set(QUOTA_TYPES)  # table rows of probes and quota types
     assert written - others == REASON_CODES
+
+
+def test_the_daemon_logs_and_exports_the_reason_of_a_preflight_redirect(
+    tmp_path, tmpfs, monkeypatch
+):
+    """issue 35.7, end to end: a checkpoint that the daemon's answer says does not fit (a
+    1 MiB tmpfs, a need of 4 MiB) is redirected by the preflight; the daemon's
+    `event=save outcome=redirected` line and the problem's labels carry the reason and its
+    errno, not "EUNKNOWN at unknown"."""
+    target, fallback = tmpfs(size="1M").path, tmp_path / "fallback"
+    fallback.mkdir()
+    with start_daemon(tmp_path, target, fallback) as daemon:
+        monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
+        result = fsprobe.atomic_write(
+            target / "c.pt", lambda f: f.write(CHUNK), fallback_dirs=[str(fallback)],
+            need_bytes=4 << 20, backoff=NO_WAIT,
+        )  # fmt: skip
+        assert result.redirected and result.errors == ()
+        daemon.wait_for_value("fsprobe_saves_total", 1.0, path=str(target), outcome="redirected")
+        problem = daemon.value(
+            "fsprobe_last_save_problem_timestamp_seconds", path=str(target), outcome="redirected",
+            reason="space_headroom_low", errno="ENOSPC", step="preflight",
+        )  # fmt: skip
+        assert problem is not None, daemon.get()[1].decode()[-3000:]
+        line = daemon.wait_for_log("outcome=redirected")
+        assert "reason=space_headroom_low" in line and "EUNKNOWN" not in line
