@@ -6,11 +6,15 @@ Two nodes' daemons watch the same shared filesystem (a tmpfs both see, as every 
 Lustre or NFS mount) and a directory of their own. Time is compressed as in the on-call
 scenarios (tests/support/oncall.py). The shared filesystem fills up: the rules fire for both
 nodes, labelled with the agents' `cluster`, and the pager gets one incident (one Alertmanager
-group) that names the path and lists both nodes, instead of one incident per node.
+group) that names the path and lists both nodes, instead of one incident per node. The
+dashboard's cluster variable and panels, run against the same storage, show both nodes.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,6 +23,7 @@ import yaml
 
 from tests.deploy.test_deploy_alertmanager import fill_to
 from tests.support.alertmanager import Alertmanager, Webhook
+from tests.support.capability import need_command
 from tests.support.daemon_process import PATIENCE, REPO_ROOT, DaemonProcess, clean_environment
 from tests.support.oncall import (
     PROMETHEUS_FLAGS,
@@ -32,6 +37,7 @@ from tests.support.prometheus import Prometheus, PrometheusAgent
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 AGENT = REPO_ROOT / "deploy" / "prometheus" / "agent.yml"
+DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "fsprobe.json"
 RULES = REPO_ROOT / "deploy" / "prometheus" / "fsprobe.rules.yml"
 ALERTMANAGER = REPO_ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 NODES = ("node-a", "node-b")
@@ -105,6 +111,10 @@ def test_a_shared_filesystem_filling_up_pages_once_for_the_whole_fleet(tmp_path,
         held = f'fsprobe:headroom_ratio:held{{cluster="hpc-a",path="{shared}",resource="bytes"}}'
         central.wait_for(f"count({held})", 2.0, timeout=PATIENCE)
         central.wait_for('count(up{cluster="hpc-a",job="fsprobe"} == 1)', 2.0)
+        # The dashboard on the fleet's storage: its cluster variable offers the agents' cluster,
+        # and its panels show every node of it.
+        for title in ("Status", "Space headroom", "Filesystems", "Probe duration"):
+            assert _instances_in_panel(central, title) == set(instances), title
 
         fill_to(shared, 0.02)  # under 3 %: critical, yet test writes still fit
         expected = {("FsprobeSpaceHeadroomLow", "critical", i) for i in instances}
@@ -135,6 +145,23 @@ def test_a_shared_filesystem_filling_up_pages_once_for_the_whole_fleet(tmp_path,
     assert _sent(webhook, "fsprobe-tickets") == []
 
 
+def _instances_in_panel(central: Prometheus, title: str) -> set[str]:
+    """The instances the dashboard's panel `title` shows for cluster hpc-a, every job,
+    instance and path."""
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "cluster"]
+    query = variable["query"].removeprefix("label_values(").removesuffix(", cluster)")
+    clusters = {r["metric"]["cluster"] for r in central.query(query.replace("$cluster", ".*"))}
+    assert clusters == {"hpc-a"}, clusters
+    (panel,) = [p for p in dashboard["panels"] if p.get("title") == title]
+    shown: set[str] = set()
+    for target in panel["targets"]:
+        expr = target["expr"].replace("$cluster", "hpc-a").replace("$__rate_interval", "4s")
+        expr = re.sub(r"\$\w+", ".*", expr)
+        shown |= {result["metric"]["instance"] for result in central.query(expr)}
+    return shown
+
+
 def _firing(central: Prometheus, path: Path) -> set[tuple[str, str, str]]:
     return {
         (a["labels"]["alertname"], a["labels"]["severity"], a["labels"]["instance"])
@@ -152,12 +179,8 @@ def _sent(webhook: Webhook, receiver: str) -> list[dict]:
     ]
 
 
-def test_the_shipped_agent_configuration_is_valid(tmp_path: Path):
+def test_the_shipped_agent_configuration_is_valid():
     """promtool accepts deploy/prometheus/agent.yml as it is shipped, in agent mode."""
-    import subprocess
-
-    from tests.support.capability import need_command
-
     promtool = need_command("promtool", "prometheus")
     done = subprocess.run(
         [promtool, "check", "config", "--agent", str(AGENT)],
