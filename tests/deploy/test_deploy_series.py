@@ -1,10 +1,13 @@
 """How many series one node exports: a real `fsprobe run` watching 1, 10 and 100 targets, each
 saved into once after every probe has run, scraped once the save stood in for the next write
-probe. Each target adds the same number of series,
-the daemon a fixed number of its own, and docs/reference.md ("Series per node") says both."""
+probe. Each target adds the same number of series, the daemon a fixed number of its own; a
+target on Lustre (the fake `lfs` and `lctl`) adds its probes' and those of every OST and MDT.
+docs/reference.md ("Series per node") says each number."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon_process import PATIENCE, REPO_ROOT, DaemonProcess, clean_environment
+from tests.support.fakes.fake_lfs import FAKE_LCTL, FAKE_LFS
 
 pytestmark = pytest.mark.slow  # a daemon of its own
 
@@ -100,3 +104,62 @@ def test_each_target_adds_the_same_series_and_the_docs_say_how_many(tmp_path, co
     words = " ".join(documented.split())
     assert f" {PER_TARGET} series per plain target" in words
     assert f" {PER_NODE} of the daemon's own" in words
+
+
+#: Series of each probe that runs (success, duration, last run, last success, interval, the
+#: staleness deadline), and of each Lustre OST or MDT of a target's filesystem (4 of capacity,
+#: in_layout, connected, recovering, active; an eviction time once there was one).
+PER_PROBE = 6
+PER_LUSTRE_TARGET = 8
+
+
+def test_a_lustre_target_adds_its_probes_and_the_series_of_every_ost_and_mdt(tmp_path):
+    """The fake `lfs` and `lctl` play one MDT and two OSTs, all connected, none evicted."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    kib = 1 << 20  # a GiB in the KiB that lfs df counts in
+    osts = [
+        {"kind": kind, "index": index, "blocks": 100 * kib, "bfree": 60 * kib,
+         "bavail": 60 * kib, "files": 1 << 20, "ffree": 1 << 19}
+        for kind, index in (("MDT", 0), ("OST", 0), ("OST", 1))
+    ]  # fmt: skip
+    state = tmp_path / "fake-lfs-state.json"
+    state.write_text(json.dumps({"mountpoint": str(tmp_path), "targets": osts}))
+    config = tmp_path / "fsprobe.toml"
+    config.write_text(
+        "[defaults]\nstatvfs_interval = 1\nwrite_interval = 1\ntmpdir_interval = 1\n"
+        "quota_interval = 1\nlfs_df_interval = 1\nimports_interval = 1\n"
+        'write_bytes = "4K"\nquota_probe = "always"\nquota_provider = "lfs"\n'
+        f'[[targets]]\npath = "{target}"\n'
+    )
+    env = clean_environment(
+        FSPROBE_LFS=str(FAKE_LFS),
+        FSPROBE_LCTL=str(FAKE_LCTL),
+        FAKE_LFS_STATE=str(state),
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        TMPDIR=str(tmp_path),
+    )
+    home = tmp_path / "daemon"
+    home.mkdir()
+    probes = (*PROBES, "quota", "lfs_df", "imports")
+    with DaemonProcess(home, "--config", str(config), env=env) as daemon:
+        for probe in probes:
+            _wait_for_every(daemon, [target], RAN, probe=probe)
+        _wait_for_every(daemon, [target], "fsprobe_lustre_target_connected")
+        metrics = daemon.metrics()
+    assert not metrics.get("fsprobe_probe_errors_total"), daemon.log()
+
+    def series(prefix: str) -> int:
+        return sum(
+            1
+            for name, samples in metrics.items()
+            if name.startswith(prefix)
+            for labels in samples
+            if ("path", str(target)) in labels
+        )
+
+    assert series("fsprobe_probe_") == PER_PROBE * len(probes)
+    assert series("fsprobe_lustre_target_") == PER_LUSTRE_TARGET * len(osts)
+    words = " ".join((REPO_ROOT / "docs" / "reference.md").read_text().split())
+    assert f"probes {PER_PROBE} series each" in words
+    assert f"Lustre {PER_LUSTRE_TARGET} per OST and MDT" in words
