@@ -37,6 +37,7 @@ from fsprobe.events.event import (
 from fsprobe.exporters.view import SaveProblem
 from fsprobe.model import LastSave
 from fsprobe.posix.outputdir import OutputDirectory, UntrustedOutput
+from fsprobe.report import LAST_SAVE
 from fsprobe.state import StateFileError, open_state_dir
 
 SCHEMA = 1
@@ -59,7 +60,7 @@ LUSTRE_NAME = re.compile(r"[A-Za-z0-9_-]{1,8}-(?:MDT|OST)[0-9a-f]{4}")
 @dataclass(frozen=True)
 class Remembered:
     """What one target's saves left the daemon knowing (a last save is read and written by
-    the state file's form, `fsprobe.report.LAST_SAVE`)."""
+    its form in `fsprobe.report`, `LAST_SAVE`)."""
 
     savers: tuple[Saver, ...] = ()
     save_times: tuple[float, ...] = ()  # of the last successful saves, oldest first
@@ -80,6 +81,9 @@ class _Document:
 
 SAVER = Form(Saver, "uid host pid started heard_at")
 SAVE_PROBLEM = Form(SaveProblem, "at file uid errno step fallback landed reason?")
+#: A last save is read and written by the form `fsprobe.report` made for it (a form registers
+#: itself for every field of its class): imported here, not left to whichever module loaded it.
+assert LAST_SAVE.cls is LastSave
 REMEMBERED = Form(Remembered, "savers save_times last last_success_at problems")
 LUSTRE_TARGET = Form(LustreRemembered, "lost_at lost_before evictions")
 DOCUMENT = Form(_Document, "boot_id targets lustre?", name="memory file")

@@ -287,7 +287,7 @@ from fsprobe.state import open_state_dir
 last = LastSave(2.0, "ok", 0.5, 1, "/ckpt/a.pt", "/ckpt/a.pt", 0, 7, "h", 1, ())
 with open_state_dir(sys.argv[1]) as directory:
     write_memory(directory, {"/ckpt": Remembered(last=last)}, "boot")
-    print(read_memory(directory)[1]["/ckpt"].last == last)
+    print(read_memory(directory, 1)[1]["/ckpt"].last == last)
 """
 
 
