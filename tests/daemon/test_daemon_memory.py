@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from fsprobe.daemon.memory import MEMORY_FILE, SCHEMA
+from fsprobe.daemon.memory import (
+    MAX_MEMORY_BYTES,
+    MEMORY_FILE,
+    SCHEMA,
+    Remembered,
+    write_memory,
+)
+from fsprobe.daemon.savers import MAX_SAVERS, Saver
+from fsprobe.events.event import MAX_HOST, SaveEvent, decode
+from fsprobe.exporters.view import SaveProblem
+from fsprobe.model import LastSave
 from tests.events.test_save_events import QUIET_DAEMON, daemon_config
 from tests.support.daemon_process import DaemonProcess, clean_environment
 
@@ -237,3 +247,42 @@ def test_a_valid_memory_file_is_taken_and_one_others_may_write_is_not(tmp_path):
     with _daemon(home, target).start() as daemon:
         assert "writable by group" in daemon.wait_for_log("memory_unreadable")
         assert _first_scrape(daemon, str(target)) == (None, None, None)
+
+
+def test_what_senders_may_make_the_memory_hold_is_recalled_whole(tmp_path):
+    """Eleven targets, each with the 256 savers their senders may make (outside the daemon's
+    pid namespace a claimed pid is one: no process needed) under hosts of 255 characters
+    beyond the BMP, which an event may carry and JSON writes in 12 bytes each: the file the
+    daemon writes for them is past 8 MiB, and was forgotten whole at the next start (every
+    hung trainer's expectation with it). The reader takes what the writer may write."""
+    host, name = "\U0001f600" * MAX_HOST, "\U0001f600" * 800
+    sent = SaveEvent(f"/{name}", f"/{name}", 1, 0.1, 1, (), time.time(), host, 1)
+    datagram = json.dumps(json.loads(sent.encode()), ensure_ascii=False).encode()  # raw UTF-8
+    assert decode(datagram) == sent
+    targets = [tmp_path / f"ckpt{n}" for n in range(11)]
+    for target in targets:
+        target.mkdir()
+    home = tmp_path / "daemon"
+    (home / "state").mkdir(parents=True, mode=0o755)
+    now = time.time()
+    savers = tuple(Saver(4242, host, pid, None, now) for pid in range(1, MAX_SAVERS + 1))
+    failed = SaveProblem(now, f"/t/{name}", 4242, "EIO", "write", "none", f"/f/{name}")
+    problems = {"failed": failed, "retried": failed}
+    memory = {
+        str(t): Remembered(
+            savers,
+            (),
+            LastSave(now, "ok", 0.1, 1, f"{t}/{name}", f"{t}/{name}", 4242, 1, host, 1, ()),
+            now,
+            problems,
+        )
+        for t in targets
+    }
+    write_memory(str(home / "state"), memory, "x")
+    assert (home / "state" / MEMORY_FILE).stat().st_size > MAX_MEMORY_BYTES
+    config = daemon_config(home.parent / "fsprobe.toml", *targets, defaults=QUIET_DAEMON)
+    with DaemonProcess(home, "--config", str(config)).start() as daemon:
+        daemon.wait_for_log("event=memory_recalled")
+        for target in targets:
+            assert _first_scrape(daemon, str(target))[0] == MAX_SAVERS
+        assert "memory_unreadable" not in daemon.log()
