@@ -16,7 +16,7 @@ import functools
 import sys
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, NamedTuple, TypeVar, Union
+from typing import Any, Generic, TypeVar, Union
 
 T = TypeVar("T")
 
@@ -40,7 +40,8 @@ def _at(where: str, key: object) -> str:
     return f"{where}.{key}" if where else str(key)
 
 
-class _Codec(NamedTuple):  # a named tuple: built at once, unlike a frozen dataclass
+@dataclasses.dataclass(frozen=True)
+class _Codec:
     """How the values of one type hint are written, recognised and read. A value at `key` of
     the object at `where` names its place only in an error, so a path is made only there or
     where a reader descends."""
@@ -177,7 +178,8 @@ def _hint(text: str, module: str) -> Any:
     return _evaluate(ast.parse(text, mode="eval").body, vars(sys.modules[module]))
 
 
-class _Key(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class _Key:
     name: str  # in the document
     attr: str  # of the value
     optional: bool  # may be absent from a document
