@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fsprobe.posix.paths import escaped
-from tests.redirect.test_redirect_sync import Setup
+from tests.redirect.test_redirect_sync import Setup, _sync_on_a_terminal
 from tests.support.daemon_process import clean_environment
 
 FSPROBE = [sys.executable, "-m", "fsprobe"]
@@ -155,3 +155,22 @@ def test_nothing_to_sync_names_the_fallback_dirs_escaped(tmp_path):
     done = fsprobe("sync", "--fallback-dir", str(fallback))
     lines = done.stdout.decode().splitlines()
     assert lines == [f"nothing to sync in {tmp_path}/fallback\\nOK  fake line"], lines
+
+
+def test_a_path_on_the_progress_line_cannot_drive_the_terminal(faultfs, tmp_path):
+    """The progress line of a long copy back names the checkpoint, redrawn in place on the
+    person's terminal: a directory named with a hyperlink (OSC 8), a window title, a return
+    and a line erase is shown as escaped text, and the only control sequence the terminal gets
+    is the meter's own redraw."""
+    hostile = "x\x1b]8;;https:evil.example\x07click\x1b]8;;\x07\x1b]0;owned\x07\r\x1b[2Kok"
+    setup = Setup(tmp_path)
+    setup.fallback = faultfs.mountpoint
+    setup.target = tmp_path / hostile
+    setup.target.mkdir()
+    faultfs.ctl.delay("read", 0.02, path="/uid-*")  # a slow fallback: the copy takes seconds
+    setup.save_redirected(b"z" * (16 << 20), name="big.pt")
+    status, out, shown = _sync_on_a_terminal(setup)
+    assert status == 0 and "synced" in out
+    frames = [frame for frame in shown.split("\r\x1b[K") if frame]
+    assert frames and all(escaped(hostile) in frame for frame in frames), shown
+    assert not any(character in "".join(frames) for character in "\x1b\x07\r"), shown
