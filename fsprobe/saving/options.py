@@ -8,6 +8,7 @@ its fields (`SaveOverrides`), applied once by `save_options`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -220,7 +221,7 @@ def save_options(
     if unknown:
         raise TypeError(f"not a save option: {', '.join(unknown)} (see fsprobe.SaveOptions)")
     if options is None:
-        chosen = SaveOptions(**overrides) if overrides else _DEFAULTS
+        chosen = _from_keywords(overrides)
     elif not isinstance(options, SaveOptions):
         raise TypeError(f"options takes a fsprobe.SaveOptions, not {options!r}")
     else:
@@ -235,6 +236,27 @@ def split_keywords(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
     """The keywords of `fsprobe.save` split into the save options and the rest (`torch.save`'s)."""
     overrides = {k: v for k, v in keywords.items() if k in OPTION_NAMES}
     return overrides, {k: v for k, v in keywords.items() if k not in OPTION_NAMES}
+
+
+def _from_keywords(overrides: Mapping[str, Any]) -> SaveOptions:
+    """`SaveOptions(**overrides)`; made and checked once per process for keywords of plain
+    values, as a trainer passes the same ones to every save (``max_wait=120``)."""
+    if not overrides:
+        return _DEFAULTS
+    items = tuple(sorted(overrides.items()))
+    if all(type(value) in _PLAIN for _, value in items):
+        # The type is part of the key: True, 1 and 1.0 are equal, not the same option.
+        return _made(tuple((name, type(value), value) for name, value in items))
+    return SaveOptions(**overrides)
+
+
+#: Keyword values kept with the options made of them (immutable, and equal only when alike).
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+
+
+@functools.lru_cache(maxsize=64)
+def _made(items: tuple[tuple[str, type, Any], ...]) -> SaveOptions:
+    return SaveOptions(**{name: value for name, _, value in items})
 
 
 #: The name of every field of `SaveOptions`: the keywords a public save takes as options.

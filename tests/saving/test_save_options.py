@@ -196,3 +196,22 @@ def test_a_save_context_of_its_own_starts_empty_and_keeps_its_sizes_to_itself(tm
     mine.remember_save(str(tmp_path / "a.pt"), 1000)
     assert expected_need(mine, str(tmp_path / "a.pt")) == 1100
     assert expected_need(other, str(tmp_path / "a.pt")) is None
+
+
+def test_the_same_plain_keywords_give_the_same_options_checked_once():
+    """A trainer passes the same keywords to every save: made (and checked) once per process.
+    Only plain values are kept; a value of another type is another option, and a wrong one
+    is refused every time it is given."""
+    first = options_module.save_options(None, {"max_wait": 120, "save_timeout": 600.0})
+    again = options_module.save_options(None, {"save_timeout": 600.0, "max_wait": 120})
+    assert first is again and (first.max_wait, first.save_timeout) == (120, 600.0)
+    assert options_module.save_options(None, {"fsync": True}).fsync is True
+    with pytest.raises(TypeError, match="fsync"):  # 1 == True, but it is no flag
+        options_module.save_options(None, {"fsync": 1})
+    for _ in range(2):
+        with pytest.raises(ValueError, match="max_wait"):
+            options_module.save_options(None, {"max_wait": -1})
+    sleeps: list[float] = []
+    backoff = Backoff(sleep=sleeps.append)
+    chosen = options_module.save_options(None, {"backoff": backoff})
+    assert chosen.backoff is backoff  # not one made for an equal backoff before
