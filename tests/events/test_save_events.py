@@ -45,6 +45,7 @@ from fsprobe.policy import Policy
 from fsprobe.saving.options import Backoff
 from tests.support.capability import need_command
 from tests.support.daemon_process import REPO_ROOT, DaemonProcess, clean_environment, run_fsprobe
+from tests.support.oncall import SCALE, scaled_rules
 from tests.support.ranks import run_ranks
 from tests.support.state import daemon_view, publish
 from tests.support.users import share
@@ -467,11 +468,15 @@ def overdue_alerts(prometheus, path: str) -> list[dict]:
 def test_prometheus_fires_checkpoint_overdue_when_a_saving_loop_stops(
     tmp_path, prometheus_for, monkeypatch
 ):
+    """A trainer saving every 1.5 s is one saving every 90 s at the on-call scenarios' compressed
+    time: the shipped rule, its `for:` as compressed (`tests.support.oncall`), pages it once
+    its checkpoints stop, not before."""
     target = tmp_path / "ckpt"
     target.mkdir()
+    rules = scaled_rules(RULES, tmp_path)
     with start_daemon(tmp_path, target) as daemon:
         monkeypatch.setenv("FSPROBE_STATE_DIR", str(daemon.state_dir))
-        prometheus = prometheus_for(daemon.url.split("//")[1].split("/")[0], [RULES])
+        prometheus = prometheus_for(daemon.url.split("//")[1].split("/")[0], [rules])
         prometheus.wait_for('up{job="fsprobe"}', 1.0)
         path = str(target)
         started = time.monotonic()
@@ -488,7 +493,7 @@ def test_prometheus_fires_checkpoint_overdue_when_a_saving_loop_stops(
         while not [a for a in overdue_alerts(prometheus, path) if a["state"] == "firing"]:
             assert time.monotonic() < deadline, prometheus.alerts()
             time.sleep(0.2)
-        assert time.monotonic() - stopped >= 2 * interval  # not before it was overdue
+        assert time.monotonic() - stopped >= 2 * interval + 120 / SCALE  # overdue, then `for:`
         (alert,) = overdue_alerts(prometheus, path)
         assert alert["labels"]["severity"] == "critical"
         assert "it is saved about every 1" in alert["annotations"]["description"]
