@@ -42,12 +42,13 @@ class Staging:
     them, not through path strings. `path` is what the writer fills.
     """
 
-    def __init__(self, final: str) -> None:
+    def __init__(self, final: str, parent_fd: int | None = None) -> None:
+        """`parent_fd`: the parent, opened already (a copy of it is kept); else by its path."""
         self.final = final
         self.parent, self.name = os.path.split(final)
         self.staging = temp_name(self.name)
         self.path = os.path.join(self.parent, self.staging)
-        self.parent_fd = open_parent(self.parent)
+        self.parent_fd = open_parent(self.parent) if parent_fd is None else os.dup(parent_fd)
         self.fd: int | None = None
         self.claimed: tuple[int, int] | None = None
         self.replaced_fd: int | None = None

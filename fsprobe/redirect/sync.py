@@ -5,6 +5,7 @@ Its own user's areas only; as root, each other user's by a run as her (docs/desi
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
 from fsprobe.codec import Form
-from fsprobe.errors import name_of
+from fsprobe.errors import ProbeFailure, name_of
 from fsprobe.posix.atomic import TempFile, temp_name
 from fsprobe.posix.owned import NotTrusted
 from fsprobe.posix.paths import is_under
@@ -25,6 +26,7 @@ from fsprobe.posix.tree import (
     measure_tree,
     tree_digest,
 )
+from fsprobe.probing.target import ROOT, open_target
 from fsprobe.redirect import delegate
 from fsprobe.redirect.areas import AREA_NAME, Area, area_name
 from fsprobe.redirect.copies import Copied, copy_bytes, copy_tree
@@ -185,6 +187,23 @@ def _stat_or_none(name: str, dir_fd: int) -> os.stat_result | None:
         return None
 
 
+def _requested_directory(requested: str) -> int:
+    """The directory `requested` goes back into, readable, walked from ``/`` as a probe walks
+    (`open_target`): a symlink on the way is followed only if root or this process's user owns
+    it, else `NotTrusted`. Whoever may rename a directory on the way (a team directory) could
+    otherwise send the copy into anyone's directory, over their file. FileNotFoundError if it
+    is gone."""
+    directory = os.path.dirname(requested)
+    try:
+        opened = open_target(directory, ROOT)
+    except ProbeFailure as error:
+        raise NotTrusted(f"{error.message}; not copying back") from None
+    with opened:
+        if not opened.exists:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), directory)
+        return opened.open_directory()
+
+
 def _copy_back(
     copy: OpenCopy, target_dir: int, final: str, seen: os.stat_result | None, copied: Copied | None
 ) -> str:
@@ -205,7 +224,11 @@ def _copy_back(
 
 
 def _copy_directory_back(
-    copy: OpenCopy, seen: os.stat_result | None, budget: EntryBudget, copied: Copied | None
+    copy: OpenCopy,
+    target_dir: int,
+    seen: os.stat_result | None,
+    budget: EntryBudget,
+    copied: Copied | None,
 ) -> str:
     """Steps 5 and 6 for a directory checkpoint (`fsprobe.save_dir`), published whole.
 
@@ -216,7 +239,7 @@ def _copy_directory_back(
     publishes it, only over the original seen in step 4 (`Staging.swap_in_if_unchanged`).
     """
     counted = measure_tree(copy.fd, budget)
-    staging = Staging(copy.entry.requested)
+    staging = Staging(copy.entry.requested, target_dir)
     try:
         assert staging.fd is not None
         staging.mode = stat.S_IMODE(os.fstat(copy.fd).st_mode)  # the checkpoint's own mode
@@ -265,9 +288,7 @@ def _sync_open(
     if not_ready is not None:
         return outcome("waiting", f"{entry.requested} not ready: {not_ready}")
     final = os.path.basename(entry.requested)
-    target_dir = os.open(
-        os.path.dirname(entry.requested), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-    )
+    target_dir = _requested_directory(entry.requested)
     try:
         seen = _stat_or_none(final, target_dir)
         if is_superseded(entry, seen):
@@ -289,7 +310,7 @@ def _sync_open(
             copied = meter.copied
         try:
             if copy.is_directory:
-                action = _copy_directory_back(copy, seen, budget, copied)
+                action = _copy_directory_back(copy, target_dir, seen, budget, copied)
             else:
                 action = _copy_back(copy, target_dir, final, seen, copied)
         except TooManyEntries as error:
