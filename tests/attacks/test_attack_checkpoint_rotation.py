@@ -13,10 +13,19 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.integrations.test_integration_accelerate import same_weights, train
-from tests.redirect.test_trust_fallback import make_dir
-from tests.support.users import share
+from tests.support.capability import need_module
+
+need_module("accelerate")
+
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import ProjectConfiguration  # noqa: E402
+
+from fsprobe.integrations.accelerate import protect  # noqa: E402
+from tests.integrations.test_integration_accelerate import same_weights, train  # noqa: E402
+from tests.redirect.test_trust_fallback import make_dir  # noqa: E402
+from tests.support.users import share  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a framework: the full run only
 
@@ -64,3 +73,27 @@ def test_a_neighbours_copies_in_a_shared_fallback_are_neither_counted_nor_loaded
     assert sorted(os.listdir(checkpoints)) == ["checkpoint_1", "checkpoint_2"]
     for path in planted:
         assert (path / "model.safetensors").read_bytes() == b"mallory's"
+
+
+def test_roots_rotation_removes_nothing_another_user_wrote(local_users, tmp_path):
+    """Root's run keeps one checkpoint (total_limit 1) in a team's project directory, which
+    every member may write (2770). Mallory put a symlink `checkpoints` to Bob's directory of
+    checkpoints there: root's rotation listed Bob's `checkpoint_0` as its own oldest and
+    `shutil.rmtree` removed it, Bob's files with it. A checkpoint goes as every tree fsprobe
+    removes: only what is the remover's own."""
+    share(tmp_path)
+    team = local_users.group()
+    mallory, bob = local_users.user(team), local_users.user()
+    project = make_dir(tmp_path / "project", 0o2770, group=team)
+    bobs = make_dir(tmp_path / "bob", 0o755, owner=bob)
+    bob.run(os.mkdir, str(bobs / "checkpoint_0"))
+    bob.run((bobs / "checkpoint_0" / "model.safetensors").write_bytes, b"bob's")
+    mallory.run(os.symlink, str(bobs), str(project / "checkpoints"))
+
+    config = ProjectConfiguration(
+        project_dir=str(project), automatic_checkpoint_naming=True, total_limit=1, iteration=3
+    )
+    accelerator = protect(Accelerator(cpu=True, project_config=config), fallback_dirs=[])
+    accelerator.prepare(torch.nn.Linear(2, 1))
+    accelerator.save_state()
+    assert (bobs / "checkpoint_0" / "model.safetensors").read_bytes() == b"bob's"
