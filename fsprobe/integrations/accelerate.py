@@ -22,8 +22,7 @@ with extra_imports("accelerate", __name__, "torch", "accelerate"):
 
 from fsprobe import SaveOptions, save_dir
 from fsprobe import distributed as collective
-from fsprobe.posix.staging import open_parent
-from fsprobe.posix.tree import opened, remove_tree
+from fsprobe.posix.tree import remove_checkpoint
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
 from fsprobe.redirect.manifest import forget, pending
@@ -112,21 +111,6 @@ def _files_in(directory: str) -> set[str]:
         for parent, _, names in os.walk(directory)
         for name in names
     }
-
-
-def _remove(checkpoint: str) -> None:
-    """Remove the checkpoint directory at the target as fsprobe removes every tree
-    (`remove_tree`): relative to its directory's descriptor, only what is this user's. A
-    directory others may write (a team's project) can hold, or lead through a symlink to,
-    another user's checkpoint under its name: root's `shutil.rmtree` removed it whole."""
-    try:
-        with opened(open_parent(os.path.dirname(checkpoint))) as parent:
-            if not remove_tree(parent, os.path.basename(checkpoint)):
-                log.warning("fsprobe: %s is not all this user's: what is not was left", checkpoint)
-    except FileNotFoundError:
-        return
-    except OSError as error:
-        log.warning("fsprobe: not deleting %s: %s", checkpoint, error)
 
 
 class _ProtectedState:
@@ -223,7 +207,7 @@ class _ProtectedState:
         excess = max(0, min(len(checkpoints) + incoming - limit, len(checkpoints) - 1))
         for checkpoint in checkpoints[:excess]:
             log.info("fsprobe: deleting %s (total_limit=%d)", checkpoint, limit)
-            _remove(checkpoint)
+            remove_checkpoint(checkpoint)  # only this user's: not what others put there
             forget(checkpoint, self.fallbacks)
 
     def load_state(

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
@@ -32,6 +31,7 @@ with extra_imports("transformers", __name__, "torch", "transformers", "accelerat
 
 from fsprobe import SaveOptions, preflight, save_dir
 from fsprobe import distributed as collective
+from fsprobe.posix.tree import remove_checkpoint
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate
 from fsprobe.redirect.manifest import forget, pending
@@ -475,7 +475,7 @@ class _ProtectedCheckpoints:
     def _delete(self, checkpoint: str, why: str) -> None:
         """Delete `checkpoint` at the target and its redirected copies with their entries."""
         log.info("fsprobe: deleting %s (%s)", checkpoint, why)
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        remove_checkpoint(checkpoint)  # only this user's: not what others put there
         forget(checkpoint, self.fallbacks)
 
     # -- loading: what the Trainer looks for at a checkpoint's path, wherever it landed -------

@@ -220,6 +220,22 @@ def remove_tree(parent_fd: int, name: str) -> bool:
     return _remove(parent_fd, name, info, 0)
 
 
+def remove_checkpoint(path: str) -> None:
+    """Remove the checkpoint at `path` as every tree here (`remove_tree`), relative to its
+    directory opened once (the directories on the way are the caller's, as for a save there):
+    only this user's entries go, whatever another user put at the name or in it; what is left,
+    and why, is logged. Never raises: a rotation goes on."""
+    try:
+        directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        with opened(directory) as parent:
+            if not remove_tree(parent, os.path.basename(path)):
+                log.warning("%s is not all this user's: what is not was left", path)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        log.warning("not deleting %s: %s", path, error)
+
+
 #: Listings of one directory while removing its entries: a filesystem may skip an entry of a
 #: directory whose other entries are removed during its listing (NFS cookies), and the user
 #: whose tree it is may add more; the directory's removal then fails, as it should, and the
