@@ -45,7 +45,7 @@ from tests.support.fakes.fake_lfs import FAKE_LFS  # noqa: E402  (the harness of
 from tests.support.faultmount import FaultFS  # noqa: E402
 
 #: The default intervals (docs/design.md §4) and the save interval of a trainer, in seconds.
-DEFAULTS = {"statvfs": 15.0, "write": 60.0, "tmpdir": 60.0, "quota": 300.0, "lfs_df": 300.0}
+DEFAULTS = {"statvfs": 15.0, "write": 60.0, "tmpdir": 60.0, "quota": 300.0, "lfs_df": 3600.0}
 SAVE_EVERY = 300.0
 IDS = 3  # user, group and project of the job
 

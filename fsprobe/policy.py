@@ -45,7 +45,7 @@ DEFAULT_INTERVALS: Mapping[str, float] = {
     "statvfs": 15.0,
     "write": 60.0,
     "quota": 300.0,
-    "lfs_df": 300.0,
+    "lfs_df": 3600.0,  # sooner while space is tight: fsprobe.daemon.pace
     "imports": 15.0,
     "tmpdir": 60.0,
 }

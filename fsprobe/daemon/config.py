@@ -37,6 +37,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 QUOTA_PROBE_MODES = ("auto", "always", "never")
 #: The probe kinds that only run where quota probing is enabled (they cost server RPCs).
 QUOTA_KINDS = ("quota", "lfs_df")
+#: `lfs df` runs every `lfs_df_interval` while the filesystem and every MDT and OST a new file
+#: can meet have at least this much free, else as often as quota (`fsprobe.daemon.pace`).
+LFS_DF_TIGHT_RATIO = 0.20
 #: The shortest interval accepted: below it the scheduler would do little but wake up.
 MIN_INTERVAL = 0.1
 #: Upper bounds. TOML allows `inf`, `nan` and 64-bit integers; a value past these is a typo or
@@ -79,6 +82,8 @@ class TargetConfig:
     quota_enabled: bool = True
     server_probes_elsewhere: str | None = None  # why quota and lfs df do not run here
     lfs_df_enabled: bool = True  # the per-OST series; quota runs without them
+    #: below this free ratio somewhere a new file can land, `lfs df` runs as often as quota
+    lfs_df_tight_ratio: float = LFS_DF_TIGHT_RATIO
     fallback_dirs: tuple[str, ...] = ()
     sync_redirected: bool = False  # copy redirected checkpoints back once the target is healthy
     redirect_interval: float = REDIRECT_INTERVAL  # of the daemon's tasks, not a probe
@@ -255,6 +260,7 @@ _PROBE_KEYS: dict[str, Callable[[Any], Any]] = {
     "quota_provider": _choice("auto", "lfs", "none"),
     "quota_probe": _choice(*QUOTA_PROBE_MODES),
     "lfs_df_probe": _bool,
+    "lfs_df_tight_ratio": _ratio,
     "lfs": _string,
     "lctl": _string,
 }
@@ -577,6 +583,7 @@ def _target(
         quota_enabled=quota_probes_enabled(mode, environ),
         server_probes_elsewhere=server_probes_elsewhere(mode, environ),
         lfs_df_enabled=values.get("lfs_df_probe", True),
+        lfs_df_tight_ratio=values.get("lfs_df_tight_ratio", LFS_DF_TIGHT_RATIO),
         fallback_dirs=all_fallback_dirs(values.get("fallback_dirs", ()), environ),
         sync_redirected=sync_redirected,
         redirect_interval=values.get("redirect_interval", REDIRECT_INTERVAL),

@@ -36,6 +36,14 @@ class Schedule:
         self._intervals[key] = interval
         self._due[key] = min(self._due[key], now + self.jittered(interval))
 
+    def interval(self, key: Key) -> float:
+        return self._intervals[key]
+
+    def rearm(self, key: Key, interval: float, started: float) -> None:
+        """Change the interval of a known key, counted from its last run's start, `started`."""
+        self._intervals[key] = interval
+        self._due[key] = started + self.jittered(interval)
+
     def retain(self, keys: Iterable[Key]) -> None:
         """Forget every key not in `keys`."""
         keep = set(keys)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from fsprobe.daemon.config import QUOTA_KINDS, TargetConfig
 from fsprobe.daemon.logs import event
 from fsprobe.daemon.lustre_memory import LustreMemory
+from fsprobe.daemon.pace import due_after_quota, lfs_df_timer
 from fsprobe.daemon.savers import CHECK_EVERY
 from fsprobe.daemon.schedule import Key, Schedule
 from fsprobe.daemon.store import Store, TargetSpec
@@ -102,6 +103,8 @@ class Scheduler:
         self._schedule = Schedule()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._probes: dict[str, dict[str, PlannedProbe]] = {}
+        self._targets: dict[str, TargetConfig] = {}
+        self._lfs_df_started: dict[str, float] = {}  # path -> when its last `lfs df` started
         self._running: dict[Key, Run] = {}
         self._marked_stuck: set[Key] = set()  # runs in flight whose stuck result is published
         self._thread: threading.Thread | None = None
@@ -275,16 +278,23 @@ class Scheduler:
     def _apply(self, targets: Sequence[TargetConfig], changed: dict[str, TargetView]) -> None:
         now = time.monotonic()
         self._probes = {target.path: planned_probes(target) for target in targets}
+        self._targets = {target.path: target for target in targets}
+        self._lfs_df_started = {
+            path: at for path, at in self._lfs_df_started.items() if path in self._targets
+        }
         self.store.configure(target_spec(target) for target in targets)
         keys = []
         for target in targets:
             for kind in self._probes[target.path]:
                 key = (target.path, kind)
                 keys.append(key)
+                interval = target.intervals[kind]
+                if kind == "lfs_df":
+                    interval = lfs_df_timer(target, self.store.view(target.path))
                 if key in self._schedule:
-                    self._schedule.set_interval(key, target.intervals[kind], now)
+                    self._schedule.set_interval(key, interval, now)
                 else:
-                    self._schedule.add(key, target.intervals[kind], now)
+                    self._schedule.add(key, interval, now)
         self._schedule.retain(keys)
         intervals = [
             target.intervals[kind] for target in targets for kind in self._probes[target.path]
@@ -354,6 +364,8 @@ class Scheduler:
                     changed[path] = skipped
                     continue
             planned = self._probes[path][kind]
+            if kind == "lfs_df":
+                self._lfs_df_started[path] = now
             run = self.runner.submit(path, kind, planned.work, planned.deadline)
             self._running[key] = run
             run.future.add_done_callback(functools.partial(self._done, key, run))
@@ -365,6 +377,23 @@ class Scheduler:
             return
         changed[path] = view
         log_result(before, view, result)
+        self._pace_lfs_df(path, view, result.probe)
+
+    def _pace_lfs_df(self, path: str, view: TargetView, probe: str) -> None:
+        """`lfs df` as often as the space needs, after a quota probe (`fsprobe.daemon.pace`)."""
+        key, target = (path, "lfs_df"), self._targets.get(path)
+        if target is None or key not in self._schedule:
+            return
+        now, started = time.monotonic(), self._lfs_df_started.get(path)
+        interval = lfs_df_timer(target, view)
+        if interval != self._schedule.interval(key):
+            if started is None:
+                self._schedule.set_interval(key, interval, now)
+            else:
+                self._schedule.rearm(key, interval, started)
+        since = None if started is None else now - started
+        if probe == "quota" and key not in self._running and due_after_quota(target, view, since):
+            self._schedule.run_now(key, now)
 
 
 def _log_existence(previous: ProbeResult | None, result: ProbeResult, path: str) -> None:

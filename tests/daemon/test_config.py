@@ -42,7 +42,7 @@ def test_a_path_alone_needs_no_file(tmp_path):
         "statvfs": 15.0,
         "write": 60.0,
         "quota": 300.0,
-        "lfs_df": 300.0,
+        "lfs_df": 3600.0,
         "imports": 15.0,
         "tmpdir": 60.0,
     }

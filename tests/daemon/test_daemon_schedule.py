@@ -105,3 +105,14 @@ def test_retain_forgets_removed_targets():
     assert schedule.due(100.0) == [B_STATVFS]
     schedule.retain([])
     assert schedule.earliest() is None
+
+
+def test_rearm_counts_a_new_interval_from_the_last_start():
+    schedule = Schedule(random.Random(5))
+    schedule.add(A_STATVFS, 1.0, now=0.0)
+    schedule.advance(A_STATVFS, now=10.0)
+    schedule.rearm(A_STATVFS, 100.0, started=10.0)  # longer: the short due is dropped
+    assert 10.0 + 90.0 <= next_due(schedule, A_STATVFS) <= 10.0 + 110.0
+    assert schedule.interval(A_STATVFS) == 100.0
+    schedule.rearm(A_STATVFS, 5.0, started=10.0)
+    assert 10.0 + 4.5 <= next_due(schedule, A_STATVFS) <= 10.0 + 5.5

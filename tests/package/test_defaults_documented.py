@@ -81,6 +81,7 @@ ACTUAL: dict[str, Callable[[Config, TargetConfig], Any]] = {
     "quota_provider": lambda config, target: target.settings.server_probes.provider,
     "quota_probe": lambda config, target: _quota_probe(),
     "lfs_df_probe": lambda config, target: target.lfs_df_enabled,
+    "lfs_df_tight_ratio": lambda config, target: target.lfs_df_tight_ratio,
     "listen": lambda config, target: config.listen,
     "log_level": lambda config, target: config.log_level,
     "sync_redirected": lambda config, target: config.sync_redirected,
