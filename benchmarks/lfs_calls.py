@@ -163,6 +163,8 @@ def run_hour(
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(duration)
+        if daemon.poll() is not None:
+            raise SystemExit(f"the daemon of {tree} exited early ({daemon.returncode})")
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
         calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -218,7 +220,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=4.0)
     parser.add_argument("--duration", type=float, default=40.0)
     parser.add_argument("--per-hour", action="store_true")
-    parser.add_argument("--scale", type=float, default=100.0)
+    parser.add_argument("--scale", type=float, default=100.0, help="at most 150 (0.1 s intervals)")
     parser.add_argument("--osts", type=int, default=16)
     parser.add_argument("--mdts", type=int, default=1)
     parser.add_argument("--before", help="a git ref whose fsprobe/ runs as 'before'")

@@ -54,7 +54,8 @@ QUOTA_USAGE = Form(QuotaUsage, "used soft hard grace_expires_at state inaccurate
 QUOTA_ENTRY = Form(QuotaEntry, "type id name bytes inodes pool?", choices={"type": QUOTA_TYPES})
 LUSTRE_TARGET = Form(
     LustreTarget,
-    f"name kind index size_bytes avail_bytes {_INODES} active flags pools? in_layout?",
+    f"name kind index size_bytes avail_bytes {_INODES} active flags pools? in_layout? "
+    "unknown_state?",
     renamed=_OLD_INODES,
 )
 LUSTRE_IMPORT = Form(  # connected and recovering are derived from the state
