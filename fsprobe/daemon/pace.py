@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fsprobe.daemon.config import TargetConfig
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import FilesystemInfo, LustreTarget
-from fsprobe.view import TargetView
 
 
 def _free_ratio(sizes: Iterable[tuple[int | None, int | None]]) -> float | None:

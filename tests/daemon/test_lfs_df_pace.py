@@ -9,9 +9,9 @@ import pytest
 
 from fsprobe.daemon.config import LFS_DF_TIGHT_RATIO, Overrides, load
 from fsprobe.daemon.pace import due_after_quota, least_free, lfs_df_interval, lfs_df_timer
+from fsprobe.exporters.view import TargetView
 from fsprobe.model import LustreTarget, Snapshot
 from fsprobe.policy import Policy, evaluate
-from fsprobe.view import TargetView
 from tests.support.policy import NOW, filesystem_info, probe
 
 GiB = 2**30
