@@ -92,13 +92,28 @@ STATVFS, IMPORTS, QUOTA, LFS_DF = 15.0, 15.0, 300.0, 3600.0
 #: `osc_idle_timeout` (lustre/osc/osc_request.c at v2_17_0): an OST import without a request
 #: for this long is disconnected; a request after that reconnects it.
 IDLE_TIMEOUT = 20.0
-#: The real time one probe's runs take one after the other (a quota probe's `lfs quota -u`
-#: and `-g`, the `lfs df` after it), which the scaled clock does not shrink: runs this much
-#: closer than `IDLE_TIMEOUT` (scaled) count as one wake too. It merges more of the "before"
-#: runs than the real timers would: their wakes are, if anything, undercounted.
-PROBE_SLACK = 0.5
 #: What touches every OST (and so wakes its import): `lfs quota` without a pool, `lfs df`.
 WAKERS = ("quota -u", "quota -g", "quota -p", "df -v", "df -i")
+#: Runs the fake `lfs` and notes when each run started and ended (the fake logs the start only):
+#: a wake is counted from the gap between one run's end and the next one's start.
+TIMED_LFS = """#!/bin/sh
+start=$(date +%s.%N)
+"$FAKE_LFS_BIN" "$@"
+status=$?
+echo "$start $(date +%s.%N) $1 $2" >> "$FAKE_LFS_SPANS"
+exit $status
+"""
+
+
+def wakes_of(spans: list[tuple[float, float]], window: float) -> int:
+    """Groups of (start, end) runs, each starting more than `window` after all before it ended:
+    the times every OST import is woken from idle (none touched it for `window`)."""
+    wakes, busy_until = 0, None
+    for start, end in sorted(spans):
+        if busy_until is None or start - busy_until > window:
+            wakes += 1
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return wakes
 
 
 def rpcs_per_call(command: str, osts: int, mdts: int) -> int:
@@ -133,8 +148,8 @@ def run_hour(
     tree: Path, lfs_df: float, scale: float, duration: float, osts: int, mdts: int, tight: bool
 ) -> tuple[collections.Counter, int]:
     """The calls by command of a daemon from `tree` at the default intervals (`lfs_df` for
-    `lfs df`) / `scale`, and the wakes: groups of OST-touching calls less than `IDLE_TIMEOUT`
-    (scaled) and `PROBE_SLACK` apart."""
+    `lfs df`) / `scale`, and the wakes: groups of OST-touching runs less than `IDLE_TIMEOUT`
+    (scaled) apart."""
     with tempfile.TemporaryDirectory(prefix="fsprobe-lfs-hour-") as work:
         root = Path(work)
         target = root / "ckpt"
@@ -149,11 +164,16 @@ def run_hour(
             f"quota_timeout = {min(30.0, QUOTA / scale / 2)}\ndeadline = 2\n"
             f'[[targets]]\npath = "{target}"\nuser = 1000\ngroup = 1000\n'
         )
-        log, lctl_log = root / "lfs.log", root / "lctl.log"
+        log, lctl_log, spans_log = root / "lfs.log", root / "lctl.log", root / "spans"
+        timed = root / "lfs"
+        timed.write_text(TIMED_LFS)
+        timed.chmod(0o755)
         env = {
             **os.environ,
             "PYTHONPATH": str(tree),
-            "FSPROBE_LFS": str(FAKE_LFS),
+            "FSPROBE_LFS": str(timed),
+            "FAKE_LFS_BIN": str(FAKE_LFS),
+            "FAKE_LFS_SPANS": str(spans_log),
             "FSPROBE_LCTL": str(FAKE_LCTL),
             "FAKE_LFS_STATE": str(root / "state.json"),
             "FAKE_LFS_OSTS": str(osts),
@@ -174,15 +194,14 @@ def run_hour(
         daemon.wait(30)
         calls = [json.loads(line) for line in log.read_text().splitlines()]
         lctl = len(lctl_log.read_text().splitlines()) if lctl_log.exists() else 0
+        spans = [line.split() for line in spans_log.read_text().splitlines()]
     counts = collections.Counter(
         " ".join(a for a in c["argv"][:2] if not a.startswith("/") and not a.isdigit())
         for c in calls
     )
     counts["lctl get_param"] = lctl
-    times = sorted(c["time"] for c in calls if " ".join(c["argv"][:2]) in WAKERS)
-    window = IDLE_TIMEOUT / scale + PROBE_SLACK
-    wakes = sum(1 for i, at in enumerate(times) if i == 0 or at - times[i - 1] > window)
-    return counts, wakes
+    touching = [(float(s[0]), float(s[1])) for s in spans if " ".join(s[2:4]) in WAKERS]
+    return counts, wakes_of(touching, IDLE_TIMEOUT / scale)
 
 
 def per_hour(args: argparse.Namespace) -> None:
