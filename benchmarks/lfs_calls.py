@@ -9,14 +9,15 @@ one pretend filesystem whose default layout names a pool, and prints the calls p
 
     .venv/bin/python benchmarks/lfs_calls.py --targets 10 --interval 4 --duration 40
 
-``--per-hour`` runs one target with every default interval divided by `--scale` (time runs that
-much faster; the fake `lctl` logs too), as shipped ("after": `lfs df` hourly after a quota
+``--per-hour`` runs one target with the default quota and `lfs df` intervals divided by `--scale`
+(time runs that much faster; statvfs and the imports, which touch no OST, are counted from their
+15 s), as shipped ("after": `lfs df` hourly after a quota
 probe, or after each while tight), with the filesystem roomy and with one OST tight, and as
 before the pacing ("before": `lfs df` on its own 300 s timer), and scales the counts back to an
 hour. RPCs are estimated from the counts by the rules of docs/reference.md (read from the
 Lustre source, not measured on a server), for `--osts` OSTs and `--mdts` MDTs:
 
-    .venv/bin/python benchmarks/lfs_calls.py --per-hour --scale 100 --duration 120 --osts 16
+    .venv/bin/python benchmarks/lfs_calls.py --per-hour --scale 100 --duration 300 --osts 16
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ STATVFS, IMPORTS, QUOTA, LFS_DF = 15.0, 15.0, 300.0, 3600.0
 IDLE_TIMEOUT = 20.0
 #: What touches every OST (and so wakes its import): `lfs quota` without a pool, `lfs df`.
 WAKERS = ("quota -u", "quota -g", "quota -p", "df -v", "df -i")
+#: A run that starts this soon (real seconds) after the previous one ended is fsprobe's next
+#: step (the next `lfs quota`, the `lfs df` after a quota probe), not a timer of its own.
+CHAINED = 0.05
 #: Runs the fake `lfs` and notes when each run started and ended (the fake logs the start only):
 #: a wake is counted from the gap between one run's end and the next one's start.
 TIMED_LFS = """#!/bin/sh
@@ -105,14 +109,21 @@ exit $status
 """
 
 
-def wakes_of(spans: list[tuple[float, float]], window: float) -> int:
-    """Groups of (start, end) runs, each starting more than `window` after all before it ended:
-    the times every OST import is woken from idle (none touched it for `window`)."""
-    wakes, busy_until = 0, None
-    for start, end in sorted(spans):
-        if busy_until is None or start - busy_until > window:
-            wakes += 1
-        busy_until = end if busy_until is None else max(busy_until, end)
+def wakes_of(spans: list[tuple[float, float, bool]], window: float) -> int:
+    """How often every OST import is woken from idle, from (start, end, touches every OST) of
+    each run in compressed time, where a run takes as long as ever: a run that starts within
+    `CHAINED` of the last one's end follows it (fsprobe's next step), any other run belongs to
+    the stretch it starts less than `window` into. Each stretch with a run that touches every
+    OST is one wake."""
+    wakes, first, until, woken = 0, None, None, False
+    for start, end, touches in sorted(spans):
+        follows = until is not None and 0 <= start - until <= CHAINED
+        near = first is not None and start - first <= window
+        if not (follows or near):
+            first, woken = start, False
+        if touches and not woken:
+            wakes, woken = wakes + 1, True
+        until = end if until is None else max(until, end)
     return wakes
 
 
@@ -159,7 +170,9 @@ def run_hour(
         config.write_text(
             "[defaults]\nwrite_probe = false\ntmpdir_interval = 3600\n"
             'quota_provider = "lfs"\nquota_probe = "always"\n'
-            f"statvfs_interval = {STATVFS / scale}\nimports_interval = {IMPORTS / scale}\n"
+            # statvfs and imports touch no OST and their runs are known from their intervals:
+            # scaled as far, they would keep the probe worker busy and hold the rest up
+            f"statvfs_interval = {QUOTA / scale}\nimports_interval = {QUOTA / scale}\n"
             f"quota_interval = {QUOTA / scale}\nlfs_df_interval = {lfs_df / scale}\n"
             f"quota_timeout = {min(30.0, QUOTA / scale / 2)}\ndeadline = 2\n"
             f'[[targets]]\npath = "{target}"\nuser = 1000\ngroup = 1000\n'
@@ -199,9 +212,9 @@ def run_hour(
         " ".join(a for a in c["argv"][:2] if not a.startswith("/") and not a.isdigit())
         for c in calls
     )
-    counts["lctl get_param"] = lctl
-    touching = [(float(s[0]), float(s[1])) for s in spans if " ".join(s[2:4]) in WAKERS]
-    return counts, wakes_of(touching, IDLE_TIMEOUT / scale)
+    counts["lctl get_param"] = round(lctl * QUOTA / IMPORTS)  # as if every 15 s
+    runs = [(float(s[0]), float(s[1]), " ".join(s[2:4]) in WAKERS) for s in spans]
+    return counts, wakes_of(runs, IDLE_TIMEOUT / scale)
 
 
 def per_hour(args: argparse.Namespace) -> None:
