@@ -499,27 +499,8 @@ BAD_DAYS = [
         ),
     ),
     pytest.param(BadDay(eio, 15), id="eio"),
-    pytest.param(
-        BadDay(grace_expires, 15),
-        id="grace-expiring-then-expired",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 35 item 3: FsprobeQuotaSoftLimitExceeded (warning, for: 15m) makes a "
-            "ticket after FsprobeQuotaGraceExpiring (critical, for: 5m) paged for the same "
-            "quota: a lower severity after a higher one, no inhibition holds it back",
-        ),
-    ),
-    pytest.param(
-        BadDay(hung_mount, 10, recovers=_unblock),
-        id="hung-mount",
-        # Not strict: whether it reaches a person depends on which alert Prometheus sends first.
-        marks=pytest.mark.xfail(
-            strict=False,
-            reason="issue 35 item 3: FsprobeProbeStale of the imports probe has the `for:` of "
-            "FsprobeMountStuck (2m): its ticket can go out a moment before the page that would "
-            "hold it back",
-        ),
-    ),
+    pytest.param(BadDay(grace_expires, 15), id="grace-expiring-then-expired"),
+    pytest.param(BadDay(hung_mount, 10, recovers=_unblock), id="hung-mount"),
     pytest.param(BadDay(hung_trainer, 10, restart_daemon=True), id="hung-trainer-across-restart"),
     pytest.param(BadDay(daemon_killed, 15), id="daemon-killed"),
     pytest.param(BadDay(textfile_daemon_killed, 25, textfile=True), id="textfile-daemon-killed"),

@@ -5,8 +5,11 @@ threshold in seconds of the shipped rules (`scaled_rules`), every timer of the s
 Alertmanager configuration (`scaled_alertmanager`), Prometheus' own timers (`PROMETHEUS_FLAGS`:
 scrape and evaluation every compressed minute, the lookback, the `for:` state restored after a
 restart), the textfile's age node_exporter reports, and the daemon's probe intervals
-(`daemon_defaults`). At 60, a minute is a second. What cannot be compressed stays real: a
-syscall's deadline (1 s, as the other daemon tests), and how long a restart takes.
+(`daemon_defaults`). At 60, a minute is a second. Not compressed alike: how long a restart
+takes (real), and a probe's deadline. The deadline (10 s by default, 0.17 s at 60)
+is `DEADLINE`: long enough for a loaded machine, and, as the default is, shorter than three
+intervals of the most frequent probes (statvfs and imports), so that a hung mount is stuck
+before its probes are stale.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ PROMETHEUS_FLAGS = (
     "--rules.alert.for-outage-tolerance=60s",
     "--rules.alert.for-grace-period=10s",
 )
+
+#: The probes' deadline, in real seconds (see above).
+DEADLINE = 0.5
 
 _UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = r"(\d+)(ms|s|m|h|d)"
@@ -106,7 +112,7 @@ def scaled_alertmanager(shipped: Path, webhook: Webhook) -> str:
 
 def daemon_defaults() -> str:
     """The `[defaults]` of a daemon on compressed time: each probe interval and the grace
-    warning `SCALE` times shorter (the 1 s deadline stays real)."""
+    warning `SCALE` times shorter, the probes' deadline `DEADLINE`."""
     intervals = "".join(
         f"{kind}_interval = {seconds / SCALE}\n" for kind, seconds in DEFAULT_INTERVALS.items()
     )
@@ -114,7 +120,7 @@ def daemon_defaults() -> str:
         "[defaults]\n"
         + intervals
         + f"redirect_interval = {REDIRECT_INTERVAL / SCALE}\n"
-        + 'deadline = 1\nwrite_bytes = "4K"\n'
+        + f'deadline = {DEADLINE}\nwrite_bytes = "4K"\n'
         + "[defaults.thresholds]\n"
         + f"grace_expiring_seconds = {Policy().grace_expiring_seconds / SCALE}\n"
     )
