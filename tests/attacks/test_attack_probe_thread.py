@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 import fsprobe
+from fsprobe.quota.settings import ServerProbeSettings
 from tests.support.users import LocalUser
 
 PTRACE_ATTACH, PTRACE_DETACH, PTRACE_SEIZE = 16, 17, 0x4206
@@ -76,7 +77,8 @@ def test_the_thread_that_probes_as_her_can_be_neither_traced_nor_signalled_by_he
     os.chown(home, alice.uid, alice.gid)
     held = faultfs.ctl.block("fsync")
     check = threading.Thread(
-        target=fsprobe.check, args=(str(home),), kwargs={"quota_provider": "none"}
+        target=fsprobe.check,
+        args=(str(home), fsprobe.ProbeSettings(server_probes=ServerProbeSettings(provider="none"))),
     )
     check.start()
     try:
