@@ -33,6 +33,7 @@ import pytest
 
 from tests.deploy.test_deploy_alertmanager import fill_to
 from tests.support.alertmanager import Alertmanager, Webhook
+from tests.support.capability import known_defect
 from tests.support.daemon_process import (
     PATIENCE,
     REPO_ROOT,
@@ -491,11 +492,11 @@ BAD_DAYS = [
     pytest.param(
         BadDay(inodes_filling, 120),
         id="inodes-filling",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 35 item 3: inodes running out page twice, FsprobeInodesFillingUp "
-            "(critical: the trend) then FsprobeInodeHeadroomLow (critical): the inhibitions "
-            "hold the trend back under the headroom, not the headroom under the trend",
+        marks=known_defect(
+            35,
+            "inodes running out page twice, FsprobeInodesFillingUp (critical: the trend) then "
+            "FsprobeInodeHeadroomLow (critical): the inhibitions hold the trend back under the "
+            "headroom, not the headroom under the trend",
         ),
     ),
     pytest.param(BadDay(eio, 15), id="eio"),
