@@ -43,10 +43,10 @@ from tests.support.daemon_process import (
 )
 from tests.support.fakes.fake_lfs import fake_lfs_for
 from tests.support.faultmount import FaultFS
+from tests.support.node_exporter import NodeExporter
 from tests.support.oncall import (
     PROMETHEUS_FLAGS,
     SCALE,
-    NodeExporter,
     daemon_defaults,
     scaled_alertmanager,
     scaled_rules,

@@ -6,8 +6,6 @@ fsprobe.prom's series and `node_textfile_mtime_seconds`, the file's age.
 
 from __future__ import annotations
 
-import time
-import urllib.request
 from pathlib import Path
 
 from tests.support.capability import need_command
@@ -15,12 +13,16 @@ from tests.support.server import LocalServer
 
 
 class NodeExporter(LocalServer):
-    name = "node_exporter"
+    """node_exporter with only its textfile collector, serving the `.prom` files of
+    `directory`."""
 
-    def __init__(self, home: Path, textfile_dir: Path) -> None:
+    name = "node_exporter"
+    ready_path = "/metrics"  # it has no /-/ready
+
+    def __init__(self, home: Path, directory: Path) -> None:
         super().__init__(home)
         self.binary = need_command("prometheus-node-exporter", "prometheus-node-exporter")
-        self.textfile_dir = textfile_dir
+        self.directory = directory
         self._start()
 
     def command(self, port: int) -> list[str]:
@@ -28,19 +30,7 @@ class NodeExporter(LocalServer):
             self.binary,
             "--collector.disable-defaults",
             "--collector.textfile",
-            f"--collector.textfile.directory={self.textfile_dir}",
+            f"--collector.textfile.directory={self.directory}",
             f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
         ]
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """node_exporter has no /-/ready: ready once it serves /metrics."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = self.log.read_text()
-                    raise AssertionError(f"node_exporter did not start:\n{log}") from None
-                time.sleep(0.1)

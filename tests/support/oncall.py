@@ -22,8 +22,6 @@ import yaml
 from fsprobe.daemon.config import REDIRECT_INTERVAL
 from fsprobe.policy import DEFAULT_INTERVALS, Policy
 from tests.support.alertmanager import Webhook, pointed_at
-from tests.support.capability import need_command
-from tests.support.server import LocalServer
 
 #: How many times faster than real time the scenarios run.
 SCALE = 60
@@ -124,27 +122,3 @@ def daemon_defaults() -> str:
         + "[defaults.thresholds]\n"
         + f"grace_expiring_seconds = {Policy().grace_expiring_seconds / SCALE}\n"
     )
-
-
-class NodeExporter(LocalServer):
-    """node_exporter (Debian's `prometheus-node-exporter`) with only its textfile collector,
-    serving the `.prom` files of `directory`."""
-
-    name = "node_exporter"
-    ready_path = "/metrics"  # it has no /-/ready
-
-    def __init__(self, home: Path, directory: Path) -> None:
-        super().__init__(home)
-        self.binary = need_command("prometheus-node-exporter", "prometheus-node-exporter")
-        self.directory = directory
-        self._start()
-
-    def command(self, port: int) -> list[str]:
-        return [
-            self.binary,
-            "--collector.disable-defaults",
-            "--collector.textfile",
-            f"--collector.textfile.directory={self.directory}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ]
