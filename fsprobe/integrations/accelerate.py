@@ -24,8 +24,8 @@ from fsprobe import SaveOptions, save_dir
 from fsprobe import distributed as collective
 from fsprobe.posix.tree import remove_checkpoint
 from fsprobe.redirect.fallback import all_fallback_dirs
-from fsprobe.redirect.locate import locate
-from fsprobe.redirect.manifest import forget, pending
+from fsprobe.redirect.locate import locate, newest_directory, numbered_checkpoints
+from fsprobe.redirect.manifest import forget
 from fsprobe.saving.commit import OPTION_NAMES, SaveContext, SaveResult, save_options
 
 log = logging.getLogger("fsprobe.accelerate")
@@ -83,25 +83,13 @@ def last_checkpoint(
     """The newest ``checkpoint_<n>`` of `checkpoints_dir` (``<project_dir>/checkpoints``)
     wherever it landed, at its newest copy (`fsprobe.locate`); None when there is none."""
     fallbacks = all_fallback_dirs(fallback_dirs)
-    for checkpoint in reversed(_checkpoints_in(checkpoints_dir, fallbacks)):
-        found = locate(checkpoint, fallback_dirs=fallbacks)
-        if os.path.isdir(found):
-            return found
-    return None
+    return newest_directory(_checkpoints_in(checkpoints_dir, fallbacks), fallbacks)
 
 
 def _checkpoints_in(directory: str | os.PathLike[str], fallbacks: tuple[str, ...]) -> list[str]:
     """The ``checkpoint_<n>`` paths of `directory` (absolute, oldest first, by n) that exist
     there or redirected to `fallbacks` (not synced back yet)."""
-    directory = os.path.abspath(os.fspath(directory))
-    names = os.listdir(directory) if os.path.isdir(directory) else []
-    names += [
-        os.path.basename(entry.requested)
-        for entry in pending(fallbacks, mine=True)
-        if os.path.dirname(entry.requested) == directory
-    ]
-    numbers = {int(match[1]) for match in map(_CHECKPOINT_NAME.match, names) if match}
-    return [os.path.join(directory, f"checkpoint_{n}") for n in sorted(numbers)]
+    return numbered_checkpoints(directory, _CHECKPOINT_NAME, fallbacks)
 
 
 def _files_in(directory: str) -> set[str]:

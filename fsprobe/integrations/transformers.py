@@ -33,8 +33,8 @@ from fsprobe import SaveOptions, preflight, save_dir
 from fsprobe import distributed as collective
 from fsprobe.posix.tree import remove_checkpoint
 from fsprobe.redirect.fallback import all_fallback_dirs
-from fsprobe.redirect.locate import locate
-from fsprobe.redirect.manifest import forget, pending
+from fsprobe.redirect.locate import locate, newest_directory, numbered_checkpoints
+from fsprobe.redirect.manifest import forget
 from fsprobe.saving.commit import (
     NEED_MARGIN,
     OPTION_NAMES,
@@ -224,31 +224,13 @@ def last_checkpoint(
     A redirected copy counts only if `fsprobe.locate` trusts it (this user's, checksum intact).
     """
     fallbacks = all_fallback_dirs(fallback_dirs)
-    for checkpoint in reversed(_checkpoints_in(output_dir, fallbacks)):
-        found = locate(checkpoint, fallback_dirs=fallbacks)
-        if os.path.isdir(found):
-            return found
-    return None
+    return newest_directory(_checkpoints_in(output_dir, fallbacks), fallbacks)
 
 
 def _checkpoints_in(output_dir: str | os.PathLike[str], fallbacks: tuple[str, ...]) -> list[str]:
     """The ``checkpoint-N`` paths of `output_dir` (absolute, oldest step first) that exist
     there or redirected to `fallbacks` (not synced back yet)."""
-    output_dir = os.path.abspath(os.fspath(output_dir))
-    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    names += [
-        os.path.basename(entry.requested)
-        for entry in pending(fallbacks, mine=True)
-        if os.path.dirname(entry.requested) == output_dir
-    ]
-    steps = {step for step in map(_step_of, names) if step is not None}
-    return [os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}") for step in sorted(steps)]
-
-
-def _step_of(name: str) -> int | None:
-    """N of a ``checkpoint-N`` directory name, None for any other name."""
-    match = _CHECKPOINT_NAME.match(name)
-    return int(match[1]) if match else None
+    return numbered_checkpoints(output_dir, _CHECKPOINT_NAME, fallbacks)
 
 
 def protected_results(trainer: Trainer) -> list[SaveResult]:
