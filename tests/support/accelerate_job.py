@@ -12,6 +12,7 @@ epochs done, the weights (as lists) and the paths its protected saves landed at.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -83,3 +84,9 @@ if __name__ == "__main__":
         sys.argv[3] == "resume",
         sys.argv[4] if len(sys.argv) > 4 else None,
     )
+    # Everything is saved and said: end without the interpreter's teardown, where gloo's
+    # threads still abort a rank now and then ("terminate called without an active
+    # exception", 1 full run in 3 even after end_training), which no checkpoint depends on.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
