@@ -88,6 +88,7 @@ class _Target:
     written_at: float | None = None  # the last real save that stood for the write probe
     probe_passes: bool | None = None  # the latest write probe that ran: passed (or refused)
     probed_at: float | None = None  # when the write probe last ran
+    write_steps: Mapping[str, float] = field(default_factory=dict)  # of the last one that ran
     skipped: Counter = field(default_factory=Counter)  # probe -> runs left out (`take`)
     savers: Savers = field(default_factory=Savers)  # the processes expected to save again
     seen_fallbacks: OrderedDict = field(default_factory=OrderedDict)  # (fallback, uid) landed in
@@ -106,6 +107,10 @@ class _Target:
             self.errors[(result.probe, result.error)] += 1
         if result.probe == "write" and probed:
             self.probe_passes = result.ok
+            steps = (
+                result.value.latency_seconds if isinstance(result.value, WriteProbeResult) else {}
+            )
+            self.write_steps = {op: seconds for op, seconds in steps.items() if op != "total"}
         if result.ok:
             self.last_success[result.probe] = result.finished_at
             if isinstance(result.value, FilesystemInfo):
@@ -541,6 +546,7 @@ class Store:
             last_success=dict(target.last_success),
             errors=dict(target.errors),
             write_latency=target.latency,
+            write_steps=target.write_steps,
             redirected_pending_bytes=target.redirected_pending_bytes,
             redirect_problems=dict(target.redirect_problems),
             saves=target.saves,

@@ -27,7 +27,6 @@ from fsprobe.model import (
     QuotaReport,
     QuotaState,
     TmpdirInfo,
-    WriteProbeResult,
 )
 from fsprobe.policy import Headroom
 from fsprobe.posix.paths import escaped
@@ -528,11 +527,8 @@ def target_samples(view: TargetView) -> dict[str, list[Sample]]:
             view.write_latency.cumulative(),
             view.write_latency.total,
         )
-    write = view.snapshot.get("write")
-    if write is not None and isinstance(write.value, WriteProbeResult):
-        for op, seconds in write.value.latency_seconds.items():
-            if op != "total":
-                samples.add("fsprobe_write_step_seconds", seconds, op=op)
+    for op, seconds in view.write_steps.items():
+        samples.add("fsprobe_write_step_seconds", seconds, op=op)
     if view.redirected_pending_bytes is not None:  # fallback directories are watched
         samples.add("fsprobe_redirected_pending_bytes", view.redirected_pending_bytes)
         for problem in REDIRECT_PROBLEMS:  # from 0: an alert on their increase sees the first

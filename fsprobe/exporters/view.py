@@ -133,6 +133,8 @@ class TargetView:
     last_success: Mapping[str, float] = field(default_factory=dict)
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, errno) -> n
     write_latency: Histogram = field(default_factory=Histogram)  # of whole write probes
+    #: op -> seconds of the last write probe that ran (kept while saves stand in for it)
+    write_steps: Mapping[str, float] = field(default_factory=dict)
     redirected_pending_bytes: int | None = None
     redirect_problems: Mapping[str, int] = field(default_factory=dict)  # problem -> n
     saves: SaveStats = field(default_factory=SaveStats)

@@ -222,6 +222,29 @@ def test_a_write_probe_that_saves_stand_in_for_is_never_late_by_the_exported_dea
     assert store.view("/ckpt").stale_after == {"statvfs": 45.0, "write": 3 * 600.0}
 
 
+def test_the_steps_of_the_last_write_probe_stay_while_a_save_stands_in_and_go_when_it_hangs():
+    """`fsprobe_write_step_seconds` is the last probe's: a landed save standing in for the
+    probe has no steps of its own and leaves them (the series do not come and go with the
+    saves); a probe that hangs has none to show."""
+    now = [NOW]
+    store = Store(clock=lambda: now[0])
+    intervals = {"statvfs": 15.0, "write": 60.0}
+    store.configure([TargetSpec("/ckpt", Policy(intervals=intervals), intervals)])
+    store.record("/ckpt", write_result(now[0], total=0.004))
+    probed = {"create": 0.0005, "write": 0.001, "fsync": 0.002}
+    assert store.view("/ckpt").write_steps == probed
+    now[0] += 30.0
+    save = SaveEvent("/ckpt/a.pt", "/ckpt/a.pt", 1, 1.0, 1, (), now[0], "h", 1)
+    store.record_save(Sender(0, 0, 0), save)
+    now[0] += 30.0
+    assert store.skip_write_probe("/ckpt") is not None  # the save stood in
+    view = store.view("/ckpt")
+    assert view.snapshot.results["write"].value.latency_seconds == {}  # the save's: no steps
+    assert view.write_steps == probed
+    store.record("/ckpt", stuck("write", now[0]))
+    assert store.view("/ckpt").write_steps == {}
+
+
 def test_the_exported_deadline_follows_the_policys_stale_after_intervals():
     store = Store(clock=lambda: NOW)
     intervals = {"statvfs": 15.0, "write": 60.0}
