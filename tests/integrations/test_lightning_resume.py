@@ -1,9 +1,15 @@
-"""Lightning's own resume, ``fit(ckpt_path="last")``, after fsprobe redirected its checkpoints."""
+"""Lightning's own resume, ``fit(ckpt_path="last")``, ``"hpc"`` and SLURM's requeue, after
+fsprobe redirected its checkpoints."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import warnings
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -14,12 +20,20 @@ need_module("lightning")
 
 from lightning import LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.trainer.connectors.checkpoint_connector import (  # noqa: E402
+    _CheckpointConnector,
+)
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
-from fsprobe.integrations.lightning_callbacks import FsprobeModelCheckpoint  # noqa: E402
+from fsprobe.integrations.lightning_callbacks import (  # noqa: E402
+    FsprobeModelCheckpoint,
+    HpcSavePath,
+    extend_hpc_lookups,
+)
 from fsprobe.redirect import manifest  # noqa: E402
 from fsprobe.saving.commit import Backoff  # noqa: E402
+from tests.support.slurm_job import RESULT  # noqa: E402
 from tests.support.tmpfs import fill_bytes  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a framework: the full run only
@@ -57,7 +71,12 @@ def loader() -> DataLoader:
 
 
 def fit(
-    target: Path, root: Path, epochs: int, fallback: Path | None, ckpt_path: str | None = None
+    target: Path,
+    root: Path,
+    epochs: int,
+    fallback: Path | None,
+    ckpt_path: str | None = None,
+    save_last: bool | Literal["link"] = True,
 ) -> tuple[Trainer, Counting]:
     """`epochs` epochs, the top 2 by loss and ``last.ckpt`` kept; fsprobe plugged in as
     docs/integrations.md says when there is a `fallback`, plain Lightning otherwise."""
@@ -72,7 +91,9 @@ def fit(
         accelerator="cpu",
         devices=1,
         plugins=plugins,
-        callbacks=[checkpoints(dirpath=str(target), save_last=True, save_top_k=2, monitor="loss")],
+        callbacks=[
+            checkpoints(dirpath=str(target), save_last=save_last, save_top_k=2, monitor="loss")
+        ],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -156,3 +177,164 @@ def test_a_name_taken_by_a_redirected_copy_gets_lightnings_version_suffix(tmpfs,
     fit(plain, tmp_path / "root", epochs=1, fallback=None)
     assert everywhere(target, fallback) == sorted(os.listdir(plain))
     assert "last-v1.ckpt" in os.listdir(plain)
+
+
+def test_fit_last_follows_a_link_to_a_redirected_checkpoint(tmpfs, tmp_path):
+    """``save_last="link"`` on a full target: ``last.ckpt`` is Lightning's symlink to a
+    checkpoint that was redirected; "last" resumes from that checkpoint's copy, and the
+    rotation keeps what an uninterrupted run keeps."""
+    mounted = tmpfs(size="256k").path
+    target, fallback = mounted / "ckpt", tmp_path / "fallback"
+    target.mkdir()
+    fallback.mkdir(mode=0o700)
+    fill_bytes(mounted)
+    fit(target, tmp_path / "root", epochs=3, fallback=fallback, save_last="link")
+    assert os.path.islink(target / "last.ckpt") and not os.path.exists(target / "last.ckpt")
+
+    linked = manifest.newest_copy(str(target / "epoch=2-step=12.ckpt"), [str(fallback)])
+    assert linked.startswith(str(fallback))
+
+    resumed, model = fit(
+        target, tmp_path / "root", epochs=5, fallback=fallback, ckpt_path="last", save_last="link"
+    )
+    assert resumed.ckpt_path == linked
+    assert model.epochs == [3, 4] and resumed.global_step == 5 * BATCHES
+    plain = tmp_path / "plain"
+    _, unfaulted = fit(plain, tmp_path / "root", epochs=5, fallback=None, save_last="link")
+    for name, value in unfaulted.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert everywhere(target, fallback) == sorted(os.listdir(plain))
+    assert os.readlink(target / "last.ckpt") == os.readlink(plain / "last.ckpt")
+
+
+def test_fit_hpc_resumes_from_the_redirected_hpc_checkpoint(tmpfs, tmp_path):
+    """``fit(ckpt_path="hpc")`` after every HPC checkpoint was redirected: the newest one,
+    from the fallback, where plain Lightning finds none at the root and raises."""
+    mounted = tmpfs(size="256k").path
+    root, fallback = mounted / "root", tmp_path / "fallback"
+    root.mkdir()
+    fallback.mkdir(mode=0o700)
+    fill_bytes(mounted)
+    first, _ = fit(root / "ckpt", root, epochs=2, fallback=fallback)
+    for _ in range(2):  # what Lightning's SLURM handler does, twice
+        first.save_checkpoint(first._checkpoint_connector.hpc_save_path(root))
+    assert not any(name.startswith("hpc_ckpt_") for name in os.listdir(root))
+    redirected = [e.requested for e in manifest.pending([str(fallback)], mine=True)]
+    assert {str(root / "hpc_ckpt_1.ckpt"), str(root / "hpc_ckpt_2.ckpt")} <= set(redirected)
+
+    resumed, model = fit(root / "ckpt", root, epochs=3, fallback=fallback, ckpt_path="hpc")
+    assert resumed.ckpt_path == manifest.newest_copy(str(root / "hpc_ckpt_2.ckpt"), [str(fallback)])
+    assert resumed.ckpt_path.startswith(str(fallback))
+    assert model.epochs == [2] and resumed.global_step == 3 * BATCHES
+    with pytest.raises(ValueError, match="no HPC checkpoint was found"):
+        fit(tmp_path / "plain", root, epochs=3, fallback=None, ckpt_path="hpc")
+
+
+def test_the_hpc_lookups_are_extended_and_lightnings_for_other_trainers(tmp_path):
+    """The one private Lightning API changed: `extend_hpc_lookups` finds the connector as it
+    expects (no warning), and a trainer without `FsprobeCheckpointIO` keeps Lightning's own
+    answers. Fails when a Lightning release moves or changes them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert extend_hpc_lookups()
+    assert isinstance(_CheckpointConnector.__dict__["hpc_save_path"], HpcSavePath)
+    assert _CheckpointConnector.hpc_save_path(tmp_path) == str(tmp_path / "hpc_ckpt_1.ckpt")
+    (tmp_path / "hpc_ckpt_4.ckpt").touch()
+    plain = Trainer(default_root_dir=str(tmp_path), logger=False, enable_checkpointing=False)
+    assert plain._checkpoint_connector._hpc_resume_path == str(tmp_path / "hpc_ckpt_4.ckpt")
+    assert plain._checkpoint_connector.hpc_save_path(tmp_path) == str(tmp_path / "hpc_ckpt_5.ckpt")
+
+
+SLURM = {
+    "SLURM_NTASKS": "1",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_NODELIST": "localhost",
+}
+
+
+def slurm_job(
+    tmp_path: Path, root: Path, fallback: Path, epochs: int, signal_at: int | None = None
+) -> tuple[int, dict[str, Any]]:
+    """Run tests.support.slurm_job as SLURM would, with a fake ``scontrol`` that records the
+    requeue and kills the job as SLURM does; its exit status and its report."""
+    bin_dir = tmp_path / "bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        scontrol = bin_dir / "scontrol"
+        scontrol.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\nkill -KILL $PPID\n')
+        scontrol.chmod(0o755)
+    arguments = [str(root), str(fallback), str(epochs)]
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.slurm_job",
+            *arguments,
+            *([str(signal_at)] if signal_at is not None else []),
+        ],
+        cwd=Path(__file__).parents[2],
+        env={
+            **os.environ,
+            **SLURM,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+            "PYTHONPATH": str(Path(__file__).parents[2]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = [line for line in job.stdout.splitlines() if line.startswith(RESULT)]
+    assert said, job.stderr[-3000:]
+    return job.returncode, json.loads(said[-1][len(RESULT) :])
+
+
+def test_slurm_requeue_resumes_where_the_preempted_job_saved(tmpfs, tmp_path):
+    """SLURM's requeue, for real but for the scheduler: SIGUSR1 at the end of an epoch,
+    Lightning's own handler saves ``hpc_ckpt_N.ckpt`` and runs ``scontrol requeue`` (which kills
+    the job), and the requeued job's ``fit()`` resumes from the newest HPC checkpoint. The first
+    lands at the target, which is then full before each job: the second is redirected, the third
+    lands at the target again in room the rotation freed, numbered after the redirected one
+    (Lightning alone numbers by the target's files: it would resume the third job from the first
+    checkpoint, and name the third 2 again).
+    Four jobs train every epoch and step once, to the weights and checkpoints of one job."""
+    mounted = tmpfs(size="256k").path
+    root, fallback = mounted / "root", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+
+    status, first = slurm_job(tmp_path, root, fallback, epochs=8, signal_at=1)
+    assert status == -9 and first["resumed_from"] is None
+    assert sorted(os.listdir(root)) == ["checkpoints", "hpc_ckpt_1.ckpt"]
+    jobs, filler = [first], None
+    for signal_at in (3, 5, None):
+        if filler is not None:
+            filler.unlink()
+        filler = fill_bytes(mounted)  # full, and full again of what the rotation freed
+        status, said = slurm_job(tmp_path, root, fallback, epochs=8, signal_at=signal_at)
+        assert status == (-9 if signal_at is not None else 0), said
+        jobs.append(said)
+
+    fallbacks = [str(fallback)]
+    resumed = [job["resumed_from"] for job in jobs[1:]]
+    numbers = (root / "hpc_ckpt_1.ckpt", root / "hpc_ckpt_2.ckpt", root / "hpc_ckpt_3.ckpt")
+    assert resumed == [
+        str(numbers[0]),
+        manifest.newest_copy(str(numbers[1]), fallbacks),
+        str(numbers[2]),
+    ]
+    assert resumed[1].startswith(str(fallback))
+    assert [job["epochs"] for job in jobs] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [step for job in jobs for step in job["steps"]] == list(range(8 * BATCHES))
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n" * 3
+    assert sorted(os.listdir(root)) == ["checkpoints", "hpc_ckpt_1.ckpt", "hpc_ckpt_3.ckpt"]
+
+    plain = tmp_path / "plain"
+    status, unfaulted = slurm_job(tmp_path, plain, tmp_path / "unused", epochs=8)
+    assert status == 0 and unfaulted["epochs"] == list(range(8))
+    assert jobs[-1]["weights"] == unfaulted["weights"]
+    kept = everywhere(root / "checkpoints", fallback)
+    assert kept == sorted(os.listdir(plain / "checkpoints"))
