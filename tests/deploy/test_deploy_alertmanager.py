@@ -14,6 +14,7 @@ that nothing more was sent, nor anything resolved.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import os
 import re
 import signal
@@ -697,10 +698,11 @@ def test_a_quota_grace_that_runs_out_under_a_trainer_is_one_page(faultfs, fake_l
     says_what_to_do(alert, path, "grace period", "EDQUOT")
 
 
-def test_inodes_filling_up_never_send_a_ticket_after_their_page(tmpfs, pipeline):
+def test_inodes_running_out_are_one_page_and_no_ticket_after_it(tmpfs, pipeline):
     """Inodes used at a steady 1.25 a second from 78 %: the trend warns (a ticket), then pages
-    at under 20 % left, and the headroom alert pages at under 3 %; its warning at under 10 %,
-    which comes after the trend's page, reaches nobody."""
+    at under 20 % left; then every inode is taken (the write probe fails with ENOSPC). The
+    trend's page is the one page of it: the headroom alerts (under 10 % and 3 %), which fire,
+    and the failing test writes reach nobody, and nothing is resolved while none is free."""
     fs = tmpfs(size="8M", nr_inodes=1000)
     target = fs.path
     for index in range(780):
@@ -710,25 +712,34 @@ def test_inodes_filling_up_never_send_a_ticket_after_their_page(tmpfs, pipeline)
         str(target),
     )
     stop = threading.Event()
+    index = 780
 
     def shard() -> None:
-        index = 780
+        nonlocal index
         while not stop.wait(0.8):
             try:
                 (target / f"shard-{index}").touch()
-            except OSError:  # ENOSPC: out of inodes
+            except OSError:  # ENOSPC: out of inodes (a run far slower than planned)
                 return
             index += 1
 
     feeder = threading.Thread(target=shard, daemon=True)
     feeder.start()
+    filling = [("FsprobeInodesFillingUp", "warning"), ("FsprobeInodesFillingUp", "critical")]
     try:
-        filling = [("FsprobeInodesFillingUp", "warning"), ("FsprobeInodesFillingUp", "critical")]
         run.settle(path, filling, patience=240)
-        alerts = run.settle(path, [*filling, ("FsprobeInodeHeadroomLow", "critical")], patience=240)
     finally:
         stop.set()
         feeder.join()
-    says_what_to_do(alerts[-1], path, "inodes")
+    with contextlib.suppress(OSError):  # ENOSPC: none left
+        while True:
+            (target / f"shard-{index}").touch()
+            index += 1
+    run.prometheus.wait_for(f'fsprobe_probe_success{{path="{path}",probe="write"}}', 0.0)
+    headroom = {("FsprobeInodeHeadroomLow", "warning"), ("FsprobeInodeHeadroomLow", "critical")}
+    alerts = run.settle(path, filling, inhibited=headroom)
+    run.nothing_more(path, filling)
+    says_what_to_do(alerts[-1], path, "inode headroom left", "runs out within 4 hours")
+    assert "Find what creates the files" in alerts[-1]["annotations"]["action"]
     receivers = [receiver for receiver, _ in run.notified(path)]
-    assert receivers == ["fsprobe-tickets", "fsprobe-pager", "fsprobe-pager"]
+    assert receivers == ["fsprobe-tickets", "fsprobe-pager"]

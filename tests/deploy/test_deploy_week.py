@@ -33,7 +33,6 @@ import pytest
 
 from tests.deploy.test_deploy_alertmanager import fill_to
 from tests.support.alertmanager import Alertmanager, Webhook
-from tests.support.capability import known_defect
 from tests.support.daemon_process import (
     PATIENCE,
     REPO_ROOT,
@@ -370,9 +369,11 @@ def full_filesystem(run: Week) -> Page:
 
 
 def inodes_filling(run: Week) -> Page:
-    """70 % of the inodes at once, then the rest over 115 compressed minutes (0.26 % a minute):
-    filling up, then running low (the trend's `for:` of an hour ends first), then none left
-    (the trainer saving there fails). One page, by the trend or by the headroom."""
+    """80 % of the inodes at once (under 20 % left: the trend says they run out within 4
+    hours), then 1.5 a minute (under 10 % left from about minute 64), then from minute 66 the
+    rest within 5 minutes: none left, and the write probe and the trainer saving there fail
+    with ENOSPC, while the trend's page (after its hour) fires on. One page, by the trend (by
+    the headroom, had it fired first)."""
     target = run.targets["inodes"]
     st = os.statvfs(target)
     created = 0
@@ -386,23 +387,26 @@ def inodes_filling(run: Week) -> Page:
                 return
             created += 1
 
-    create(st.f_files * 7 // 10 - (st.f_files - st.f_ffree))
+    create(st.f_files * 8 // 10 - (st.f_files - st.f_ffree))
 
     def fill() -> None:
-        for minute in range(115):
-            create(st.f_files * 3 * (minute + 1) // 1150 - st.f_files * 3 * minute // 1150)
+        for minute in range(66):
+            create(st.f_files * 15 * (minute + 1) // 10000 - st.f_files * 15 * minute // 10000)
+            run.pass_time(1)
+        for _ in range(8):
+            create(st.f_files // 50)
             run.pass_time(1)
 
     threading.Thread(target=fill, daemon=True).start()
     where = {"path": str(target), "severity": "critical"}
-    trend = Page("FsprobeInodesFillingUp", where, ("inode headroom left",), "Find what creates")
+    headroom = Page("FsprobeInodeHeadroomLow", where, ("inodes are left",), "Remove small files")
     return Page(
-        "FsprobeInodeHeadroomLow",
+        "FsprobeInodesFillingUp",
         where,
-        ("inodes are left",),
-        "Remove small files",
-        escalates=("FsprobeInodesFillingUp",),
-        alternatives=(trend,),
+        ("inode headroom left", "runs out within 4 hours"),
+        "Find what creates",
+        escalates=("FsprobeInodeHeadroomLow",),
+        alternatives=(headroom,),
     )
 
 
@@ -489,16 +493,7 @@ def _unblock(run: Week) -> None:
 
 BAD_DAYS = [
     pytest.param(BadDay(full_filesystem, 20), id="full-with-a-trainer-saving"),
-    pytest.param(
-        BadDay(inodes_filling, 120),
-        id="inodes-filling",
-        marks=known_defect(
-            35,
-            "inodes running out page twice, FsprobeInodesFillingUp (critical: the trend) then "
-            "FsprobeInodeHeadroomLow (critical): the inhibitions hold the trend back under the "
-            "headroom, not the headroom under the trend",
-        ),
-    ),
+    pytest.param(BadDay(inodes_filling, 65), id="inodes-filling"),
     pytest.param(BadDay(eio, 15), id="eio"),
     pytest.param(BadDay(grace_expires, 15), id="grace-expiring-then-expired"),
     pytest.param(BadDay(hung_mount, 10, recovers=_unblock), id="hung-mount"),

@@ -48,14 +48,6 @@ def require(problem: str | None) -> None:
 # -- privileges ------------------------------------------------------------------------------
 
 
-def known_defect(issue: int, what: str) -> pytest.MarkDecorator:
-    """The mark of a test that holds a promise the product does not keep yet, issue `issue`
-    open for it: its assertion failing is expected, and nothing else is: it passing fails the
-    run (strict), and so does an environment it cannot run in, or any other error (only an
-    AssertionError is the defect). Not a way to skip."""
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"issue {issue}: {what}")
-
-
 def root_problem(what: str) -> str | None:
     return None if os.geteuid() == 0 else f"{what} needs root"
 
