@@ -24,6 +24,10 @@ SCHEMA = 1
 STATE_FILE = "state.json"
 #: A state file of a node daemon with 100 targets is about 500 KiB; one beyond this is not ours.
 MAX_STATE_BYTES = 16 << 20
+#: How many paths a `StateFile` remembers the watched target and answer of (`watching`): more
+#: than a run saving into a new ``epoch-<n>/`` directory every few minutes meets in one file's
+#: life.
+TARGETS_REMEMBERED = 1024
 
 
 class StateFileError(Exception):
@@ -231,6 +235,7 @@ class StateFile:
         self._document = document
         self._documents: Mapping[str, Any] = targets
         self._answers: dict[str, SaveAnswer | None] = {}
+        self._watching: dict[str, tuple[str, SaveAnswer | None] | None] = {}  # by absolute path
 
     @functools.cached_property
     def _head(self) -> _Head:
@@ -298,9 +303,20 @@ class StateFile:
         return path
 
     def watching(self, path: str) -> tuple[str, SaveAnswer | None] | None:
-        """The watched target that judges `path` (`target_for`) and its answer, or None."""
+        """The watched target that judges `path` (`target_for`) and its answer, or None; found
+        once per absolute `path` (`TARGETS_REMEMBERED`): the same one is asked before every
+        save."""
+        try:
+            return self._watching[path]
+        except KeyError:
+            pass
         target = self.target_for(path)
-        return None if target is None else (target, self.answer(target))
+        found = None if target is None else (target, self.answer(target))
+        if path == os.path.abspath(path):  # a relative path's depends on the working directory
+            if len(self._watching) >= TARGETS_REMEMBERED:
+                self._watching.clear()
+            self._watching[path] = found
+        return found
 
 
 class StateReader:

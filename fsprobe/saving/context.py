@@ -47,11 +47,12 @@ class SaveContext:
     under a lock): `sizes` (the bytes of the last save, by file path and by directory),
     `seen` (directories seen to exist: a save landed there, or a check or the daemon's answer
     found them), `cleaned` (when, by `time.monotonic`, each directory was cleaned of crashed
-    saves' leftovers), `fitted` (by directory: the state file's answer, the need, and the
-    answer fitted to it, reused while the state reader hands out the same parsed file),
-    `probed` (the inline probes' snapshots, by directory, with when), `said` (the keys of
-    what `warn_once` said) and `readers` (one `StateReader` per state directory as the
-    options name it, so that its parse cache serves every call). The inline probes and their
+    saves' leftovers), `probed` (the inline probes' snapshots, by directory, with when),
+    `said` (the keys of what `warn_once` said) and `readers` (one `StateReader` per state
+    directory as the options name it, so that its parse cache serves every call). One memory
+    holds one entry, replaced whole by the preflight: `fitted`, the last answer from a state
+    file fitted to a need (the answer, the need, the fitted answer), reused while the state
+    reader hands out the same parsed file and the need is the same. The inline probes and their
     runner (`fsprobe.probing.worker.shared_runner` unless given) and the background writers
     are built on first use.
     """
@@ -70,7 +71,7 @@ class SaveContext:
         self.sizes: dict[str, int] = {}
         self.seen: dict[str, None] = {}
         self.cleaned: dict[str, float] = {}
-        self.fitted: dict[str, tuple[SaveAnswer, Need, SaveAnswer]] = {}
+        self.fitted: tuple[SaveAnswer, Need, SaveAnswer] | None = None
         self.probed: dict[str, tuple[float, Snapshot]] = {}
         self.readers: dict[str | None, StateReader] = {}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -216,12 +217,28 @@ def save_options(
     """The resolved options of one save: `options` (the defaults if None) with the keyword
     `overrides` of a public save applied once; an unknown keyword is a TypeError naming it, and
     so is one of the `unhonoured` options (what the save `by` cannot do) set to anything but
-    its default, as a keyword or in `options`."""
+    its default, as a keyword or in `options`. The environment is read once, here."""
+    environment = os.environ.get(FALLBACK_ENV)
+    if options is None and not unhonoured:
+        key = _plain(overrides, environment)
+        if key is not None:
+            return _made(key)
+    return _resolve(options, overrides, unhonoured, by, environment)
+
+
+def _resolve(
+    options: SaveOptions | None,
+    overrides: Mapping[str, Any],
+    unhonoured: Collection[str],
+    by: str,
+    environment: str | None,
+) -> SaveOptions:
+    """`save_options` with the value of ``FSPROBE_FALLBACK_DIRS`` read (None: not set)."""
     unknown = sorted(set(overrides) - OPTION_NAMES)
     if unknown:
         raise TypeError(f"not a save option: {', '.join(unknown)} (see fsprobe.SaveOptions)")
     if options is None:
-        chosen = _from_keywords(overrides)
+        chosen = SaveOptions(**overrides) if overrides else _DEFAULTS
     elif not isinstance(options, SaveOptions):
         raise TypeError(f"options takes a fsprobe.SaveOptions, not {options!r}")
     else:
@@ -229,7 +246,7 @@ def save_options(
     refused = [n for n in unhonoured if getattr(chosen, n) != getattr(_DEFAULTS, n)]
     if refused:
         raise TypeError(f"{by} does not take {', '.join(refused)} (see its docstring)")
-    return chosen.resolved()
+    return chosen.resolved({FALLBACK_ENV: environment} if environment else {})
 
 
 def split_keywords(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -238,25 +255,45 @@ def split_keywords(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
     return overrides, {k: v for k, v in keywords.items() if k not in OPTION_NAMES}
 
 
-def _from_keywords(overrides: Mapping[str, Any]) -> SaveOptions:
-    """`SaveOptions(**overrides)`; made and checked once per process for keywords of plain
-    values, as a trainer passes the same ones to every save (``max_wait=120``)."""
-    if not overrides:
-        return _DEFAULTS
-    items = tuple(sorted(overrides.items()))
-    if all(type(value) in _PLAIN for _, value in items):
-        # The type is part of the key: True, 1 and 1.0 are equal, not the same option.
-        return _made(tuple((name, type(value), value) for name, value in items))
-    return SaveOptions(**overrides)
-
-
 #: Keyword values kept with the options made of them (immutable, and equal only when alike).
 _PLAIN = frozenset({bool, int, float, str, type(None)})
+#: A list of directories given as a keyword (`fallback_dirs`) is kept as the tuple of them.
+_SEQUENCES = frozenset({list, tuple})
+
+#: The value of ``FSPROBE_FALLBACK_DIRS``, then name, type and value of each plain keyword,
+#: in the order given.
+_Key = tuple[Any, ...]
+
+
+def _plain(overrides: Mapping[str, Any], environment: str | None) -> _Key | None:
+    """The key under which the resolved options of these keywords are made once per process
+    (a trainer passes the same ones to every save: ``max_wait=120``), or None when they cannot
+    be kept: a value neither plain nor a list of plain paths, or a relative fallback directory
+    (made absolute against the working directory of the moment)."""
+    key: list[Any] = [environment]
+    for name, value in overrides.items():
+        kind = type(value)  # part of the key: True, 1 and 1.0 are equal, not the same option
+        if kind not in _PLAIN:
+            if kind not in _SEQUENCES:
+                return None
+            for item in value:
+                if type(item) is not str or item[:1] != "/":
+                    return None
+            value = tuple(value)
+        key += (name, kind, value)
+    if environment and not all(item[:1] == "/" for item in environment.split(":") if item):
+        return None
+    return tuple(key)
 
 
 @functools.lru_cache(maxsize=64)
-def _made(items: tuple[tuple[str, type, Any], ...]) -> SaveOptions:
-    return SaveOptions(**{name: value for name, _, value in items})
+def _made(key: _Key) -> SaveOptions:
+    """The options of a `_plain` key, the same for the same keywords in any order."""
+    given = [key[i : i + 3] for i in range(1, len(key), 3)]
+    ordered = sorted(given)  # by name: no two are alike
+    if ordered != given:
+        return _made((key[0], *itertools.chain.from_iterable(ordered)))
+    return _resolve(None, {name: value for name, _, value in given}, (), "this save", key[0])
 
 
 #: The name of every field of `SaveOptions`: the keywords a public save takes as options.

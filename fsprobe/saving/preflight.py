@@ -153,16 +153,16 @@ def expected_need(context: SaveContext, path: str) -> int | None:
 
 
 def _read_state(
-    context: SaveContext, state_dir: str | None, directory: str | None = None
+    context: SaveContext, state_dir: str | None, path: str | None = None
 ) -> tuple[StateFile | None, Watched | None]:
     """The daemon's trusted state file, or None (said once) when there is none to use; and with
-    `directory`, the watched target that judges it with that target's answer (None if none
-    does, or if its entry does not read: said once). The file is asked once, for both."""
+    `path`, the watched target that judges it with that target's answer (None if none does,
+    or if its entry does not read: said once). The file is asked once, for both."""
     reader = context.readers.get(state_dir) or context.reader(state_dir)
     state: StateFile | None = None
     try:
         state = reader.read()
-        watched = None if state is None or directory is None else state.watching(directory)
+        watched = None if state is None or path is None else state.watching(path)
     except (StateFileError, OSError) as error:  # the file, or this target's entry in it
         _not_using(context, error)
         return state, None
@@ -176,10 +176,11 @@ def _read_state(
     return state, watched
 
 
-def _watched(context: SaveContext, state: StateFile | None, directory: str) -> Watched | None:
-    """The watched target that judges `directory` and its answer, as `_read_state` says."""
+def _watched(context: SaveContext, state: StateFile | None, path: str) -> Watched | None:
+    """The watched target that judges `path` and its answer (None if none does, or, said
+    once, if its entry does not read)."""
     try:
-        return None if state is None else state.watching(directory)
+        return None if state is None else state.watching(path)
     except StateFileError as error:
         _not_using(context, error)
         return None
@@ -191,14 +192,12 @@ def _not_using(context: SaveContext, error: Exception) -> None:
 
 
 def _from_state(
-    context: SaveContext,
-    directory: str,
-    watched: Watched | None,
-    need: tuple[int | None, int | None],
+    context: SaveContext, watched: Watched | None, need: tuple[int | None, int | None]
 ) -> _Judged | None:
-    """The daemon's answer on `directory` (judged by `watched`) fitted to this save's `need`,
-    or None if it has none to give (said once when its state file holds no answer: an older
-    daemon). The fit is made once per answer and need; only its freshness is asked again."""
+    """The answer of the watched target (`watched`) fitted to this save's `need`, or None if
+    it has none to give (said once when its state file holds no answer: an older daemon).
+    The last fit is kept (`SaveContext.fitted`): a save like the last one, while the state
+    reader hands out the same parsed file, asks only the answer's freshness again."""
     if watched is None:
         return None
     target, answer = watched
@@ -209,12 +208,12 @@ def _from_state(
             "`fsprobe run`?); probing inline",
         )
         return None
-    cached = context.fitted.get(directory)  # replaced whole, never mutated
-    if cached is not None and cached[0] is answer and cached[1] == need:
-        fitted = cached[2]
+    last = context.fitted  # replaced whole, never mutated
+    if last is not None and last[0] is answer and last[1] == need:
+        fitted = last[2]
     else:
         fitted = answer.fit(*need)
-        context.remember(context.fitted, directory, (answer, need, fitted))
+        context.fitted = (answer, need, fitted)
     if answer.status is Status.UNKNOWN:
         return None  # the daemon has seen nothing yet; a probe of our own says more
     now = time.time()
@@ -325,7 +324,7 @@ def _judge_all(
     judgements: dict[str, _Judged] = {}
     unanswered = []
     for directory in dict.fromkeys(directories):
-        judged = _from_state(context, directory, _watched(context, state, directory), need)
+        judged = _from_state(context, _watched(context, state, directory), need)
         if judged is None:
             unanswered.append(directory)
         else:
@@ -414,21 +413,24 @@ def preflight_save(context: SaveContext, requested: str, options: SaveOptions) -
 
 
 def _judged_directory(
-    context: SaveContext, requested: str, state: StateFile | None, timeout: float
+    context: SaveContext,
+    requested: str,
+    itself: bool,
+    judge: str | None,
+    timeout: float,
 ) -> str:
-    """`requested` if it is a directory, else its parent; decided without touching the
-    filesystem when the daemon watches `requested` itself or, as usual, judges both the same
-    way (then the parent), and otherwise in the probe runner (a hung mount must not hang the
-    caller): an inline probe comes next anyway."""
+    """The directory that judges a save of `requested`, worked out when it has to be probed or
+    judged again: its parent, where a save's temp file or staging directory goes; with
+    `itself`, `requested` when the watched target that judges it (`judge`) is `requested`
+    itself or, when none does, when it is a directory (asked in the probe runner: a hung mount
+    must not hang the caller)."""
     parent = os.path.dirname(requested)
-    if state is not None:
-        watched = state.target_for(requested)
-        if watched == requested:
-            return requested
-        if watched is not None:
-            return parent  # the same watched target judges both
-    result = context.inline().is_directory(requested, timeout).result()
-    return requested if result.ok and result.value else parent
+    if not itself or (judge is not None and judge != requested):
+        return parent  # the same watched target judges both
+    if judge == requested:
+        return requested
+    found = context.inline().is_directory(requested, timeout).result()
+    return requested if found.ok and found.value else parent
 
 
 def decide(
@@ -444,15 +446,12 @@ def decide(
     yet; with `directory_itself`, by `path` when it is a directory."""
     timeout = options.timeout
     requested = os.path.abspath(os.fspath(path))
-    # The state file is read once: every answer below is from it. A directory judged itself
-    # is judged by the same watched target as its parent (`_judged_directory`).
+    # The state file is read once: every answer below is from it. The watched target that
+    # judges `requested` judges its parent too, unless it is `requested` itself: the directory
+    # judged is worked out only when something is probed or judged again (`_judged_directory`).
     state, watched = _read_state(
         context, options.state_dir, requested if directory_itself else os.path.dirname(requested)
     )
-    if directory_itself:
-        directory = _judged_directory(context, requested, state, timeout)
-    else:
-        directory = os.path.dirname(requested)
     need_bytes = options.need_bytes
     if need_bytes is None:
         need_bytes = expected_need(context, requested)
@@ -462,7 +461,11 @@ def decide(
     # fresh state file, pays for none of it.
     candidates: list[_Candidate] | None = None
     exists: dict[str, Callable[[], ProbeResult[bool]]] | None = None
-    target = _from_state(context, directory, watched, need)
+    target = _from_state(context, watched, need)
+    directory = ""  # the healthy target that the state answers for needs none
+    if target is None or (options.max_wait > 0 and target.answer.worth_waiting):
+        judge = watched[0] if watched else None if state is None else state.target_for(requested)
+        directory = _judged_directory(context, requested, directory_itself, judge, timeout)
     if target is None:
         # The target has to be probed: the fallbacks are judged alongside it, so that a hung
         # target costs `timeout` once, not once more for the fallbacks. When the daemon's
@@ -501,17 +504,17 @@ def decide(
         and (not answer.can_take_save or answer.status is Status.UNHEALTHY)
     ):
         action = "fail"
-    decision = Decision(
-        action=action,
-        path=where,
-        status=answer.status,
-        reasons=answer.reasons,
-        wait_seconds=waited,
-        source=target.source,
-        requested_path=requested,
-        need_bytes=need_bytes,
-        fits=answer.fits,
-        errno=answer.errno,
+    decision = Decision(  # by position: made before every save
+        action,
+        where,
+        answer.status,
+        answer.reasons,
+        waited,
+        target.source,
+        requested,
+        need_bytes,
+        answer.fits,
+        answer.errno,
     )
     _log_decision(decision)
     return decision
@@ -562,7 +565,8 @@ def _first_acceptable(
 
 
 def _log_decision(decision: Decision) -> None:
-    level = logging.WARNING if decision.concerns or decision.action != "proceed" else logging.DEBUG
+    worth_a_warning = decision.action != "proceed" or (decision.reasons and decision.concerns)
+    level = logging.WARNING if worth_a_warning else logging.DEBUG
     if not log.isEnabledFor(level):
         return
     need = f" (need {format_bytes(decision.need_bytes)})" if decision.need_bytes else ""
