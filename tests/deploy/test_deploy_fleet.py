@@ -8,6 +8,8 @@ scenarios (tests/support/oncall.py). The shared filesystem fills up: the rules f
 nodes, labelled with the agents' `cluster`, and the pager gets one incident (one Alertmanager
 group) that names the path and lists both nodes, instead of one incident per node. The
 dashboard's cluster variable and panels, run against the same storage, show both nodes.
+Then one node's agent is killed: its silence is one page of its own (FsprobeAgentSilent), and
+the node's part of the open incident is never resolved while nothing is known of it.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ ALERTMANAGER = REPO_ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 NODES = ("node-a", "node-b")
 
 
-def agent_config(scraped: str, receiver: str) -> str:
-    """The shipped agent configuration, scraping `scraped` instead of its file_sd nodes and
-    writing to `receiver`, on compressed time (a 1 m scrape, a batch sent within 6 s, 60 times
-    faster); the rest as shipped."""
+def agent_config(name: str, scraped: str, receiver: str) -> str:
+    """The shipped agent configuration, named `name`, scraping `scraped` instead of its file_sd
+    nodes and writing to `receiver`, on compressed time (a 1 m scrape, a batch sent within 6 s,
+    60 times faster); the rest as shipped."""
     config = yaml.safe_load(AGENT.read_text(encoding="utf-8"))
     config["global"].update(scrape_interval="1s", scrape_timeout="1s")
+    config["global"]["external_labels"]["agent"] = name
     (job,) = config["scrape_configs"]
     del job["file_sd_configs"]
     job["static_configs"] = [{"targets": [scraped]}]
@@ -85,7 +88,7 @@ def test_a_shared_filesystem_filling_up_pages_once_for_the_whole_fleet(tmp_path,
         )
         started.append(central)
         central.wait_ready()
-        instances = []
+        instances, agents = [], []
         for node in NODES:
             home = tmp_path / node
             (home / "local").mkdir(parents=True)
@@ -103,9 +106,12 @@ def test_a_shared_filesystem_filling_up_pages_once_for_the_whole_fleet(tmp_path,
             )
             started.append(daemon.start())
             instances.append(_address(daemon))
-            agent = PrometheusAgent(home, agent_config(_address(daemon), central.address))
+            agent = PrometheusAgent(
+                home, agent_config(f"rack-{node}", _address(daemon), central.address)
+            )
             started.append(agent)
             agent.wait_ready()
+            agents.append(agent)
 
         # The rules evaluate the fleet's series: every node's, with the agents' cluster.
         held = f'fsprobe:headroom_ratio:held{{cluster="hpc-a",path="{shared}",resource="bytes"}}'
@@ -123,10 +129,33 @@ def test_a_shared_filesystem_filling_up_pages_once_for_the_whole_fleet(tmp_path,
             assert time.monotonic() < deadline, central.alerts()
             time.sleep(0.25)
         time.sleep(20 * 60 / SCALE)  # 20 compressed minutes: what else would be sent
+        agents[0].proc.kill()  # node-a's agent crashes: nothing more of node-a arrives
+        silent = {"alertname": "FsprobeAgentSilent", "agent": "rack-node-a"}
+        central.wait_for(
+            "count(ALERTS{"
+            + ",".join(f'{k}="{v}"' for k, v in silent.items())
+            + ',alertstate="firing"})',
+            1.0,
+            timeout=PATIENCE,
+        )
+        time.sleep(20 * 60 / SCALE)  # node-a's alerts would have ended (keep_firing_for 10m)
     finally:
         for thing in reversed(started):
             thing.stop()
-    pages = _sent(webhook, "fsprobe-pager")
+    everything = [a for _, n in webhook.notifications() for a in n["alerts"]]
+    assert [a for a in everything if a["status"] == "resolved"] == [], "resolved while unknown"
+    silences = [
+        page
+        for page in _sent(webhook, "fsprobe-pager")
+        if page["groupLabels"].get("alertname") == "FsprobeAgentSilent"
+    ]
+    assert len(silences) == 1, silences
+    (alert,) = silences[0]["alerts"]
+    assert {k: alert["labels"][k] for k in silent} == silent
+    assert "rack-node-a" in alert["annotations"]["summary"]
+    assert "1 fsprobe daemon(s)" in alert["annotations"]["description"]
+    assert "systemctl status prometheus-agent" in alert["annotations"]["action"]
+    pages = [page for page in _sent(webhook, "fsprobe-pager") if page not in silences]
     print(f"\n{len(pages)} notification(s) of {len({p['groupKey'] for p in pages})} group(s)")
     # One incident: every paging integration keys it by the group (PagerDuty's dedup_key,
     # Opsgenie's alias); a node whose `for:` ended after the group's first notification joins

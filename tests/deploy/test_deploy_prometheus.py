@@ -33,6 +33,7 @@ RUNBOOK_URL = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["u
 
 #: docs/design.md §6, "Alert names".
 DESIGN_ALERTS = {
+    "FsprobeAgentSilent",
     "FsprobeLustreTargetDisconnected",
     "FsprobeLustreTargetRecovering",
     "FsprobeSpaceHeadroomLow",
@@ -59,7 +60,7 @@ DESIGN_ALERTS = {
     "FsprobeRedirectProblems",
 }
 #: Alerts about fsprobe itself, not about a watched path.
-SELF_ALERTS = {"FsprobeDown", "FsprobeConfigReloadFailed"}
+SELF_ALERTS = {"FsprobeDown", "FsprobeConfigReloadFailed", "FsprobeAgentSilent"}
 
 
 def _alert_rules() -> list[dict]:
@@ -110,9 +111,12 @@ def test_alert_has_severity_summary_description_action_and_links(rule: dict) -> 
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "action", "runbook_url", "dashboard_url"}
     description = annotations["description"]
-    assert "$labels.instance" in description + annotations["summary"] or (
-        rule["labels"].get("reason") == "not_scraped"
-    ), f"{rule['alert']}: names no instance"
+    scope = {"not_scraped": None, "agent_silent": "$labels.agent"}  # no instance: no node's
+    reason = rule["labels"].get("reason")
+    named = scope.get(reason, "$labels.instance")
+    assert named is None or named in description + annotations["summary"], (
+        f"{rule['alert']}: names no {named}"
+    )
     if rule["alert"] not in SELF_ALERTS:
         for needed in ("$labels.path", "$labels.instance"):
             assert needed in description, f"{rule['alert']}: description lacks {needed}"
