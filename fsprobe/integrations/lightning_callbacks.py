@@ -9,23 +9,29 @@ from `lightning` because it needs the full Lightning, not only ``lightning.fabri
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import re
+import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import lightning
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
+from fsprobe import atomic_write
 from fsprobe.integrations.lightning import FsprobeCheckpointIO, is_local
 from fsprobe.redirect.fallback import all_fallback_dirs
 from fsprobe.redirect.locate import locate, numbered_checkpoints
 from fsprobe.redirect.manifest import pending
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 Folder = str | os.PathLike[str]
 
@@ -55,12 +61,19 @@ def newest(path: str, fallbacks: tuple[str, ...]) -> str:
     return path if found == os.path.abspath(linked) else found
 
 
+def copy_from(source: str, stream: SupportsWrite[bytes]) -> None:
+    """Write the file `source` into `stream` (an attempt of a save)."""
+    with open(source, "rb") as copied:
+        shutil.copyfileobj(copied, stream)
+
+
 class FsprobeModelCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` whose last-checkpoint lookup and version counter count the copies
     fsprobe redirected, as Lightning counts the files in its directory.
 
     ``fit(ckpt_path="last")`` resumes from the newest ``last*.ckpt`` wherever it landed (its
-    redirected copy is the path Lightning loads and names), and a checkpoint name taken by a
+    redirected copy is the path Lightning loads and names; with ``save_last="link"``, the
+    newest copy of the file it links to), and a checkpoint name taken by a
     redirected copy gets Lightning's ``-v1`` as one taken at the target does. The fallback
     directories are the trainer's `FsprobeCheckpointIO`'s (and ``FSPROBE_FALLBACK_DIRS``).
     Its state in a checkpoint is `ModelCheckpoint`'s, under `ModelCheckpoint`'s key: a run
@@ -92,6 +105,24 @@ class FsprobeModelCheckpoint(ModelCheckpoint):
         return {
             path for path in (newest(path, fallbacks) for path in found) if os.path.isfile(path)
         }
+
+    @staticmethod
+    def _link_checkpoint(trainer: Trainer, filepath: str, linkpath: str) -> None:
+        """``save_last="link"``: Lightning's symlink, else its copy at the target; when neither
+        could be made (the file was redirected, the target is full), the copy saved by fsprobe.
+        """
+        try:
+            ModelCheckpoint._link_checkpoint(trainer, filepath, linkpath)
+        except OSError:  # raised on rank 0 alone, before Lightning's barrier
+            io = trainer.strategy.checkpoint_io
+            if not isinstance(io, FsprobeCheckpointIO) or not is_local(linkpath):
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(linkpath)  # what Lightning's copy left (it removed the old link first)
+            source = locate(filepath, fallback_dirs=fallbacks_of(trainer))
+            copy = functools.partial(copy_from, source)
+            io.last_result = atomic_write(linkpath, copy, options=io.options)
+            trainer.strategy.barrier()
 
     def file_exists(self, filepath: Any, trainer: Trainer) -> bool:
         if trainer.is_global_zero and is_local(filepath):

@@ -34,7 +34,7 @@ from fsprobe.integrations.lightning_callbacks import (  # noqa: E402
 from fsprobe.redirect import manifest  # noqa: E402
 from fsprobe.saving.commit import Backoff  # noqa: E402
 from tests.support.slurm_job import RESULT  # noqa: E402
-from tests.support.tmpfs import fill_bytes  # noqa: E402
+from tests.support.tmpfs import fill_bytes, fill_inodes  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a framework: the full run only
 
@@ -205,6 +205,34 @@ def test_fit_last_follows_a_link_to_a_redirected_checkpoint(tmpfs, tmp_path):
         assert torch.equal(model.state_dict()[name], value), name
     assert everywhere(target, fallback) == sorted(os.listdir(plain))
     assert os.readlink(target / "last.ckpt") == os.readlink(plain / "last.ckpt")
+
+
+def test_a_link_that_cannot_be_made_is_a_copy_saved_by_fsprobe(tmpfs, tmp_path):
+    """``save_last="link"`` on a target out of inodes: neither Lightning's symlink nor its copy
+    of the redirected file can be made there (plain Lightning dies: the file is not at the
+    target); ``last.ckpt`` is then a copy saved by fsprobe, and "last" resumes from it."""
+    mounted = tmpfs(size="1M", nr_inodes=16).path
+    target, fallback = mounted / "ckpt", tmp_path / "fallback"
+    target.mkdir()
+    fallback.mkdir(mode=0o700)
+    fill_inodes(mounted, 1.0)
+    first, _ = fit(target, tmp_path / "root", epochs=3, fallback=fallback, save_last="link")
+    assert os.listdir(target) == []
+    last = manifest.newest_copy(str(target / "last.ckpt"), [str(fallback)])
+    linked = manifest.newest_copy(str(target / "epoch=2-step=12.ckpt"), [str(fallback)])
+    assert last.startswith(str(fallback)) and Path(last).read_bytes() == Path(linked).read_bytes()
+    assert first.strategy.checkpoint_io.last_result.path == last
+
+    resumed, model = fit(
+        target, tmp_path / "root", epochs=5, fallback=fallback, ckpt_path="last", save_last="link"
+    )
+    assert resumed.ckpt_path == last
+    assert model.epochs == [3, 4] and resumed.global_step == 5 * BATCHES
+    plain = tmp_path / "plain"
+    _, unfaulted = fit(plain, tmp_path / "root", epochs=5, fallback=None, save_last="link")
+    for name, value in unfaulted.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert everywhere(target, fallback) == sorted(os.listdir(plain))
 
 
 def test_fit_hpc_resumes_from_the_redirected_hpc_checkpoint(tmpfs, tmp_path):
