@@ -301,6 +301,22 @@ def test_target_for_picks_the_closest_watched_ancestor(state_dir, view_text):
     assert state.target_for("/elsewhere") is None
 
 
+def test_a_relative_path_is_judged_where_the_working_directory_is_now(
+    state_dir, view_text, tmp_path, monkeypatch
+):
+    """What watches a path is found once per absolute path and parsed file; a relative path
+    means another directory once the working directory changes, and is looked up again."""
+    ckpt, run = tmp_path / "ckpt", tmp_path / "ckpt" / "run1"
+    run.mkdir(parents=True)
+    write(state_dir, {str(ckpt): view_text, str(run): view_text})
+    state = StateReader(str(state_dir)).read()
+    for where, target in ((tmp_path, None), (ckpt, ckpt), (run, run), (ckpt, ckpt)):
+        monkeypatch.chdir(where)
+        watched = state.watching("epoch-3")
+        assert (watched[0] if watched else None) == (str(target) if target else None)
+        assert state.watching(str(run / "epoch-3")) == (str(run), state.answer(str(run)))
+
+
 def test_targets_are_joined_as_json_text_whatever_their_names(tmp_path, view_text):
     names = ["/ckpt", '/we"ird\\ü']
     write(tmp_path, dict.fromkeys(names, view_text), generated_at=1.5)

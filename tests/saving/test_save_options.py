@@ -215,3 +215,27 @@ def test_the_same_plain_keywords_give_the_same_options_checked_once():
     backoff = Backoff(sleep=sleeps.append)
     chosen = options_module.save_options(None, {"backoff": backoff})
     assert chosen.backoff is backoff  # not one made for an equal backoff before
+
+
+def test_fallback_lists_are_made_once_while_they_mean_the_same_directories(tmp_path, monkeypatch):
+    """A list of absolute fallback directories is kept like a plain keyword, for each value of
+    FSPROBE_FALLBACK_DIRS; a relative one means another directory once the working directory
+    changes, and so does the environment once it changes."""
+    first, second = tmp_path / "one", tmp_path / "two"
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS", raising=False)
+    given = {"fallback_dirs": [str(first)], "max_wait": 1.0}
+    made = options_module.save_options(None, given)
+    assert made is options_module.save_options(None, {**given})
+    assert made.fallback_dirs == (str(first),)
+    monkeypatch.setenv("FSPROBE_FALLBACK_DIRS", str(second))
+    assert options_module.save_options(None, given).fallback_dirs == (str(first), str(second))
+    monkeypatch.setenv("FSPROBE_FALLBACK_DIRS", "relative")
+    for directory in (tmp_path, tmp_path.parent):
+        monkeypatch.chdir(directory)
+        made = options_module.save_options(None, given)
+        assert made.fallback_dirs[-1] == str(directory / "relative")
+    monkeypatch.delenv("FSPROBE_FALLBACK_DIRS")
+    for directory in (tmp_path, tmp_path.parent):
+        monkeypatch.chdir(directory)
+        made = options_module.save_options(None, {"fallback_dirs": ["fallback"]})
+        assert made.fallback_dirs == (str(directory / "fallback"),)
