@@ -17,7 +17,7 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import lightning
 from lightning.pytorch import Trainer
@@ -33,7 +33,7 @@ from fsprobe.redirect.manifest import pending
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-Folder = str | os.PathLike[str]
+Folder = Union[str, os.PathLike[str]]  # a runtime alias: no `|` before Python 3.10
 
 #: The name Lightning gives an HPC checkpoint (`_CheckpointConnector.hpc_save_path`).
 HPC_CHECKPOINT = re.compile(r"hpc_ckpt_(\d+)\.ckpt$")

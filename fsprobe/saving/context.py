@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Optional, TypeVar
 
 from fsprobe.model import SaveAnswer, Snapshot
 from fsprobe.state import StateReader
@@ -36,7 +36,7 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 #: A save's need: (bytes, inodes), None for what it does not say.
-Need = tuple[int | None, int | None]
+Need = tuple[Optional[int], Optional[int]]  # a runtime alias: no `|` before Python 3.10
 
 
 class SaveContext:
