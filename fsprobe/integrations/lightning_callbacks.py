@@ -149,12 +149,14 @@ def hpc_resume_path(
     connector: _CheckpointConnector, lightnings: Callable[[_CheckpointConnector], str | None]
 ) -> str | None:
     """`_CheckpointConnector._hpc_resume_path`: the highest-numbered HPC checkpoint of the
-    trainer's root directory, wherever it landed (its newest copy)."""
+    trainer's root directory, at the target or redirected. Its path as saved: the plugin loads
+    its newest copy (Lightning asks for this path two or three times, a copy's check reads it
+    whole)."""
     trainer = connector.trainer
     found = hpc_checkpoints(trainer, trainer.default_root_dir)
     if found is None:
         return lightnings(connector)
-    return locate(found[-1], fallback_dirs=fallbacks_of(trainer)) if found else None
+    return found[-1] if found else None
 
 
 def hpc_save_path(trainer: Trainer, lightnings: Callable[[Folder], str], folder: Folder) -> str:
