@@ -186,8 +186,8 @@ class HpcSavePath:
 
 def extend_hpc_lookups() -> bool:
     """Put `hpc_resume_path` and `hpc_save_path` in Lightning's checkpoint connector (the
-    only private Lightning this module changes); False, with a warning, when the connector is
-    not as Lightning 2.x has it. A trainer without `FsprobeCheckpointIO` is not affected."""
+    only Lightning class fsprobe changes in place); False, with a warning, when the connector
+    is not as Lightning 2.x has it. A trainer without `FsprobeCheckpointIO` is not affected."""
     resume = inspect.getattr_static(_CheckpointConnector, "_hpc_resume_path", None)
     save = inspect.getattr_static(_CheckpointConnector, "hpc_save_path", None)
     if isinstance(save, HpcSavePath):
