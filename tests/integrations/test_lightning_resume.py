@@ -284,7 +284,7 @@ SLURM = {
 
 
 def slurm_job(
-    tmp_path: Path, root: Path, fallback: Path, epochs: int, signal_at: int | None = None
+    tmp_path: Path, root: Path, fallback: Path, epochs: int, signal_at: str | None = None
 ) -> tuple[int, dict[str, Any]]:
     """Run tests.support.slurm_job as SLURM would, with a fake ``scontrol`` that records the
     requeue and kills the job as SLURM does; its exit status and its report."""
@@ -333,11 +333,11 @@ def test_slurm_requeue_resumes_where_the_preempted_job_saved(tmpfs, tmp_path):
     root, fallback = mounted / "root", tmp_path / "fallback"
     fallback.mkdir(mode=0o700)
 
-    status, first = slurm_job(tmp_path, root, fallback, epochs=8, signal_at=1)
+    status, first = slurm_job(tmp_path, root, fallback, epochs=8, signal_at="epoch=1")
     assert status == -9 and first["resumed_from"] is None
     assert sorted(os.listdir(root)) == ["checkpoints", "hpc_ckpt_1.ckpt"]
     jobs, filler = [first], None
-    for signal_at in (3, 5, None):
+    for signal_at in ("epoch=3", "epoch=5", None):
         if filler is not None:
             filler.unlink()
         filler = fill_bytes(mounted)  # full, and full again of what the rotation freed
@@ -362,3 +362,29 @@ def test_slurm_requeue_resumes_where_the_preempted_job_saved(tmpfs, tmp_path):
     assert jobs[-1]["weights"] == unfaulted["weights"]
     kept = everywhere(root / "checkpoints", fallback)
     assert kept == sorted(os.listdir(plain / "checkpoints"))
+
+
+def test_slurm_requeue_mid_epoch_resumes_as_lightning_does_on_a_healthy_target(tmpfs, tmp_path):
+    """The signal mid-epoch (as SLURM's warning mostly comes), on a target full from the
+    start: the requeued job goes on from the redirected HPC checkpoint at the step it was
+    saved, exactly as the same two jobs do on a target with room (Lightning's own mid-epoch
+    resume: its plain DataLoader starts the epoch's data again, which Lightning warns about)."""
+    mounted = tmpfs(size="256k").path
+    root, fallback = mounted / "root", tmp_path / "fallback"
+    fallback.mkdir(mode=0o700)
+    fill_bytes(mounted)
+    healthy = tmp_path / "healthy"
+    runs = []
+    for where in (root, healthy):
+        first = slurm_job(tmp_path, where, fallback, epochs=3, signal_at="step=6")
+        second = slurm_job(tmp_path, where, fallback, epochs=3)
+        runs.append((first, second))
+    assert [p for p in root.rglob("*") if not p.is_dir()] == []  # all in the fallback
+    (status, first), (finished, second) = runs[0]
+    assert status == -9 and finished == 0
+    assert first["steps"] == list(range(6)) and second["steps"] == list(range(6, 12))
+    assert second["resumed_from"] == str(root / "hpc_ckpt_1.ckpt")  # only its copy exists
+    assert runs[1][1][1]["resumed_from"] == str(healthy / "hpc_ckpt_1.ckpt")
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n" * 2
+    for (_, faulted), (_, plain) in zip(runs[0], runs[1]):
+        assert {**faulted, "resumed_from": None} == {**plain, "resumed_from": None}

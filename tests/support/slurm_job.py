@@ -2,14 +2,15 @@
 docs/integrations.md says, ``fit()`` with no ``ckpt_path`` (Lightning resumes a requeued job
 from its HPC checkpoint).
 
-    python -m tests.support.slurm_job ROOT FALLBACK EPOCHS [SIGNAL_AT_EPOCH]
+    python -m tests.support.slurm_job ROOT FALLBACK EPOCHS [epoch=N | step=N]
 
 ROOT is the trainer's ``default_root_dir`` (its ``checkpoints`` the `FsprobeModelCheckpoint`'s:
-the top 2 by loss and ``last.ckpt``). With SIGNAL_AT_EPOCH, the job sends itself SIGUSR1 (SLURM's
-warning before the time limit) at the end of that epoch, and Lightning's own handler saves the
-HPC checkpoint and runs ``scontrol requeue`` (the test's fake one). Before it ends, or at that
-signal, the job prints ``SLURM-JOB {json}``: the epochs and steps this process trained, the
-checkpoint it resumed from and the layer's weights.
+the top 2 by loss and ``last.ckpt``). With ``epoch=N`` (``step=N``), the job sends itself SIGUSR1
+(SLURM's warning before the time limit) at the end of epoch N (when the global step reaches N,
+mid-epoch), and Lightning's own handler saves the HPC checkpoint and runs ``scontrol requeue``
+(the test's fake one). Before it ends, or at that signal, the job prints ``SLURM-JOB {json}``:
+the epochs and steps this process trained, the checkpoint it resumed from and the layer's
+weights.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import torch
 from lightning import Callback, LightningModule, Trainer
@@ -66,20 +68,30 @@ def report(trainer: Trainer, model: Counting) -> None:
 
 
 class Preempted(Callback):
-    """SLURM's signal before the time limit, at the end of epoch `epoch` (before the
-    `ModelCheckpoint`'s save of that epoch: checkpoint callbacks run last)."""
+    """SLURM's signal before the time limit: at the end of epoch N (before the
+    `ModelCheckpoint`'s save of that epoch: checkpoint callbacks run last), or after the batch
+    that brings the global step to N."""
 
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, when: str) -> None:
+        kind, number = when.split("=")
+        self.epoch = int(number) if kind == "epoch" else None
+        self.step = int(number) if kind == "step" else None
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.epoch:
-            assert isinstance(pl_module, Counting)
-            report(trainer, pl_module)  # the fake scontrol kills this process
-            os.kill(os.getpid(), signal.SIGUSR1)
+            self.signal(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *_: Any) -> None:
+        if trainer.global_step == self.step:
+            self.signal(trainer, pl_module)
+
+    def signal(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        assert isinstance(pl_module, Counting)
+        report(trainer, pl_module)  # the fake scontrol kills this process
+        os.kill(os.getpid(), signal.SIGUSR1)
 
 
-def main(root: str, fallback: str, epochs: int, signal_at: int | None) -> None:
+def main(root: str, fallback: str, epochs: int, signal_at: str | None) -> None:
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 8, generator=generator), torch.randn(32, 1, generator=generator)
     data = DataLoader(TensorDataset(x, y), batch_size=32 // BATCHES)
@@ -113,5 +125,5 @@ if __name__ == "__main__":
         sys.argv[1],
         sys.argv[2],
         int(sys.argv[3]),
-        int(sys.argv[4]) if len(sys.argv) > 4 else None,
+        sys.argv[4] if len(sys.argv) > 4 else None,
     )
