@@ -18,12 +18,11 @@ from tests.support.capability import need_module
 
 need_module("lightning")
 
-from lightning import LightningModule, Trainer  # noqa: E402
+from lightning import Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.trainer.connectors.checkpoint_connector import (  # noqa: E402
     _CheckpointConnector,
 )
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from fsprobe.integrations.lightning import FsprobeCheckpointIO  # noqa: E402
 from fsprobe.integrations.lightning_callbacks import (  # noqa: E402
@@ -33,41 +32,10 @@ from fsprobe.integrations.lightning_callbacks import (  # noqa: E402
 )
 from fsprobe.redirect import manifest  # noqa: E402
 from fsprobe.saving.commit import Backoff  # noqa: E402
-from tests.support.slurm_job import RESULT  # noqa: E402
+from tests.support.slurm_job import BATCHES, RESULT, Counting, loader  # noqa: E402
 from tests.support.tmpfs import fill_bytes, fill_inodes  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a framework: the full run only
-
-BATCHES = 4  # per epoch
-
-
-class Counting(LightningModule):
-    """A tiny model that records the epochs it trains."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = torch.nn.Linear(8, 1)
-        self.epochs: list[int] = []
-
-    def on_train_epoch_start(self) -> None:
-        self.epochs.append(self.current_epoch)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.layer(x), y)
-        self.log("loss", loss, on_step=False, on_epoch=True)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-def loader() -> DataLoader:
-    generator = torch.Generator().manual_seed(0)
-    x, y = torch.randn(32, 8, generator=generator), torch.randn(32, 1, generator=generator)
-    data = TensorDataset(x, y)
-    return DataLoader(data, batch_size=32 // BATCHES)
 
 
 def fit(
@@ -111,6 +79,25 @@ def everywhere(target: Path, fallback: Path) -> list[str]:
     return sorted({*os.listdir(target), *(p.name for p in redirected if p.parent == target)})
 
 
+def resume_as_uninterrupted(
+    target: Path, fallback: Path, tmp_path: Path, save_last: bool | Literal["link"] = True
+) -> tuple[Trainer, Path]:
+    """Epochs 3 and 4 after a first run of three, resumed with ``ckpt_path="last"``, held to
+    the same five epochs run without fsprobe on a target with room: no epoch lost or trained
+    again, the same weights, the same checkpoints kept (at the target and redirected). The
+    resumed trainer, and the uninterrupted run's checkpoint directory."""
+    resumed, model = fit(
+        target, tmp_path / "root", 5, fallback, ckpt_path="last", save_last=save_last
+    )
+    assert model.epochs == [3, 4] and resumed.global_step == 5 * BATCHES
+    plain = tmp_path / "plain"
+    _, unfaulted = fit(plain, tmp_path / "root", 5, fallback=None, save_last=save_last)
+    for name, value in unfaulted.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert everywhere(target, fallback) == sorted(os.listdir(plain))
+    return resumed, plain
+
+
 def test_fit_last_resumes_from_the_redirected_last_checkpoint(tmpfs, tmp_path):
     """A target full from the first save: every checkpoint is redirected, and Lightning's own
     ``fit(ckpt_path="last")`` goes on from the epoch the first run ended, as a run that was
@@ -126,17 +113,11 @@ def test_fit_last_resumes_from_the_redirected_last_checkpoint(tmpfs, tmp_path):
     assert os.listdir(target) == []  # nothing fitted at the target
     assert first.strategy.checkpoint_io.last_result.redirected
 
-    resumed, model = fit(target, tmp_path / "root", epochs=5, fallback=fallback, ckpt_path="last")
+    resumed, plain = resume_as_uninterrupted(target, fallback, tmp_path)
     assert resumed.ckpt_path == manifest.newest_copy(str(target / "last.ckpt"), [str(fallback)])
     assert resumed.ckpt_path.startswith(str(fallback))
-    assert model.epochs == [3, 4] and resumed.global_step == 5 * BATCHES
-
-    _, unfaulted = fit(tmp_path / "plain", tmp_path / "root", epochs=5, fallback=None)
-    for name, value in unfaulted.state_dict().items():
-        assert torch.equal(model.state_dict()[name], value), name
-    assert everywhere(target, fallback) == sorted(os.listdir(tmp_path / "plain"))
     ours = torch.load(resumed.ckpt_path, weights_only=False)["callbacks"]
-    theirs = torch.load(tmp_path / "plain" / "last.ckpt", weights_only=False)["callbacks"]
+    theirs = torch.load(plain / "last.ckpt", weights_only=False)["callbacks"]
     assert list(ours) == list(theirs)  # ModelCheckpoint's own key: either class resumes it
 
 
@@ -194,16 +175,8 @@ def test_fit_last_follows_a_link_to_a_redirected_checkpoint(tmpfs, tmp_path):
     linked = manifest.newest_copy(str(target / "epoch=2-step=12.ckpt"), [str(fallback)])
     assert linked.startswith(str(fallback))
 
-    resumed, model = fit(
-        target, tmp_path / "root", epochs=5, fallback=fallback, ckpt_path="last", save_last="link"
-    )
+    resumed, plain = resume_as_uninterrupted(target, fallback, tmp_path, save_last="link")
     assert resumed.ckpt_path == linked
-    assert model.epochs == [3, 4] and resumed.global_step == 5 * BATCHES
-    plain = tmp_path / "plain"
-    _, unfaulted = fit(plain, tmp_path / "root", epochs=5, fallback=None, save_last="link")
-    for name, value in unfaulted.state_dict().items():
-        assert torch.equal(model.state_dict()[name], value), name
-    assert everywhere(target, fallback) == sorted(os.listdir(plain))
     assert os.readlink(target / "last.ckpt") == os.readlink(plain / "last.ckpt")
 
 
@@ -223,16 +196,8 @@ def test_a_link_that_cannot_be_made_is_a_copy_saved_by_fsprobe(tmpfs, tmp_path):
     assert last.startswith(str(fallback)) and Path(last).read_bytes() == Path(linked).read_bytes()
     assert first.strategy.checkpoint_io.last_result.path == last
 
-    resumed, model = fit(
-        target, tmp_path / "root", epochs=5, fallback=fallback, ckpt_path="last", save_last="link"
-    )
+    resumed, _ = resume_as_uninterrupted(target, fallback, tmp_path, save_last="link")
     assert resumed.ckpt_path == last
-    assert model.epochs == [3, 4] and resumed.global_step == 5 * BATCHES
-    plain = tmp_path / "plain"
-    _, unfaulted = fit(plain, tmp_path / "root", epochs=5, fallback=None, save_last="link")
-    for name, value in unfaulted.state_dict().items():
-        assert torch.equal(model.state_dict()[name], value), name
-    assert everywhere(target, fallback) == sorted(os.listdir(plain))
 
 
 def test_fit_hpc_resumes_from_the_redirected_hpc_checkpoint(tmpfs, tmp_path):

@@ -91,10 +91,15 @@ class Preempted(Callback):
         os.kill(os.getpid(), signal.SIGUSR1)
 
 
-def main(root: str, fallback: str, epochs: int, signal_at: str | None) -> None:
+def loader() -> DataLoader:
+    """The same 32 samples in `BATCHES` batches, in every process."""
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 8, generator=generator), torch.randn(32, 1, generator=generator)
-    data = DataLoader(TensorDataset(x, y), batch_size=32 // BATCHES)
+    return DataLoader(TensorDataset(x, y), batch_size=32 // BATCHES)
+
+
+def main(root: str, fallback: str, epochs: int, signal_at: str | None) -> None:
+    data = loader()
     quick = Backoff(sleep=lambda seconds: None)
     trainer = Trainer(
         max_epochs=epochs,
