@@ -166,12 +166,14 @@ def test_a_site_sets_its_runbook_and_job_in_one_place(tmp_path: Path) -> None:
     assert down == [
         'up{job="node-fsprobe", cluster="a"} == 0 or up{job="fsprobe-sidecar"} == 0',
         "(\n"
-        '    time() - node_textfile_mtime_seconds{file=~".*/fsprobe.prom"}\n'
+        '    timestamp(node_textfile_mtime_seconds{file=~".*/fsprobe.prom"})\n'
+        '    - node_textfile_mtime_seconds{file=~".*/fsprobe.prom"}\n'
         "  > on (cluster, instance) group_left ()\n"
         "    3 * min by (cluster, instance) (fsprobe_probe_interval_seconds)\n"
         ")\n"
         "or\n"
-        'time() - node_textfile_mtime_seconds{file=~".*/fsprobe.prom"} > 600',
+        'timestamp(node_textfile_mtime_seconds{file=~".*/fsprobe.prom"})\n'
+        '- node_textfile_mtime_seconds{file=~".*/fsprobe.prom"} > 600',
         'absent(up{job="node-fsprobe", cluster="a"})\n'
         'unless on () count(node_textfile_mtime_seconds{file=~".*/fsprobe.prom"})',
     ]
