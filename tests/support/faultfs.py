@@ -601,9 +601,12 @@ class Controller:
 
 class _ControlHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
-        for line in self.rfile:
-            self.wfile.write(self.server.controller.handle(line))  # type: ignore[attr-defined]
-            self.wfile.flush()
+        try:
+            for line in self.rfile:
+                self.wfile.write(self.server.controller.handle(line))  # type: ignore[attr-defined]
+                self.wfile.flush()
+        except (ConnectionResetError, BrokenPipeError):
+            return  # the client was killed mid-request (a fake `lfs` past its deadline): no bug
 
 
 class ControlServer(socketserver.ThreadingUnixStreamServer):
