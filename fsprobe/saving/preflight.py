@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fsprobe.model import ProbeResult, Reason, SaveAnswer, Severity, Status
-from fsprobe.saving.context import SaveContext, default_context
+from fsprobe.saving.context import Need, SaveContext, default_context
 from fsprobe.saving.options import DEFAULT_TIMEOUT, SaveOptions, save_options
 from fsprobe.state import REASON, StateFile, StateFileError
 from fsprobe.units import format_bytes, format_duration, format_seconds
@@ -191,9 +191,7 @@ def _not_using(context: SaveContext, error: Exception) -> None:
     context.warn_once(f"state:{error}", message)
 
 
-def _from_state(
-    context: SaveContext, watched: Watched | None, need: tuple[int | None, int | None]
-) -> _Judged | None:
+def _from_state(context: SaveContext, watched: Watched | None, need: Need) -> _Judged | None:
     """The answer of the watched target (`watched`) fitted to this save's `need`, or None if
     it has none to give (said once when its state file holds no answer: an older daemon).
     The last fit is kept (`SaveContext.fitted`): a save like the last one, while the state
@@ -314,7 +312,7 @@ def warn_missing_fallbacks(context: SaveContext, options: SaveOptions) -> None:
 def _judge_all(
     context: SaveContext,
     directories: Iterable[str],
-    need: tuple[int | None, int | None],
+    need: Need,
     state: StateFile | None,
     timeout: float,
     fresh: bool = False,
